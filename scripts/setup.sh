@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian package ampipe needs on a fresh Debian 12 machine (run as root).
+# Idempotent: packages already present are skipped; `apt-get update` runs at most once.
+set -euo pipefail
+PKGS=(
+  build-essential g++ cmake ninja-build pkg-config git
+  libdnnl-dev ocl-icd-opencl-dev          # oneDNN GEMM; its CMake config needs OpenCL
+  openmpi-bin libopenmpi-dev              # communication
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  iproute2                                # network namespaces + tbf for the overlap benchmarks
+  python3 python3-numpy python3-matplotlib # independent numpy check, plots
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: missing packages (${missing[*]}) and not root; rerun as root" >&2; exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup.sh: all ${#PKGS[@]} packages present"
