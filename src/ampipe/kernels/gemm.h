@@ -1,0 +1,52 @@
+// GEMM through oneDNN matmul. This file and gemm.cpp are the only ones that include dnnl.hpp (written against
+// oneDNN 2.6; a port to 3.x touches only gemm.cpp).
+//
+//   C[m, n] = alpha * op(A)[m, k] * op(B)[k, n]   (+ C when accumulate)
+//
+// op(X) = X or X^T. Row-major storage with leading dimensions, so a block of rows or a head's columns inside
+// a bigger [s, b, n*d] activation can be passed without copying. Inputs are fp32 or bf16 (A and B the same
+// type); accumulation is always fp32 (AMX tdpbf16ps for bf16); C is fp32 or bf16.
+//
+// Primitives are created once per distinct descriptor and cached (per thread; only the compute thread runs
+// kernels), so run() only binds pointers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ampipe/core/tensor.h"
+
+namespace ampipe::kernels {
+
+enum class Trans : uint8_t { n, t };
+
+struct GemmDesc {
+  int64_t m = 0, n = 0, k = 0;
+  Trans ta = Trans::n, tb = Trans::n;
+  // Leading dimensions in elements: the row stride of A as stored ([m, k] if ta == n, [k, m] if ta == t),
+  // likewise for B ([k, n] or [n, k]) and C ([m, n]). 0 means packed.
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  DType in = DType::f32;   // type of A and B
+  DType out = DType::f32;  // type of C
+  float alpha = 1.0f;
+  bool accumulate = false;  // C += ..., via a sum post-op
+
+  bool operator==(const GemmDesc&) const = default;
+};
+
+// Raw form: pointers to the first element of each matrix.
+void gemm(const GemmDesc& d, const void* a, const void* b, void* c);
+
+// Tensor form: A, B, C are 2-D (use view() to flatten [s, b, h] to [s*b, h]); leading dimensions come from the
+// tensors' row strides, dtypes from the tensors.
+void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate = false,
+          float alpha = 1.0f);
+
+// Name of the oneDNN implementation chosen for a descriptor (e.g. "brg:avx512_core_amx_bf16").
+std::string gemm_impl_name(const GemmDesc& d);
+
+// Number of OpenMP threads oneDNN uses on this rank.
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace ampipe::kernels
