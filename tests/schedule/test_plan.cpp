@@ -1,0 +1,99 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "ampipe/schedule/plan.h"
+
+using namespace ampipe::schedule;
+
+namespace {
+// True when task `a` (transitively) depends on task `b`.
+bool depends_on(const Plan& p, uint32_t a, uint32_t b) {
+  std::vector<uint32_t> stack{a};
+  std::set<uint32_t> seen;
+  while (!stack.empty()) {
+    const uint32_t t = stack.back();
+    stack.pop_back();
+    for (uint32_t d : p.tasks[t].deps) {
+      if (d == b) return true;
+      if (seen.insert(d).second) stack.push_back(d);
+    }
+  }
+  return false;
+}
+}  // namespace
+
+TEST(Plan, DepsPointBackwardsAndIdsAreIndices) {
+  for (int M : {1, 2, 3, 4, 8}) {
+    const Plan p = build_layer_plan(3, M);
+    for (size_t i = 0; i < p.tasks.size(); ++i) {
+      EXPECT_EQ(p.tasks[i].id, i);
+      for (uint32_t d : p.tasks[i].deps) EXPECT_LT(d, i) << p.tasks[i].name();
+    }
+  }
+}
+
+TEST(Plan, ForwardDispatchOfChunkIsIssuedBeforeNextAttentionAndOverlapsIt) {
+  for (int M : {2, 3, 4, 8}) {
+    const Plan p = build_layer_plan(0, M);
+    for (int c = 0; c + 1 < M; ++c) {
+      const int d = p.index_of(Stage::dispatch, c), a = p.index_of(Stage::attention, c + 1);
+      EXPECT_LT(d, a) << "M=" << M << " c=" << c;
+      EXPECT_EQ(p.tasks[size_t(d)].lane, Lane::ep);
+      // attention(c+1) and the stages up to its own gate never wait for dispatch(c): they overlap it.
+      for (Stage s : {Stage::attention, Stage::out_proj, Stage::bdal, Stage::gate})
+        EXPECT_FALSE(depends_on(p, uint32_t(p.index_of(s, c + 1)), uint32_t(d)));
+    }
+  }
+}
+
+TEST(Plan, EachExpertWaitsOnlyForItsOwnDispatchAndCombineOverlapsNextExperts) {
+  for (int M : {1, 2, 4}) {
+    const Plan p = build_layer_plan(0, M);
+    for (int c = 0; c < M; ++c) {
+      const Task& ex = p.find(Stage::experts, c);
+      ASSERT_EQ(ex.deps.size(), 1u);
+      EXPECT_EQ(ex.deps[0], p.find(Stage::dispatch, c).id);
+      // exactly one expert consumer per dispatch
+      int consumers = 0;
+      for (const Task& t : p.tasks)
+        for (uint32_t d : t.deps) consumers += d == p.find(Stage::dispatch, c).id;
+      EXPECT_EQ(consumers, 1);
+      if (c + 1 < M) {
+        const Task& ca = p.find(Stage::combine_a2a, c);
+        EXPECT_LT(ca.id, p.find(Stage::experts, c + 1).id);
+        EXPECT_FALSE(depends_on(p, p.find(Stage::experts, c + 1).id, ca.id));
+      }
+    }
+  }
+}
+
+TEST(Plan, BackwardRunsChunksInReverseAndReverseDispatchOverlapsAttentionSide) {
+  for (int M : {2, 4}) {
+    const Plan p = build_layer_plan(0, M);
+    EXPECT_LT(p.index_of(Stage::combine_bwd, M - 1), p.index_of(Stage::combine_bwd, 0));
+    for (int c = 1; c < M; ++c) {
+      // rev-dispatch(c-1) is issued before the attention-side backward of chunk c starts and is not needed by it.
+      const uint32_t rd = p.find(Stage::dispatch_bwd, c - 1).id;
+      EXPECT_LT(rd, p.find(Stage::gate_bwd, c).id);
+      for (Stage s : {Stage::gate_bwd, Stage::bdal_bwd, Stage::out_proj_bwd, Stage::attention_bwd})
+        EXPECT_FALSE(depends_on(p, p.find(s, c).id, rd));
+    }
+    // dK/dV: the final LN1/QKV backward waits for every chunk's attention backward.
+    const Task& last = p.find(Stage::ln1_qkv_bwd, -1);
+    for (int c = 0; c < M; ++c) EXPECT_TRUE(depends_on(p, last.id, p.find(Stage::attention_bwd, c).id));
+  }
+}
+
+TEST(Plan, CollectiveSequenceIsTheSameForEveryRank) {
+  // Builders are pure functions of (layer, M): the ep-lane sequence is a function of them alone.
+  const Plan a = build_layer_plan(2, 4), b = build_layer_plan(2, 4);
+  std::vector<std::string> sa, sb;
+  for (const Task& t : a.tasks)
+    if (t.lane == Lane::ep) sa.push_back(t.name());
+  for (const Task& t : b.tasks)
+    if (t.lane == Lane::ep) sb.push_back(t.name());
+  EXPECT_EQ(sa, sb);
+  EXPECT_EQ(sa.size(), 16u);
+  EXPECT_EQ(sa.front(), "L2.fwd.dispatch.c0");
+}
