@@ -1,0 +1,333 @@
+#include "ampipe/comm/collectives.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <memory>
+#include <numeric>
+
+#include "ampipe/comm/engine.h"
+#include "ampipe/comm/runtime.h"
+#include "ampipe/core/error.h"
+
+namespace ampipe::comm {
+
+namespace {
+
+constexpr uint32_t kI64 = 2, kBytes = 3;
+
+uint32_t dtype_code(DType t) { return t == DType::f32 ? 0u : 1u; }
+MPI_Datatype move_type(DType t) { return t == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+void check_rc(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, buf, &len);
+  AMPIPE_CHECK(false, "{} failed: {}", what, std::string(buf, size_t(len)));
+}
+
+int to_int(int64_t v, const std::string& tag) {
+  AMPIPE_CHECK(v >= 0 && v <= INT_MAX, "{}: count {} does not fit an MPI int", tag, v);
+  return int(v);
+}
+
+void require(const Tensor& t, const std::string& what, const std::string& tag) {
+  AMPIPE_CHECK(t.defined(), "{}: {} tensor is undefined", tag, what);
+  AMPIPE_CHECK(t.is_contiguous(), "{}: {} tensor {} must be contiguous", tag, what, shape_str(t.shape()));
+}
+
+std::unique_ptr<Op> make_op(const Group& g, OpKind kind, size_t bytes, std::string tag, const Issue& how,
+                            bool collective) {
+  AMPIPE_CHECK(g.valid(), "{}: invalid group", tag);
+  auto op = std::make_unique<Op>();
+  auto ev = std::make_shared<EventState>();
+  Lane lane = how.lane.value_or(g.default_lane());
+  AMPIPE_CHECK(lane != Lane::compute, "{}: collectives run on a communication lane, not compute", tag);
+  ev->info.group = g.label();
+  ev->info.kind = kind;
+  ev->info.bytes = bytes;
+  ev->info.tag = std::move(tag);
+  ev->info.lane = lane;
+  ev->info.chunk = how.chunk;
+  ev->group = g.state();
+  Runtime& rt = Runtime::current();
+  ev->world_rank = rt.rank();
+  op->ev = std::move(ev);
+  op->group = g.state();
+  op->collective = collective;
+  op->check = collective && rt.options().check_collectives;
+  op->after = how.after;
+  return op;
+}
+
+Event submit(std::unique_ptr<Op> op) { return op->group->engine->submit(std::move(op)); }
+
+std::shared_ptr<std::vector<float>> to_f32(const Tensor& t) {
+  auto v = std::make_shared<std::vector<float>>(size_t(t.numel()));
+  const bf16* p = t.data<bf16>();
+  for (size_t i = 0; i < v->size(); ++i) (*v)[i] = bf16_to_f32(p[i]);
+  return v;
+}
+
+void from_f32(const std::vector<float>& v, Tensor& t, float scale) {
+  bf16* p = t.data<bf16>();
+  for (size_t i = 0; i < v.size(); ++i) p[i] = f32_to_bf16(v[i] * scale);
+}
+
+void scale_f32(Tensor& t, float scale) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] *= scale;
+}
+
+}  // namespace
+
+Event all_to_all(const Group& g, Tensor send, Tensor recv, const SplitCounts& counts, std::string tag,
+                 const Issue& how) {
+  require(send, "send", tag);
+  require(recv, "recv", tag);
+  AMPIPE_CHECK(send.dtype() == recv.dtype(), "{}: send {} vs recv {}", tag, dtype_name(send.dtype()),
+               dtype_name(recv.dtype()));
+  const size_t n = size_t(g.size());
+  AMPIPE_CHECK(counts.send.size() == n && counts.recv.size() == n,
+               "{}: {} send / {} recv counts for group {} of size {}", tag, counts.send.size(), counts.recv.size(),
+               g.label(), n);
+  auto sc = std::make_shared<std::vector<int>>(n), sd = std::make_shared<std::vector<int>>(n);
+  auto rc = std::make_shared<std::vector<int>>(n), rd = std::make_shared<std::vector<int>>(n);
+  int64_t stot = 0, rtot = 0;
+  for (size_t i = 0; i < n; ++i) {
+    (*sc)[i] = to_int(counts.send[i], tag);
+    (*rc)[i] = to_int(counts.recv[i], tag);
+    (*sd)[i] = to_int(stot, tag);
+    (*rd)[i] = to_int(rtot, tag);
+    stot += counts.send[i];
+    rtot += counts.recv[i];
+  }
+  AMPIPE_CHECK(stot <= send.numel(), "{}: send counts sum to {} > send tensor {} elements", tag, stot, send.numel());
+  AMPIPE_CHECK(rtot <= recv.numel(), "{}: recv counts sum to {} > recv tensor {} elements", tag, rtot, recv.numel());
+  auto op = make_op(g, OpKind::all_to_all, size_t(stot) * dtype_size(send.dtype()), std::move(tag), how, true);
+  op->dtype_code = dtype_code(send.dtype());
+  op->check_bytes = 0;
+  op->start = [send, recv, sc, sd, rc, rd](Op& o, MPI_Comm comm) mutable {
+    MPI_Datatype t = move_type(send.dtype());
+    o.reqs.emplace_back();
+    check_rc(MPI_Ialltoallv(send.raw(), sc->data(), sd->data(), t, recv.raw(), rc->data(), rd->data(), t, comm,
+                            &o.reqs.back()),
+             "MPI_Ialltoallv");
+  };
+  return submit(std::move(op));
+}
+
+Event all_gather(const Group& g, Tensor send, Tensor recv, std::string tag, const Issue& how) {
+  require(send, "send", tag);
+  require(recv, "recv", tag);
+  AMPIPE_CHECK(send.dtype() == recv.dtype(), "{}: dtype mismatch", tag);
+  AMPIPE_CHECK(recv.numel() == send.numel() * g.size(), "{}: recv {} elements != {} ranks x send {}", tag,
+               recv.numel(), g.size(), send.numel());
+  int cnt = to_int(send.numel(), tag);
+  auto op = make_op(g, OpKind::all_gather, send.nbytes(), std::move(tag), how, true);
+  op->dtype_code = dtype_code(send.dtype());
+  op->check_bytes = send.nbytes();
+  op->start = [send, recv, cnt](Op& o, MPI_Comm comm) mutable {
+    MPI_Datatype t = move_type(send.dtype());
+    o.reqs.emplace_back();
+    check_rc(MPI_Iallgather(send.raw(), cnt, t, recv.raw(), cnt, t, comm, &o.reqs.back()), "MPI_Iallgather");
+  };
+  return submit(std::move(op));
+}
+
+Event reduce_scatter(const Group& g, Tensor send, Tensor recv, Reduce rop, std::string tag, const Issue& how) {
+  require(send, "send", tag);
+  require(recv, "recv", tag);
+  AMPIPE_CHECK(send.dtype() == recv.dtype(), "{}: dtype mismatch", tag);
+  AMPIPE_CHECK(send.numel() == recv.numel() * g.size(), "{}: send {} elements != {} ranks x recv {}", tag,
+               send.numel(), g.size(), recv.numel());
+  int cnt = to_int(recv.numel(), tag);
+  float scale = rop == Reduce::avg ? 1.0f / float(g.size()) : 1.0f;
+  auto op = make_op(g, OpKind::reduce_scatter, send.nbytes(), std::move(tag), how, true);
+  op->dtype_code = dtype_code(send.dtype());
+  op->check_bytes = send.nbytes();
+  if (send.dtype() == DType::f32) {
+    op->start = [send, recv, cnt](Op& o, MPI_Comm comm) mutable {
+      o.reqs.emplace_back();
+      check_rc(MPI_Ireduce_scatter_block(send.raw(), recv.raw(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
+               "MPI_Ireduce_scatter_block");
+    };
+    op->finish = [recv, scale](Op&) mutable {
+      if (scale != 1.0f) scale_f32(recv, scale);
+    };
+  } else {
+    auto out = std::make_shared<std::vector<float>>(size_t(cnt));
+    auto in = std::make_shared<std::shared_ptr<std::vector<float>>>();
+    op->start = [send, cnt, out, in](Op& o, MPI_Comm comm) mutable {
+      *in = to_f32(send);
+      o.reqs.emplace_back();
+      check_rc(MPI_Ireduce_scatter_block((*in)->data(), out->data(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
+               "MPI_Ireduce_scatter_block");
+    };
+    op->finish = [recv, out, in, scale](Op&) mutable {
+      from_f32(*out, recv, scale);
+      in->reset();
+    };
+  }
+  return submit(std::move(op));
+}
+
+Event all_reduce(const Group& g, Tensor data, Reduce rop, std::string tag, const Issue& how) {
+  require(data, "data", tag);
+  int cnt = to_int(data.numel(), tag);
+  float scale = rop == Reduce::avg ? 1.0f / float(g.size()) : 1.0f;
+  auto op = make_op(g, OpKind::all_reduce, data.nbytes(), std::move(tag), how, true);
+  op->dtype_code = dtype_code(data.dtype());
+  op->check_bytes = data.nbytes();
+  if (data.dtype() == DType::f32) {
+    op->start = [data, cnt](Op& o, MPI_Comm comm) mutable {
+      o.reqs.emplace_back();
+      check_rc(MPI_Iallreduce(MPI_IN_PLACE, data.raw(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
+               "MPI_Iallreduce");
+    };
+    op->finish = [data, scale](Op&) mutable {
+      if (scale != 1.0f) scale_f32(data, scale);
+    };
+  } else {
+    auto buf = std::make_shared<std::shared_ptr<std::vector<float>>>();
+    op->start = [data, cnt, buf](Op& o, MPI_Comm comm) mutable {
+      *buf = to_f32(data);
+      o.reqs.emplace_back();
+      check_rc(MPI_Iallreduce(MPI_IN_PLACE, (*buf)->data(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
+               "MPI_Iallreduce");
+    };
+    op->finish = [data, buf, scale](Op&) mutable {
+      from_f32(**buf, data, scale);
+      buf->reset();
+    };
+  }
+  return submit(std::move(op));
+}
+
+Event barrier(const Group& g, std::string tag, const Issue& how) {
+  auto op = make_op(g, OpKind::barrier, 0, std::move(tag), how, true);
+  op->dtype_code = kBytes;
+  op->start = [](Op& o, MPI_Comm comm) {
+    o.reqs.emplace_back();
+    check_rc(MPI_Ibarrier(comm, &o.reqs.back()), "MPI_Ibarrier");
+  };
+  return submit(std::move(op));
+}
+
+namespace {
+void check_peer(const Group& g, int peer, const std::string& tag) {
+  AMPIPE_CHECK(peer >= 0 && peer < g.size() && peer != g.rank(), "{}: peer {} on group {} (own rank {})", tag,
+               peer, g.label(), g.rank());
+}
+constexpr int kP2PTag = 7;
+}  // namespace
+
+Event send(const Group& g, Tensor t, int peer, std::string tag, const Issue& how) {
+  require(t, "send", tag);
+  check_peer(g, peer, tag);
+  int cnt = to_int(t.numel(), tag);
+  auto op = make_op(g, OpKind::send, t.nbytes(), std::move(tag), how, false);
+  op->ev->info.peer = peer;
+  op->start = [t, cnt, peer](Op& o, MPI_Comm comm) mutable {
+    o.reqs.emplace_back();
+    check_rc(MPI_Isend(t.raw(), cnt, move_type(t.dtype()), peer, kP2PTag, comm, &o.reqs.back()), "MPI_Isend");
+  };
+  return submit(std::move(op));
+}
+
+Event recv(const Group& g, Tensor t, int peer, std::string tag, const Issue& how) {
+  require(t, "recv", tag);
+  check_peer(g, peer, tag);
+  int cnt = to_int(t.numel(), tag);
+  auto op = make_op(g, OpKind::recv, t.nbytes(), std::move(tag), how, false);
+  op->ev->info.peer = peer;
+  op->start = [t, cnt, peer](Op& o, MPI_Comm comm) mutable {
+    o.reqs.emplace_back();
+    check_rc(MPI_Irecv(t.raw(), cnt, move_type(t.dtype()), peer, kP2PTag, comm, &o.reqs.back()), "MPI_Irecv");
+  };
+  return submit(std::move(op));
+}
+
+Event send_recv(const Group& g, Tensor out, int dst, Tensor in, int src, std::string tag, const Issue& how) {
+  require(out, "send", tag);
+  require(in, "recv", tag);
+  check_peer(g, dst, tag);
+  check_peer(g, src, tag);
+  int scnt = to_int(out.numel(), tag), rcnt = to_int(in.numel(), tag);
+  auto op = make_op(g, OpKind::send_recv, out.nbytes(), std::move(tag), how, false);
+  op->ev->info.peer = dst;
+  op->start = [out, in, scnt, rcnt, dst, src](Op& o, MPI_Comm comm) mutable {
+    o.reqs.resize(2);
+    check_rc(MPI_Irecv(in.raw(), rcnt, move_type(in.dtype()), src, kP2PTag, comm, &o.reqs[0]), "MPI_Irecv");
+    check_rc(MPI_Isend(out.raw(), scnt, move_type(out.dtype()), dst, kP2PTag, comm, &o.reqs[1]), "MPI_Isend");
+  };
+  return submit(std::move(op));
+}
+
+void wait_all(const std::vector<Event>& events) {
+  for (const Event& e : events) e.wait();
+}
+
+void all_reduce_sync(const Group& g, Tensor data, Reduce op, std::string tag) {
+  all_reduce(g, std::move(data), op, std::move(tag)).wait();
+}
+
+void all_gather_sync(const Group& g, Tensor send, Tensor recv, std::string tag) {
+  all_gather(g, std::move(send), std::move(recv), std::move(tag)).wait();
+}
+
+void barrier_sync(const Group& g, std::string tag) { barrier(g, std::move(tag)).wait(); }
+
+int64_t all_reduce_max(const Group& g, int64_t value, std::string tag) {
+  auto buf = std::make_shared<int64_t>(value);
+  auto op = make_op(g, OpKind::all_reduce, sizeof(int64_t), std::move(tag), {}, true);
+  op->dtype_code = kI64;
+  op->check_bytes = sizeof(int64_t);
+  op->start = [buf](Op& o, MPI_Comm comm) {
+    o.reqs.emplace_back();
+    check_rc(MPI_Iallreduce(MPI_IN_PLACE, buf.get(), 1, MPI_INT64_T, MPI_MAX, comm, &o.reqs.back()),
+             "MPI_Iallreduce");
+  };
+  submit(std::move(op)).wait();
+  return *buf;
+}
+
+std::vector<std::string> all_gather_strings(const Group& g, const std::string& mine, std::string tag) {
+  const size_t n = size_t(g.size());
+  auto lens = std::make_shared<std::vector<int64_t>>(n);
+  auto my_len = std::make_shared<int64_t>(int64_t(mine.size()));
+  auto op = make_op(g, OpKind::all_gather, sizeof(int64_t), tag + ".sizes", {}, true);
+  op->dtype_code = kI64;
+  op->check_bytes = sizeof(int64_t);
+  op->start = [lens, my_len](Op& o, MPI_Comm comm) {
+    o.reqs.emplace_back();
+    check_rc(MPI_Iallgather(my_len.get(), 1, MPI_INT64_T, lens->data(), 1, MPI_INT64_T, comm, &o.reqs.back()),
+             "MPI_Iallgather");
+  };
+  submit(std::move(op)).wait();
+  auto counts = std::make_shared<std::vector<int>>(n), displs = std::make_shared<std::vector<int>>(n);
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    (*counts)[i] = to_int((*lens)[i], tag);
+    (*displs)[i] = to_int(total, tag);
+    total += (*lens)[i];
+  }
+  auto all = std::make_shared<std::string>(size_t(total), '\0');
+  auto src = std::make_shared<std::string>(mine);
+  auto op2 = make_op(g, OpKind::all_gather, mine.size(), tag, {}, true);
+  op2->dtype_code = kBytes;
+  op2->check_bytes = 0;  // per-rank sizes differ
+  op2->start = [all, src, counts, displs](Op& o, MPI_Comm comm) {
+    o.reqs.emplace_back();
+    check_rc(MPI_Iallgatherv(src->data(), int(src->size()), MPI_CHAR, all->data(), counts->data(), displs->data(),
+                             MPI_CHAR, comm, &o.reqs.back()),
+             "MPI_Iallgatherv");
+  };
+  submit(std::move(op2)).wait();
+  std::vector<std::string> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = all->substr(size_t((*displs)[i]), size_t((*counts)[i]));
+  return out;
+}
+
+}  // namespace ampipe::comm

@@ -1,0 +1,286 @@
+#include "ampipe/comm/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ampipe/comm/trace.h"
+#include "ampipe/core/error.h"
+
+namespace ampipe::comm {
+
+namespace {
+
+void mpi_check(int rc, const char* what, int rank) {
+  if (rc == MPI_SUCCESS) return;
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, buf, &len);
+  AMPIPE_CHECK(false, "rank {}: {} failed: {}", rank, what, std::string(buf, size_t(len)));
+}
+
+std::string describe(const CheckRecord& r) {
+  return fmt::format("{} seq={} bytes={} dtype={} tag \"{}\"", op_kind_name(OpKind(r.kind)), r.seq, r.bytes,
+                     r.dtype == 0 ? "f32" : r.dtype == 1 ? "bf16" : r.dtype == 2 ? "i64" : "bytes", r.tag);
+}
+
+}  // namespace
+
+uint64_t fingerprint(const std::string& group, uint64_t seq, OpKind kind, uint32_t dtype, uint64_t bytes,
+                     const std::string& tag) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= b[i];
+      h *= 1099511628211ull;
+    }
+  };
+  mix(group.data(), group.size());
+  mix(&seq, sizeof seq);
+  uint32_t k = uint32_t(kind);
+  mix(&k, sizeof k);
+  mix(&dtype, sizeof dtype);
+  mix(&bytes, sizeof bytes);
+  mix(tag.data(), tag.size());
+  return h;
+}
+
+Engine::Engine(int world_rank, EngineOptions opts)
+    : world_rank_(world_rank), opts_(opts), poll_us_(opts.poll_interval.count()) {
+  AMPIPE_CHECK(opts_.lane_depth >= 1, "lane_depth {}", opts_.lane_depth);
+}
+
+Engine::~Engine() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lk(mu_);
+      stop_requested_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+}
+
+Event Engine::submit(std::unique_ptr<Op> op) {
+  AMPIPE_CHECK(op && op->ev && op->group, "incomplete op");
+  Event ev(op->ev);
+  {
+    std::lock_guard lk(mu_);
+    AMPIPE_CHECK(!stop_requested_, "rank {}: {} issued after the communication engine stopped", world_rank_,
+                 op->ev->info.tag);
+    GroupState& g = *op->group;
+    op->ev->info.seq = op->collective ? g.next_seq++ : g.next_p2p++;
+    op->ev->issued = std::chrono::steady_clock::now();
+    incoming_.push_back(std::move(op));
+    pending_++;
+    if (!running_) {
+      running_ = true;
+      thread_ = std::thread([this] { loop(); });
+    }
+  }
+  cv_.notify_one();
+  return ev;
+}
+
+size_t Engine::pending() const { return pending_.load(); }
+
+bool Engine::stop(std::chrono::milliseconds timeout) {
+  if (!running_) return true;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (pending_.load() != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  bool drained = pending_.load() == 0;
+  {
+    std::lock_guard lk(mu_);
+    stop_requested_ = true;
+  }
+  cv_.notify_all();
+  if (drained) {
+    thread_.join();
+  } else {
+    thread_.detach();  // it may be inside MPI_Test on a request that will never complete; MPI_Abort follows
+  }
+  running_ = false;
+  return drained;
+}
+
+void Engine::admit(std::unique_ptr<Op> op) {
+  Op& o = *op;
+  if (o.collective && o.check) {
+    // Post the fingerprint exchange now, in submit order, so every member's n-th exchange on the debug
+    // communicator is its n-th collective on the group, whatever lane it runs on.
+    const OpInfo& in = o.ev->info;
+    o.check_mine.seq = in.seq;
+    o.check_mine.kind = uint32_t(in.kind);
+    o.check_mine.dtype = o.dtype_code;
+    o.check_mine.bytes = o.check_bytes;
+    std::strncpy(o.check_mine.tag, in.tag.c_str(), sizeof o.check_mine.tag - 1);
+    o.check_mine.fingerprint = fingerprint(o.group->label, in.seq, in.kind, o.dtype_code, o.check_bytes,
+                                           std::string(o.check_mine.tag));
+    o.check_all.resize(o.group->members.size());
+    mpi_check(MPI_Iallgather(&o.check_mine, int(sizeof(CheckRecord)), MPI_BYTE, o.check_all.data(),
+                             int(sizeof(CheckRecord)), MPI_BYTE, o.group->debug_comm, &o.check_req),
+              "MPI_Iallgather (check)", world_rank_);
+    o.check_pending = true;
+    o.ev->stage = int(OpStage::checking);
+  }
+  lanes_[size_t(lane_index(o.ev->info.lane))].push_back(std::move(op));
+}
+
+void Engine::finish_op(Op& op) {
+  if (op.finish) op.finish(op);
+  op.finish = nullptr;
+  op.start = nullptr;  // drops the captured tensors (keep-alive ends here)
+  auto& ev = *op.ev;
+  ev.finished = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lk(op.group->mu);
+    if (op.collective) {
+      op.group->any_completed = true;
+      op.group->last_seq = ev.info.seq;
+      op.group->last_tag = ev.info.tag;
+      op.group->last_kind = ev.info.kind;
+    }
+  }
+  if (Trace::enabled()) {
+    TraceRecord r;
+    r.lane = ev.info.lane;
+    r.name = ev.info.tag;
+    r.chunk = ev.info.chunk;
+    r.start_us = Trace::to_us(ev.started);
+    r.end_us = Trace::to_us(ev.finished);
+    r.bytes = ev.info.bytes;
+    r.cat = std::string(op_kind_name(ev.info.kind));
+    r.group = ev.info.group;
+    r.seq = int64_t(ev.info.seq);
+    Trace::record(std::move(r));
+  }
+  ev.complete();
+}
+
+void Engine::fail_op(Op& op, std::string message) {
+  op.finish = nullptr;
+  op.start = nullptr;
+  op.ev->finished = std::chrono::steady_clock::now();
+  op.ev->fail(std::move(message));
+}
+
+bool Engine::step() {
+  bool progressed = false;
+  {
+    std::deque<std::unique_ptr<Op>> in;
+    {
+      std::lock_guard lk(mu_);
+      in.swap(incoming_);
+    }
+    for (auto& op : in) admit(std::move(op));
+    if (!in.empty()) progressed = true;
+  }
+  for (auto& q : lanes_) {
+    int seen = 0;
+    for (auto it = q.begin(); it != q.end();) {
+      Op& op = **it;
+      bool remove = false;
+      // Fingerprint exchanges run independently of the lane order (they were posted in submit order).
+      if (op.check_pending) {
+        int flag = 0;
+        mpi_check(MPI_Test(&op.check_req, &flag, MPI_STATUS_IGNORE), "MPI_Test (check)", world_rank_);
+        if (flag) {
+          op.check_pending = false;
+          progressed = true;
+          const auto& all = op.check_all;
+          std::vector<int> differ;
+          for (size_t r = 1; r < all.size(); ++r)
+            if (all[r].fingerprint != all[0].fingerprint) differ.push_back(int(r));
+          if (!differ.empty()) {
+            std::string ops;
+            for (size_t r = 0; r < all.size(); ++r)
+              ops += fmt::format("{}  group rank {} (world {}): {}", r ? ";" : "", r, op.group->members[r],
+                                 describe(all[r]));
+            std::vector<int> differ_world;
+            for (int r : differ) differ_world.push_back(op.group->members[size_t(r)]);
+            fail_op(op, fmt::format(
+                            "rank {}: collective mismatch on group {} at seq={} (--check-collectives): world "
+                            "ranks [{}] differ from world rank {}; ops:{}. The op was not started on any member.",
+                            world_rank_, op.group->label, op.ev->info.seq, fmt::join(differ_world, ","),
+                            op.group->members[0], ops));
+            remove = true;
+          } else {
+            op.ev->stage = int(OpStage::queued);
+          }
+        }
+      }
+      if (!remove && seen < opts_.lane_depth) {
+        if (!op.started && !op.check_pending) {
+          bool deps_done = true;
+          std::string dep_error;
+          for (const Event& a : op.after) {
+            if (!a.ready()) {
+              deps_done = false;
+              break;
+            }
+            if (a.failed() && dep_error.empty())
+              dep_error = fmt::format("{} seq={} on {} (tag {})", op_kind_name(a.info().kind), a.info().seq,
+                                      a.info().group, a.info().tag);
+          }
+          if (deps_done && !dep_error.empty()) {
+            fail_op(op, fmt::format("rank {}: {} seq={} on group {} (tag {}) not started: its `after` event {} "
+                                    "failed",
+                                    world_rank_, op_kind_name(op.ev->info.kind), op.ev->info.seq,
+                                    op.group->label, op.ev->info.tag, dep_error));
+            remove = true;
+            progressed = true;
+          } else if (deps_done) {
+            op.after.clear();
+            op.ev->started = std::chrono::steady_clock::now();
+            op.ev->stage = int(OpStage::in_flight);
+            op.start(op, op.group->lane_comm[size_t(lane_index(op.ev->info.lane))]);
+            op.started = true;
+            progressed = true;
+          }
+        }
+        if (!remove && op.started) {
+          int flag = 1;
+          if (!op.reqs.empty())
+            mpi_check(MPI_Testall(int(op.reqs.size()), op.reqs.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall",
+                      world_rank_);
+          if (flag) {
+            finish_op(op);
+            remove = true;
+            progressed = true;
+          }
+        }
+      }
+      if (remove) {
+        it = q.erase(it);
+        pending_--;
+      } else {
+        ++seen;  // an unfinished op, started or not, holds its place in the lane's issue order
+        ++it;
+      }
+    }
+  }
+  return progressed;
+}
+
+void Engine::loop() {
+  for (;;) {
+    bool progressed = step();
+    if (progressed) continue;
+    std::unique_lock lk(mu_);
+    if (!incoming_.empty()) continue;
+    bool busy = std::any_of(lanes_.begin(), lanes_.end(), [](const auto& q) { return !q.empty(); });
+    if (!busy) {
+      if (stop_requested_) return;
+      cv_.wait(lk, [&] { return stop_requested_ || !incoming_.empty(); });
+      if (stop_requested_ && incoming_.empty()) return;
+    } else {
+      // (If stop() gave up with work outstanding it detached this thread; it keeps polling until MPI_Abort.)
+      cv_.wait_for(lk, std::chrono::microseconds(poll_us_.load()));
+    }
+  }
+}
+
+}  // namespace ampipe::comm

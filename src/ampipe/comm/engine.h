@@ -1,0 +1,113 @@
+// The communication engine: ONE thread per rank that alone calls MPI after initialisation (DESIGN.md section 3).
+//
+// Submissions (from any thread) go into one FIFO. The engine moves them, in order, into per-lane queues. An op on a
+// lane starts (its non-blocking MPI call is posted on the group's communicator for that lane) when
+//   - it is among the first `lane_depth` (default 1) unfinished ops of its lane, so a lane starts ops in issue
+//     order and, with depth 1, runs one at a time (chunk 0's all-to-all gets the link before chunk 1's);
+//   - all its `after` events are done (a failed `after` fails the op without starting it);
+//   - in --check-collectives mode, its fingerprint exchange on the group's debug communicator completed and all
+//     members agree (otherwise the op fails on every member with the same message and is never started).
+// Different lanes run concurrently. In-flight requests are progressed with MPI_Test; when a pass over all lanes
+// completed nothing the thread sleeps `poll_interval` (default 100 us; a spinning helper thread halves the
+// compute thread's speed on these 2-core machines, machine-facts section 2), and with nothing queued it sleeps
+// until the next submission.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ampipe/comm/event.h"
+#include "ampipe/comm/group.h"
+#include "ampipe/comm/lane.h"
+
+namespace ampipe::comm {
+
+// One fingerprint record exchanged in --check-collectives mode (fixed size, sent as MPI_BYTE).
+struct CheckRecord {
+  uint64_t fingerprint = 0;
+  uint64_t seq = 0;
+  uint64_t bytes = 0;  // rank-invariant size (0 for all_to_all, whose per-rank sizes legitimately differ)
+  uint32_t kind = 0;
+  uint32_t dtype = 0;
+  char tag[48] = {};
+};
+
+// An operation as the engine sees it. Built by collectives.cpp.
+struct Op {
+  std::shared_ptr<EventState> ev;
+  std::shared_ptr<GroupState> group;
+  bool collective = true;  // numbered by the group's seq and fingerprinted in check mode
+  bool check = false;      // set at submit from the runtime option
+  uint32_t dtype_code = 0;
+  uint64_t check_bytes = 0;
+  std::vector<Event> after;
+  // Posts the non-blocking MPI call(s) on `comm`, appending to reqs. Runs on the engine thread.
+  std::function<void(Op&, MPI_Comm comm)> start;
+  // Runs on the engine thread after all reqs completed (e.g. bf16 conversion back, averaging).
+  std::function<void(Op&)> finish;
+  std::vector<MPI_Request> reqs;
+
+  // Engine-private state.
+  bool started = false;
+  MPI_Request check_req = MPI_REQUEST_NULL;
+  bool check_pending = false;
+  CheckRecord check_mine;
+  std::vector<CheckRecord> check_all;
+};
+
+struct EngineOptions {
+  std::chrono::microseconds poll_interval{100};
+  int lane_depth = 1;
+};
+
+class Engine {
+ public:
+  Engine(int world_rank, EngineOptions opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Numbers the op on its group, queues it and returns its Event; starts the thread on first use.
+  Event submit(std::unique_ptr<Op> op);
+  bool running() const { return running_; }
+  // Waits up to `timeout` for every queued op to finish, then stops the thread. Returns false (and leaves MPI
+  // requests outstanding) when ops were still unfinished; the caller must then MPI_Abort, not MPI_Finalize.
+  bool stop(std::chrono::milliseconds timeout);
+  // Ops queued or in flight (for diagnostics).
+  size_t pending() const;
+  void set_poll_interval(std::chrono::microseconds us) { poll_us_ = us.count(); }
+
+ private:
+  void loop();
+  bool step();  // one pass; true when something progressed
+  void admit(std::unique_ptr<Op> op);
+  void finish_op(Op& op);
+  void fail_op(Op& op, std::string message);
+
+  int world_rank_;
+  EngineOptions opts_;
+  std::atomic<int64_t> poll_us_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Op>> incoming_;
+  std::array<std::deque<std::unique_ptr<Op>>, kNumLanes> lanes_;  // engine thread only
+  std::atomic<size_t> pending_{0};
+  bool stop_requested_ = false;
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+};
+
+// 64-bit FNV-1a over the check record fields (group label, seq, kind, dtype, bytes, tag).
+uint64_t fingerprint(const std::string& group, uint64_t seq, OpKind kind, uint32_t dtype, uint64_t bytes,
+                     const std::string& tag);
+
+}  // namespace ampipe::comm

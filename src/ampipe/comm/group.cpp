@@ -1,0 +1,18 @@
+#include "ampipe/comm/group.h"
+
+namespace ampipe::comm {
+
+const Group& Groups::get(GroupKind k) const {
+  switch (k) {
+    case GroupKind::world: return world;
+    case GroupKind::tp: return tp;
+    case GroupKind::cp: return cp;
+    case GroupKind::dp: return dp;
+    case GroupKind::dp_cp: return dp_cp;
+    case GroupKind::ep: return ep;
+    case GroupKind::edp: return edp;
+  }
+  return world;
+}
+
+}  // namespace ampipe::comm
