@@ -1,0 +1,139 @@
+#include "ampipe/kernels/layernorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ampipe::kernels {
+namespace {
+constexpr int kLanes = 8;  // independent partial sums: vectorisable (one ymm) and ~sqrt(8) less rounding error
+
+// Sum of a[j] over j in [0, n) by kLanes partial sums (a fixed order, so results are deterministic).
+inline float lane_sum(const float* acc) {
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+void check_f32(const Tensor& t, const char* name, const Shape& want) {
+  AMPIPE_CHECK(t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == want,
+               "layernorm: {} must be a contiguous f32 tensor of shape {}, got {} {}{}", name, shape_str(want),
+               t.defined() ? dtype_name(t.dtype()) : "undefined", shape_str(t.shape()),
+               t.defined() && !t.is_contiguous() ? " (non-contiguous)" : "");
+}
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                       Tensor& mean, Tensor& rstd) {
+  AMPIPE_CHECK(x.dim() == 2, "layernorm_forward: x must be 2-D [rows, h], got {}", shape_str(x.shape()));
+  const int64_t rows = x.size(0), h = x.size(1);
+  AMPIPE_CHECK(h > 0, "layernorm_forward: h = 0");
+  check_f32(x, "x", {rows, h});
+  check_f32(gamma, "gamma", {h});
+  check_f32(beta, "beta", {h});
+  check_f32(y, "y", {rows, h});
+  check_f32(mean, "mean", {rows});
+  check_f32(rstd, "rstd", {rows});
+  const float* xp = x.data<float>();
+  const float* gp = gamma.data<float>();
+  const float* bp = beta.data<float>();
+  float* yp = y.data<float>();
+  float* mp = mean.data<float>();
+  float* rp = rstd.data<float>();
+  const float inv_h = 1.0f / float(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * h;
+    float* yr = yp + r * h;
+    // Corrected two-pass (Chan, Golub & LeVeque): m0 = sum(x)/h, then over d = x - m0 accumulate sum(d) and
+    // sum(d^2); mean = m0 + sum(d)/h and var = (sum(d^2) - sum(d)^2/h)/h. No cancellation when |mean| >> std, and
+    // the rounding error of the first pass's mean is removed by the second.
+    const int64_t hv = h - h % kLanes;
+    float acc[kLanes] = {};
+    for (int64_t j = 0; j < hv; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += xr[j + l];
+    for (int64_t j = hv; j < h; ++j) acc[j - hv] += xr[j];
+    const float m0 = lane_sum(acc) * inv_h;
+    float accd[kLanes] = {}, accq[kLanes] = {};
+    for (int64_t j = 0; j < hv; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float d = xr[j + l] - m0;
+        accd[l] += d;
+        accq[l] += d * d;
+      }
+    for (int64_t j = hv; j < h; ++j) {
+      const float d = xr[j] - m0;
+      accd[j - hv] += d;
+      accq[j - hv] += d * d;
+    }
+    const float sd = lane_sum(accd), sq = lane_sum(accq);
+    const float m = m0 + sd * inv_h;
+    const float var = std::max(0.0f, (sq - sd * sd * inv_h) * inv_h);
+    const float rs = 1.0f / std::sqrt(var + eps);
+    for (int64_t j = 0; j < h; ++j) yr[j] = (xr[j] - m) * rs * gp[j] + bp[j];
+    mp[r] = m;
+    rp[r] = rs;
+  }
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma_accum, Tensor& dbeta_accum,
+                        bool accumulate_dx) {
+  AMPIPE_CHECK(x.dim() == 2, "layernorm_backward: x must be 2-D [rows, h], got {}", shape_str(x.shape()));
+  const int64_t rows = x.size(0), h = x.size(1);
+  AMPIPE_CHECK(h > 0, "layernorm_backward: h = 0");
+  check_f32(dy, "dy", {rows, h});
+  check_f32(x, "x", {rows, h});
+  check_f32(gamma, "gamma", {h});
+  check_f32(mean, "mean", {rows});
+  check_f32(rstd, "rstd", {rows});
+  check_f32(dx, "dx", {rows, h});
+  check_f32(dgamma_accum, "dgamma_accum", {h});
+  check_f32(dbeta_accum, "dbeta_accum", {h});
+  const float* dyp = dy.data<float>();
+  const float* xp = x.data<float>();
+  const float* gp = gamma.data<float>();
+  const float* mp = mean.data<float>();
+  const float* rp = rstd.data<float>();
+  float* dxp = dx.data<float>();
+  float* dgp = dgamma_accum.data<float>();
+  float* dbp = dbeta_accum.data<float>();
+  const float inv_h = 1.0f / float(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dyp + r * h;
+    const float* xr = xp + r * h;
+    float* dxr = dxp + r * h;
+    const float m = mp[r], rs = rp[r];
+    const int64_t hv = h - h % kLanes;
+    float acc_g[kLanes] = {}, acc_gx[kLanes] = {};
+    for (int64_t j = 0; j < hv; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float xhat = (xr[j + l] - m) * rs;
+        const float g = dyr[j + l] * gp[j + l];
+        acc_g[l] += g;
+        acc_gx[l] += g * xhat;
+      }
+    for (int64_t j = hv; j < h; ++j) {
+      const float xhat = (xr[j] - m) * rs;
+      const float g = dyr[j] * gp[j];
+      acc_g[j - hv] += g;
+      acc_gx[j - hv] += g * xhat;
+    }
+    for (int64_t j = 0; j < h; ++j) {
+      dgp[j] += dyr[j] * ((xr[j] - m) * rs);
+      dbp[j] += dyr[j];
+    }
+    const float sum_g = lane_sum(acc_g), sum_gx = lane_sum(acc_gx);
+    const float mean_g = sum_g * inv_h, mean_gx = sum_gx * inv_h;
+    if (accumulate_dx) {
+      for (int64_t j = 0; j < h; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        dxr[j] += rs * (dyr[j] * gp[j] - mean_g - xhat * mean_gx);
+      }
+    } else {
+      for (int64_t j = 0; j < h; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        dxr[j] = rs * (dyr[j] * gp[j] - mean_g - xhat * mean_gx);
+      }
+    }
+  }
+}
+
+}  // namespace ampipe::kernels

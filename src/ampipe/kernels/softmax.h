@@ -1,0 +1,29 @@
+// Row softmax, fp32, and top-k selection over a small number of columns (the MoE router's E experts).
+//
+// Notation: rows = tokens, E = experts (or any column count), k = experts per token.
+// Float tensors are fp32, contiguous and 2-D [rows, cols] (use Tensor::view to flatten).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "ampipe/core/tensor.h"
+
+namespace ampipe::kernels {
+
+// y[r, j] = exp(x[r, j] - max_j x[r, :]) / sum_j exp(x[r, j] - max_j x[r, :]). y: [rows, cols], overwritten;
+// may alias x.
+void softmax_forward(const Tensor& x, Tensor& y);
+// dx[r, j] = y[r, j] * (dy[r, j] - sum_i dy[r, i] * y[r, i]), y is the forward's output. dx: overwritten; may
+// alias dy.
+void softmax_backward(const Tensor& dy, const Tensor& y, Tensor& dx);
+
+// Top-k per row of probs [rows, E] (1 <= k <= E). For each row, writes the k selected column indices to
+// idx[r * k + i] (int32, [rows, k] row-major, overwritten) and their values to val [rows, k] (overwritten).
+// Order and ties (this decides routing, so it must be reproducible bit for bit):
+//   - slot i holds the i-th largest value; among equal values the lower column index comes first.
+//     Equivalently: columns are sorted by (value descending, index ascending) and the first k are taken.
+//   - Equality is fp32 ==, so +0 and -0 tie. probs must not contain NaN (checked).
+void topk_rows(const Tensor& probs, int k, std::span<int32_t> idx, Tensor& val);
+
+}  // namespace ampipe::kernels
