@@ -1,0 +1,71 @@
+// Causal multi-head self-attention, flash-attention style, for one block of query rows (an AMPipe chunk)
+// against the FULL key/value sequence.
+//
+// Notation (DESIGN.md): s sequence, b micro-batch, n heads, d head dim, h = n*d.
+//   sq       query rows in this call (s/M for chunk c)
+//   skv      key/value rows (the whole sequence s)
+//   q_offset position of local query row 0 in the sequence (c*s/M); key j is visible to local query i
+//            iff j <= q_offset + i (and j < skv). Row 0 always sees key 0, so no row is empty.
+//
+// Strided [s, b, n*d] operands: a matrix X with row stride `ld` (elements, >= n*d) holds element
+// (token i, batch bb, head hh, dd) at X[(i*b + bb)*ld + hh*d + dd]. So q, k, v may be column ranges of one
+// fused qkv buffer [s*b, 3h] (ld = 3h) without a copy: q = qkv, k = qkv + h, v = qkv + 2h.
+//
+// Softmax scale 1/sqrt(d). Work is done in query blocks x key blocks with an online softmax: no sq x skv
+// matrix is held, and key blocks entirely above the diagonal are skipped (causal FLOPs only). Block
+// matmuls go through kernels::gemm (oneDNN); scratch is thread_local and reused between calls (it only grows).
+//
+// dtype `in` is the type of q, k and v (all three the same): f32 or bf16. In bf16 mode every block GEMM
+// takes bf16 inputs (the probabilities P and dS, and dout, are rounded to bf16 before the GEMMs that consume
+// them) with fp32 accumulation; softmax statistics and lse are fp32; out, dq, dk, dv are always fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "ampipe/core/dtype.h"
+
+namespace ampipe::kernels {
+
+struct AttentionShape {
+  int64_t sq = 0;        // query rows in this chunk
+  int64_t skv = 0;       // key/value rows (full sequence)
+  int64_t b = 0;         // micro-batch
+  int64_t n = 0;         // heads
+  int64_t d = 0;         // head dim
+  int64_t q_offset = 0;  // sequence position of local query row 0
+};
+
+// Tile sizes (rows of Q, rows of K/V per block). The defaults were tuned for d = 128, s = 4096 on one Zen 3
+// core (bench/bench_attention.cpp): 128 x 256 keeps the [bq, kb] fp32 logit and dP tiles (128 KiB each) in
+// the 512 KiB L2; 256 x 512 was ~10% slower, 1024 key rows ~20%. Tests pass small ones to exercise tiling.
+struct AttentionBlocks {
+  int64_t q = 128;
+  int64_t k = 256;
+};
+
+// Visible (query, key) pairs for one (batch, head): sum over local i of min(skv, q_offset + i + 1).
+int64_t causal_attention_pairs(const AttentionShape& sh);
+// FLOPs counted on visible pairs only, summed over b and n heads (masked work on diagonal blocks is not
+// counted). Forward: 2 matmuls (Q K^T, P V) = 4*d per pair. Backward: 5 matmuls (recompute Q K^T,
+// dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q) = 10*d per pair (2.5x the forward).
+double causal_attention_flops(const AttentionShape& sh, bool backward);
+
+// q: [sq, b, n*d] with row stride ldq; k, v: [skv, b, n*d] with row strides ldk, ldv; type `in`.
+// out: [sq, b, n*d] fp32, row stride ldo, overwritten.
+// lse: [b, n, sq] fp32 (packed), overwritten: log(sum_j exp(q_i.k_j / sqrt(d))) over visible j; read by
+//      attention_backward.
+void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_t ldq, const void* k,
+                       int64_t ldk, const void* v, int64_t ldv, float* out, int64_t ldo, float* lse,
+                       const AttentionBlocks& blocks = {});
+
+// dout: [sq, b, n*d] fp32 (row stride lddo), the gradient of out. q, k, v, out, lse: as in / from
+// attention_forward for the same shape.
+// dq: [sq, b, n*d] fp32 (row stride lddq), overwritten.
+// dk_accum, dv_accum: [skv, b, n*d] fp32 (row strides lddk, lddv), ACCUMULATED (+=): every query chunk adds
+//      its contribution to the shared K/V gradient, so the caller zeroes them once before the first chunk.
+void attention_backward(const AttentionShape& sh, DType in, const float* dout, int64_t lddo, const void* q,
+                        int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, const float* out,
+                        int64_t ldo, const float* lse, float* dq, int64_t lddq, float* dk_accum, int64_t lddk,
+                        float* dv_accum, int64_t lddv, const AttentionBlocks& blocks = {});
+
+}  // namespace ampipe::kernels

@@ -1,0 +1,356 @@
+// Causal flash attention (kernels/attention) against a plain-loop double reference.
+//
+// Notation: s sequence, b micro-batch, n heads, d head dim, h = n*d; a query chunk has sq rows starting at
+// q_offset and sees the full skv = s keys. Activations are [s, b, h]; q, k, v are read from one fused qkv
+// buffer [s*b, 3h] (row stride 3h), as the attention stage passes them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ampipe/core/dtype.h"
+#include "ampipe/kernels/attention.h"
+
+using namespace ampipe;
+using namespace ampipe::kernels;
+
+namespace {
+
+using Vec = std::vector<double>;
+
+// ---- double reference (packed [rows, b, h] operands) ------------------------------------------------------
+struct Ref {
+  Vec out;  // [sq, b, h]
+  Vec lse;  // [b, n, sq]
+};
+
+// q: [sq, b, h], k, v: [skv, b, h].
+Ref ref_forward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec& v) {
+  const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
+  const double scale = 1.0 / std::sqrt(double(d));
+  Ref r{Vec(size_t(sh.sq * b * h)), Vec(size_t(b * n * sh.sq))};
+  Vec logit(size_t(sh.skv));
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t hh = 0; hh < n; ++hh)
+      for (int64_t i = 0; i < sh.sq; ++i) {
+        const int64_t nk = std::min(sh.skv, sh.q_offset + i + 1);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < nk; ++j) {
+          double acc = 0;
+          for (int64_t dd = 0; dd < d; ++dd)
+            acc += q[size_t((i * b + bb) * h + hh * d + dd)] * k[size_t((j * b + bb) * h + hh * d + dd)];
+          logit[size_t(j)] = acc * scale;
+          mx = std::max(mx, logit[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < nk; ++j) sum += std::exp(logit[size_t(j)] - mx);
+        for (int64_t dd = 0; dd < d; ++dd) {
+          double acc = 0;
+          for (int64_t j = 0; j < nk; ++j)
+            acc += std::exp(logit[size_t(j)] - mx) / sum * v[size_t((j * b + bb) * h + hh * d + dd)];
+          r.out[size_t((i * b + bb) * h + hh * d + dd)] = acc;
+        }
+        r.lse[size_t((bb * n + hh) * sh.sq + i)] = mx + std::log(sum);
+      }
+  return r;
+}
+
+struct RefGrad {
+  Vec dq, dk, dv;  // [sq, b, h], [skv, b, h], [skv, b, h]
+};
+
+// Textbook softmax-attention backward (not the flash form): P = softmax(S), dV = P^T dO, dP = dO V^T,
+// dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale, dK = dS^T Q * scale.
+RefGrad ref_backward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec& v, const Vec& dout) {
+  const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
+  const double scale = 1.0 / std::sqrt(double(d));
+  RefGrad g{Vec(q.size()), Vec(k.size()), Vec(v.size())};
+  Vec p(size_t(sh.skv)), dp(size_t(sh.skv));
+  auto at = [&](int64_t row, int64_t hh, int64_t dd, int64_t bb) { return size_t((row * b + bb) * h + hh * d + dd); };
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t hh = 0; hh < n; ++hh)
+      for (int64_t i = 0; i < sh.sq; ++i) {
+        const int64_t nk = std::min(sh.skv, sh.q_offset + i + 1);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < nk; ++j) {
+          double acc = 0;
+          for (int64_t dd = 0; dd < d; ++dd) acc += q[at(i, hh, dd, bb)] * k[at(j, hh, dd, bb)];
+          p[size_t(j)] = acc * scale;
+          mx = std::max(mx, p[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < nk; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+        double pdp = 0;
+        for (int64_t j = 0; j < nk; ++j) {
+          p[size_t(j)] /= sum;
+          double acc = 0;
+          for (int64_t dd = 0; dd < d; ++dd) acc += dout[at(i, hh, dd, bb)] * v[at(j, hh, dd, bb)];
+          dp[size_t(j)] = acc;
+          pdp += p[size_t(j)] * acc;
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          const double ds = p[size_t(j)] * (dp[size_t(j)] - pdp);
+          for (int64_t dd = 0; dd < d; ++dd) {
+            g.dv[at(j, hh, dd, bb)] += p[size_t(j)] * dout[at(i, hh, dd, bb)];
+            g.dq[at(i, hh, dd, bb)] += ds * k[at(j, hh, dd, bb)] * scale;
+            g.dk[at(j, hh, dd, bb)] += ds * q[at(i, hh, dd, bb)] * scale;
+          }
+        }
+      }
+  return g;
+}
+
+// ---- helpers -----------------------------------------------------------------------------------------------
+Vec randn(size_t count, std::mt19937& rng) {
+  std::normal_distribution<double> nd(0, 1);
+  Vec x(count);
+  for (double& e : x) e = nd(rng);
+  return x;
+}
+
+// A whole-sequence problem: fused qkv [s*b, 3h] in fp32 and bf16, dout [s*b, h].
+struct Problem {
+  int64_t s, b, n, d, h;
+  std::vector<float> qkv;  // fp32 values (already bf16-representable when bf16 is set)
+  std::vector<bf16> qkv_bf16;
+  std::vector<float> dout;
+  Vec q, k, v;  // packed [s, b, h] doubles of the same values
+  Vec dout_d;
+
+  Problem(int64_t s_, int64_t b_, int64_t n_, int64_t d_, uint32_t seed, bool round_bf16 = false)
+      : s(s_), b(b_), n(n_), d(d_), h(n_ * d_) {
+    std::mt19937 rng(seed);
+    const Vec x = randn(size_t(s * b * 3 * h), rng);
+    const Vec g = randn(size_t(s * b * h), rng);
+    qkv.resize(x.size());
+    qkv_bf16.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      qkv_bf16[i] = f32_to_bf16(float(x[i]));
+      qkv[i] = round_bf16 ? bf16_to_f32(qkv_bf16[i]) : float(x[i]);
+    }
+    dout.assign(g.begin(), g.end());
+    q.resize(size_t(s * b * h)), k.resize(q.size()), v.resize(q.size());
+    for (int64_t r = 0; r < s * b; ++r)
+      for (int64_t c = 0; c < h; ++c) {
+        q[size_t(r * h + c)] = qkv[size_t(r * 3 * h + c)];
+        k[size_t(r * h + c)] = qkv[size_t(r * 3 * h + h + c)];
+        v[size_t(r * h + c)] = qkv[size_t(r * 3 * h + 2 * h + c)];
+      }
+    dout_d.assign(dout.begin(), dout.end());
+  }
+  AttentionShape chunk(int64_t q_offset, int64_t sq) const { return {sq, s, b, n, d, q_offset}; }
+  const void* qkv_ptr(DType in, int64_t row, int64_t col) const {
+    const size_t off = size_t(row * b * 3 * h + col);
+    return in == DType::f32 ? static_cast<const void*>(qkv.data() + off) : qkv_bf16.data() + off;
+  }
+  // Rows [q_offset, q_offset + sq) of a packed [s, b, h] double.
+  Vec rows(const Vec& x, int64_t q_offset, int64_t sq) const {
+    return Vec(x.begin() + q_offset * b * h, x.begin() + (q_offset + sq) * b * h);
+  }
+};
+
+struct Result {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+// Runs forward and backward of one chunk through the kernel. dk, dv start from `dkv0` (to check +=); dq
+// starts as NaN (to check it is overwritten). out uses a padded row stride (h + 3) to exercise ldo.
+Result run_chunk(const Problem& pb, DType in, int64_t q_offset, int64_t sq, const AttentionBlocks& blocks,
+                 const std::vector<float>& dk0, const std::vector<float>& dv0) {
+  const int64_t h = pb.h, ld = 3 * h, ldo = h + 3;
+  const AttentionShape sh = pb.chunk(q_offset, sq);
+  Result r;
+  std::vector<float> out_padded(size_t(sq * pb.b * ldo), -1.0f);
+  r.lse.assign(size_t(pb.b * pb.n * sq), 0.0f);
+  attention_forward(sh, in, pb.qkv_ptr(in, q_offset, 0), ld, pb.qkv_ptr(in, 0, h), ld, pb.qkv_ptr(in, 0, 2 * h),
+                    ld, out_padded.data(), ldo, r.lse.data(), blocks);
+  r.out.resize(size_t(sq * pb.b * h));
+  for (int64_t row = 0; row < sq * pb.b; ++row)
+    for (int64_t c = 0; c < h; ++c) r.out[size_t(row * h + c)] = out_padded[size_t(row * ldo + c)];
+  r.dq.assign(size_t(sq * pb.b * h), std::numeric_limits<float>::quiet_NaN());
+  r.dk = dk0;
+  r.dv = dv0;
+  attention_backward(sh, in, pb.dout.data() + q_offset * pb.b * h, h, pb.qkv_ptr(in, q_offset, 0), ld,
+                     pb.qkv_ptr(in, 0, h), ld, pb.qkv_ptr(in, 0, 2 * h), ld, out_padded.data(), ldo, r.lse.data(),
+                     r.dq.data(), h, r.dk.data(), h, r.dv.data(), h, blocks);
+  return r;
+}
+
+// max |got - (base + ref)| / max(1, max |ref|): error relative to the tensor's scale, so tiny entries that
+// result from cancellation do not dominate.
+double scaled_err(const std::vector<float>& got, const Vec& ref, const std::vector<float>* base = nullptr) {
+  EXPECT_EQ(got.size(), ref.size());
+  double err = 0, mag = 1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double want = ref[i] + (base ? (*base)[i] : 0.0);
+    err = std::max(err, std::isnan(got[i]) ? 1e30 : std::abs(got[i] - want));
+    mag = std::max(mag, std::abs(ref[i]));
+  }
+  return err / mag;
+}
+// ||got - ref||_2 / ||ref||_2
+double norm_err(const std::vector<float>& got, const Vec& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+Vec to_double(const std::vector<float>& x) { return Vec(x.begin(), x.end()); }
+
+double fd(const auto& loss, Vec x, size_t i, double step = 1e-6) {
+  x[i] += step;
+  const double up = loss(x);
+  x[i] -= 2 * step;
+  return (up - loss(x)) / (2 * step);
+}
+
+}  // namespace
+
+TEST(Attention, CausalPairsAndFlops) {
+  for (int64_t skv : {1, 7, 37})
+    for (int64_t off = 0; off < skv; off += 3)
+      for (int64_t sq = 0; off + sq <= skv + 2; ++sq) {
+        const AttentionShape sh{sq, skv, 2, 3, 8, off};
+        int64_t pairs = 0;
+        for (int64_t i = 0; i < sq; ++i)
+          for (int64_t j = 0; j < skv; ++j) pairs += j <= off + i;
+        ASSERT_EQ(causal_attention_pairs(sh), pairs) << skv << " " << off << " " << sq;
+        EXPECT_EQ(causal_attention_flops(sh, false), double(pairs) * 2 * 3 * 8 * 4);
+        EXPECT_EQ(causal_attention_flops(sh, true), double(pairs) * 2 * 3 * 8 * 10);
+      }
+}
+
+// The double reference's backward against central differences of loss = <r, out(q, k, v)>, with a query
+// chunk (q_offset = 2 of s = 6) so the causal cut and the keys no query sees are both covered.
+TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
+  const int64_t s = 6, b = 2, n = 2, d = 4, h = n * d, off = 2, sq = 3;
+  const AttentionShape sh{sq, s, b, n, d, off};
+  std::mt19937 rng(11);
+  const Vec q = randn(size_t(sq * b * h), rng), k = randn(size_t(s * b * h), rng), v = randn(size_t(s * b * h), rng);
+  const Vec r = randn(size_t(sq * b * h), rng);
+  auto dot = [&](const Vec& out) {
+    double acc = 0;
+    for (size_t i = 0; i < out.size(); ++i) acc += r[i] * out[i];
+    return acc;
+  };
+  const RefGrad g = ref_backward(sh, q, k, v, r);
+  // step 1e-6 in double: truncation ~1e-12 * |f'''|, rounding ~1e-16 / 1e-6 = 1e-10; 1e-6 is far above both.
+  for (size_t i = 0; i < q.size(); ++i)
+    EXPECT_NEAR(g.dq[i], fd([&](const Vec& x) { return dot(ref_forward(sh, x, k, v).out); }, q, i), 1e-6) << i;
+  for (size_t i = 0; i < k.size(); ++i)
+    EXPECT_NEAR(g.dk[i], fd([&](const Vec& x) { return dot(ref_forward(sh, q, x, v).out); }, k, i), 1e-6) << i;
+  for (size_t i = 0; i < v.size(); ++i)
+    EXPECT_NEAR(g.dv[i], fd([&](const Vec& x) { return dot(ref_forward(sh, q, k, x).out); }, v, i), 1e-6) << i;
+}
+
+// fp32 kernel forward and backward against the double reference, for whole sequences and query chunks (with
+// and without q_offset; chunks that end before skv so some keys are never seen), and block sizes that do
+// and do not divide the shapes (single block, many blocks, blocks of 5 x 7).
+TEST(Attention, Fp32MatchesDoubleReference) {
+  const Problem pb(37, 2, 3, 24, 21);
+  struct Case {
+    int64_t q_offset, sq;
+    AttentionBlocks blocks;
+  };
+  const Case cases[] = {{0, 37, {}},      {0, 37, {16, 8}},  {0, 37, {5, 7}},  {17, 20, {}},
+                        {17, 20, {8, 16}}, {5, 13, {4, 8}},  {36, 1, {16, 8}}, {0, 1, {}}};
+  std::mt19937 rng(3);
+  const Vec dk_base = randn(size_t(pb.s * pb.b * pb.h), rng), dv_base = randn(dk_base.size(), rng);
+  const std::vector<float> dk0(dk_base.begin(), dk_base.end()), dv0(dv_base.begin(), dv_base.end());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "q_offset=" << c.q_offset << " sq=" << c.sq << " blocks=" << c.blocks.q
+                                    << "x" << c.blocks.k);
+    const AttentionShape sh = pb.chunk(c.q_offset, c.sq);
+    const Vec qc = pb.rows(pb.q, c.q_offset, c.sq);
+    const Ref ref = ref_forward(sh, qc, pb.k, pb.v);
+    const RefGrad rg = ref_backward(sh, qc, pb.k, pb.v, pb.rows(pb.dout_d, c.q_offset, c.sq));
+    const Result got = run_chunk(pb, DType::f32, c.q_offset, c.sq, c.blocks, dk0, dv0);
+    // fp32 GEMMs over d = 24 and up to 37 keys, an exp with ~2 ulp error, and an online softmax: a few
+    // hundred roundings of 6e-8 on O(1) values, ~1e-6 relative to the tensor's scale; 2e-5 leaves margin
+    // without hiding indexing errors (which are O(1)).
+    EXPECT_LT(scaled_err(got.out, ref.out), 2e-5);
+    EXPECT_LT(scaled_err(got.lse, ref.lse), 2e-5);
+    EXPECT_LT(scaled_err(got.dq, rg.dq), 2e-5);
+    // dk, dv accumulate onto dk0, dv0 (rows no query of this chunk sees must stay exactly dk0, dv0).
+    EXPECT_LT(scaled_err(got.dk, rg.dk, &dk0), 2e-5);
+    EXPECT_LT(scaled_err(got.dv, rg.dv, &dv0), 2e-5);
+    for (int64_t row = (c.q_offset + c.sq) * pb.b; row < pb.s * pb.b; ++row)
+      for (int64_t col = 0; col < pb.h; ++col) {
+        ASSERT_EQ(got.dk[size_t(row * pb.h + col)], dk0[size_t(row * pb.h + col)]);
+        ASSERT_EQ(got.dv[size_t(row * pb.h + col)], dv0[size_t(row * pb.h + col)]);
+      }
+  }
+}
+
+// Chunk identity: M query chunks (q_offset = start of the chunk, full K/V) concatenate to the whole-sequence
+// output, lse and dq, and their dk, dv contributions accumulate to the whole's. Equal chunks for s = 36 and
+// M = 2, 3, 4; uneven chunks for s = 37.
+TEST(Attention, ChunksEqualWholeSequence) {
+  struct Case {
+    int64_t s;
+    std::vector<int64_t> sizes;
+    AttentionBlocks blocks;
+  };
+  const Case cases[] = {{36, {18, 18}, {8, 8}},         {36, {12, 12, 12}, {}},    {36, {9, 9, 9, 9}, {4, 16}},
+                        {37, {13, 12, 12}, {8, 8}},     {37, {10, 9, 9, 9}, {}},   {37, {1, 20, 16}, {16, 8}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "s=" << c.s << " M=" << c.sizes.size() << " blocks=" << c.blocks.q << "x"
+                                    << c.blocks.k);
+    const Problem pb(c.s, 2, 2, 16, 5);
+    const std::vector<float> zeros(size_t(c.s * pb.b * pb.h), 0.0f);
+    const Result whole = run_chunk(pb, DType::f32, 0, c.s, c.blocks, zeros, zeros);
+    std::vector<float> out, dq, dk = zeros, dv = zeros;
+    std::vector<float> lse(whole.lse.size());
+    int64_t off = 0;
+    for (int64_t sq : c.sizes) {
+      Result part = run_chunk(pb, DType::f32, off, sq, c.blocks, dk, dv);
+      out.insert(out.end(), part.out.begin(), part.out.end());
+      dq.insert(dq.end(), part.dq.begin(), part.dq.end());
+      for (int64_t bn = 0; bn < pb.b * pb.n; ++bn)
+        for (int64_t i = 0; i < sq; ++i) lse[size_t(bn * c.s + off + i)] = part.lse[size_t(bn * sq + i)];
+      dk = std::move(part.dk);
+      dv = std::move(part.dv);
+      off += sq;
+    }
+    ASSERT_EQ(off, c.s);
+    // fp32 both ways; only GEMM shapes (hence summation order) and the order dk, dv are summed differ:
+    // 1e-5 relative to the tensor's scale (DESIGN.md §4).
+    EXPECT_LT(scaled_err(out, to_double(whole.out)), 1e-5);
+    EXPECT_LT(scaled_err(lse, to_double(whole.lse)), 1e-5);
+    EXPECT_LT(scaled_err(dq, to_double(whole.dq)), 1e-5);
+    EXPECT_LT(scaled_err(dk, to_double(whole.dk)), 1e-5);
+    EXPECT_LT(scaled_err(dv, to_double(whole.dv)), 1e-5);
+  }
+}
+
+// bf16 inputs: the reference runs in double on the same bf16-rounded q, k, v and the unrounded fp32 dout, so
+// the only errors are the kernel's own roundings: P and dS (and dout, for the GEMMs) to bf16, relative error
+// <= 2^-9 = 2e-3 per element, partly averaging out over the sums. Expected norm-relative error ~2e-3 for out,
+// a few 1e-3 for the gradients (two rounded factors each); we allow 1e-2. lse comes from fp32 logits of
+// exactly representable products and an fp32 sum of unrounded exp: 2e-5 as in fp32.
+TEST(Attention, Bf16MatchesDoubleReference) {
+  const Problem pb(37, 2, 3, 24, 9, /*round_bf16=*/true);
+  const std::vector<float> zeros(size_t(pb.s * pb.b * pb.h), 0.0f);
+  for (auto [off, sq, blocks] : {std::tuple{int64_t(0), int64_t(37), AttentionBlocks{16, 16}},
+                                 std::tuple{int64_t(11), int64_t(19), AttentionBlocks{}},
+                                 std::tuple{int64_t(0), int64_t(37), AttentionBlocks{5, 7}}}) {
+    SCOPED_TRACE(testing::Message() << "q_offset=" << off << " sq=" << sq);
+    const AttentionShape sh = pb.chunk(off, sq);
+    const Vec qc = pb.rows(pb.q, off, sq);
+    const Ref ref = ref_forward(sh, qc, pb.k, pb.v);
+    const RefGrad rg = ref_backward(sh, qc, pb.k, pb.v, pb.rows(pb.dout_d, off, sq));
+    const Result got = run_chunk(pb, DType::bf16, off, sq, blocks, zeros, zeros);
+    EXPECT_LT(norm_err(got.out, ref.out), 1e-2);
+    EXPECT_LT(scaled_err(got.lse, ref.lse), 2e-5);
+    EXPECT_LT(norm_err(got.dq, rg.dq), 1e-2);
+    EXPECT_LT(norm_err(got.dk, rg.dk), 1e-2);
+    EXPECT_LT(norm_err(got.dv, rg.dv), 1e-2);
+    // and it is not accidentally exact-fp32: the roundings must show (guards against a silent f32 path)
+    EXPECT_GT(norm_err(got.out, ref.out), 1e-5);
+  }
+}
