@@ -1,1 +1,3 @@
-int main() { return 0; }
+#include "ampipe/cli/app.h"
+
+int main(int argc, char** argv) { return ampipe::cli::main(argc, argv); }

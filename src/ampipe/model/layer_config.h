@@ -9,10 +9,10 @@
 #include <string>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/model/gate.h"
 
 namespace ampipe::model {
 
-enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 enum class ExpertKind : uint8_t { gelu, swiglu };
 
 struct LayerConfig {

@@ -17,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "ampipe/comm/lane.h"
+
 namespace ampipe::schedule {
 
-enum class Lane : uint8_t { compute, ep, tp, cp, dp };
+using comm::Lane;  // lanes belong to comm/
 enum class Dir : uint8_t { fwd, bwd };
 
 enum class Stage : uint8_t {

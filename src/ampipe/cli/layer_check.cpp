@@ -1,0 +1,217 @@
+// `ampipe layer-check`: one forward and backward of one MoE layer on seeded random input and a seeded random
+// upstream gradient, on one rank or under mpirun with expert parallelism, with optional safetensors export.
+//
+// The global batch (--global-batch-size sequences, default micro-batch x data-parallel ranks) is cut into
+// micro-batches of --micro-batch-size; data-parallel rank r processes micro-batches [r*K, (r+1)*K). Micro-batch
+// m's loss is <grad_y_m, y_m> + coeff * l_aux_m; parameter gradients are the mean over all micro-batches (the
+// data-parallel mean), so one rank with K micro-batches equals K ranks with one each.
+#include "ampipe/cli/layer_check.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "ampipe/comm/collectives.h"
+#include "ampipe/comm/runtime.h"
+#include "ampipe/comm/trace.h"
+#include "ampipe/core/philox.h"
+#include "ampipe/core/safetensors.h"
+#include "ampipe/model/layer_params.h"
+#include "ampipe/model/layer_step.h"
+#include "ampipe/schedule/executor.h"
+#include "ampipe/schedule/plan.h"
+
+namespace ampipe::cli {
+
+void LayerCheckArgs::add_to(CLI::App& app) {
+  layer.add_to(app);
+  comm.add_to(app);
+  app.add_option("--ampipe-degree", ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
+      ->capture_default_str();
+  app.add_option("--global-batch-size", global_batch_size,
+                 "sequences in the global batch (default: micro-batch size x data-parallel ranks)");
+  app.add_option("--export", export_dir, "write params/inputs/outputs/grads safetensors into this directory");
+  app.add_option("--trace", trace_file, "write a Chrome trace (Perfetto) of the step to this file");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Element (i, g, j) of a full [s, G, h] tensor drawn from the seed: philox_normal(seed, data, id, flat index).
+Tensor micro_batch_slice(const model::LayerConfig& cfg, int64_t G, int64_t m, uint64_t id) {
+  const int64_t s = cfg.seq_length, b = cfg.micro_batch_size, h = cfg.hidden_size;
+  Tensor t = Tensor::empty({s, b, h});
+  const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t bb = 0; bb < b; ++bb)
+      for (int64_t j = 0; j < h; ++j)
+        p[(i * b + bb) * h + j] = core::philox_normal(key, id, uint64_t((i * G + m * b + bb) * h + j));
+  return t;
+}
+
+// Checks that rank 0 can write `dir` (creating it); every rank learns the verdict, so all fail together.
+void check_export_dir(const std::string& dir, const comm::Group& world) {
+  int64_t bad = 0;
+  std::string why;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string probe = dir + "/.ampipe-write-test";
+    std::ofstream out(probe);
+    if (ec || !out) {
+      bad = 1;
+      why = ec ? ec.message() : std::strerror(errno);
+    } else {
+      out.close();
+      std::filesystem::remove(probe, ec);
+    }
+  }
+  if (comm::all_reduce_max(world, bad, "export_dir_check") != 0)
+    throw ConfigError(fmt::format("--export {}: the directory cannot be created or written{}{}", dir,
+                                  why.empty() ? "" : ": ", why));
+}
+
+// Full [s, G, h] tensor on rank 0 from every rank's K micro-batches ([K, s, b, h] each, world rank order).
+Tensor gather_batch(const std::vector<Tensor>& mine, const comm::Group& world, int64_t G) {
+  const int64_t K = int64_t(mine.size()), s = mine[0].size(0), b = mine[0].size(1), h = mine[0].size(2);
+  Tensor packed = Tensor::empty({K, s, b, h});
+  for (int64_t j = 0; j < K; ++j) packed.rows(j, j + 1).view({s, b, h}).copy_from(mine[size_t(j)]);
+  Tensor all = Tensor::empty({int64_t(world.size()) * K, s, b, h});
+  comm::all_gather_sync(world, packed, all, "export_gather");
+  Tensor full = Tensor::empty({s, G, h});
+  for (int64_t m = 0; m < G / b; ++m)
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t bb = 0; bb < b; ++bb)
+        std::memcpy(full.data<float>() + (i * G + m * b + bb) * h, all.data<float>() + ((m * s + i) * b + bb) * h,
+                    size_t(h) * 4);
+  return full;
+}
+
+double norm(const Tensor& t) {
+  double s = 0;
+  for (float v : t.to_vector()) s += double(v) * v;
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+int run_layer_check(LayerCheckArgs& a) {
+  model::LayerConfig cfg = a.layer.finish();
+  comm::Runtime& rt = comm::Runtime::current();
+  rt.set_check_collectives(a.comm.check_collectives);
+  if (!(a.comm.comm_timeout_s > 0))
+    throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", a.comm.comm_timeout_s));
+  rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
+  const int M = a.ampipe_degree;
+  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
+  if (cfg.seq_length % M != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
+                                  "the same number of rows",
+                                  cfg.seq_length, M));
+  const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
+  const int64_t b = cfg.micro_batch_size, dp = layout.dp;
+  const int64_t G = a.global_batch_size > 0 ? a.global_batch_size : b * dp;
+  if (G % (b * dp) != 0)
+    throw ConfigError(fmt::format("--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel "
+                                  "size {}: every rank must process the same number of micro-batches",
+                                  G, b, dp));
+  comm::Groups groups = rt.make_groups(layout);
+  if (!a.export_dir.empty()) check_export_dir(a.export_dir, groups.world);
+  const comm::Layout::Coord me = layout.coord(rt.rank());
+  const int64_t K = G / (b * dp);
+  comm::Trace::set_enabled(!a.trace_file.empty());
+
+  model::LayerParams params = model::init_params(cfg, me.ep);
+  model::LayerParams grads = model::zeros_like_params(cfg);
+  const schedule::Plan plan = schedule::build_layer_plan(cfg.layer_index, M);
+  schedule::Executor ex(&groups.ep);
+  std::vector<Tensor> xs, dys, ys, dxs;
+  std::vector<float> aux;
+  int64_t dropped = 0, choices = 0;
+  double step_s = 0, flops = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    const int64_t m = me.dp * K + j;
+    xs.push_back(micro_batch_slice(cfg, G, m, 0));
+    dys.push_back(micro_batch_slice(cfg, G, m, 1));
+    model::LayerStep step(cfg, M, me.ep, params, grads, uint64_t(m * cfg.tokens()));
+    const auto t0 = Clock::now();
+    step.begin_forward(xs.back());
+    ex.forward(plan, step);
+    step.begin_backward(dys.back(), float(a.layer.moe_aux_loss_coeff));
+    ex.backward(plan, step);
+    step_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    flops += step.flops();
+    ys.push_back(step.output().clone());
+    dxs.push_back(step.input_grad().clone());
+    aux.push_back(float(step.aux_loss_value()));
+    for (int c = 0; c < M; ++c)
+      for (int32_t sl : step.gate_ctx(c).routing.slot) {
+        dropped += sl < 0;
+        ++choices;
+      }
+  }
+  // Data-parallel mean of the gradients: sum over the ranks that hold the same parameter, divide by the number
+  // of micro-batches of the global batch (expert gradients already sum over the EP group's tokens).
+  const float inv = 1.0f / float(G / b);
+  for (auto& [name, g] : grads.named()) {
+    const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
+    if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);
+    float* p = g.data<float>();
+    for (int64_t i = 0; i < g.numel(); ++i) p[i] *= inv;
+  }
+  const int64_t total_dropped = comm::all_reduce_max(groups.world, dropped, "dropped");
+
+  if (!a.export_dir.empty()) {
+    Tensor x_full = gather_batch(xs, groups.world, G), dy_full = gather_batch(dys, groups.world, G);
+    Tensor y_full = gather_batch(ys, groups.world, G), dx_full = gather_batch(dxs, groups.world, G);
+    Tensor aux_mine = Tensor::from(aux, {K});
+    Tensor aux_all = Tensor::empty({G / b});
+    comm::all_gather_sync(groups.world, aux_mine, aux_all, "export_aux");
+    core::TensorMap pmap, gmap;
+    for (auto& [name, t] : params.named()) pmap[name] = t;
+    for (auto& [name, t] : grads.named()) gmap[name] = t;
+    for (core::TensorMap* mp : {&pmap, &gmap})
+      for (auto& [name, t] : *mp)
+        if (model::LayerParams::is_expert(name) && groups.ep.size() > 1) {
+          Shape full = t.shape();
+          full[0] *= groups.ep.size();
+          Tensor all = Tensor::empty(full);
+          comm::all_gather_sync(groups.ep, t, all, "export." + name);
+          t = all;
+        }
+    if (rt.rank() == 0) {
+      gmap["x"] = dx_full;
+      const std::map<std::string, std::string> meta{{"format", "ampipe layer-check"},
+                                                    {"ampipe_degree", std::to_string(M)},
+                                                    {"expert_model_parallel_size", std::to_string(layout.ep)}};
+      core::save_safetensors(a.export_dir + "/params.safetensors", pmap, meta);
+      core::save_safetensors(a.export_dir + "/inputs.safetensors", {{"x", x_full}, {"grad_y", dy_full}}, meta);
+      core::save_safetensors(a.export_dir + "/outputs.safetensors", {{"y", y_full}, {"aux_loss", aux_all}}, meta);
+      core::save_safetensors(a.export_dir + "/grads.safetensors", gmap, meta);
+    }
+  }
+  if (!a.trace_file.empty()) comm::Trace::write_chrome_trace(a.trace_file);
+
+  if (rt.rank() == 0) {
+    fmt::print("ampipe layer-check: s={} b={} h={} F={} heads={} E={} top-{} {} | ranks={} ep={} dp={} "
+               "micro-batches/rank={} ampipe-degree={}\n",
+               cfg.seq_length, b, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, cfg.num_experts,
+               cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", rt.size(), layout.ep, dp, K, M);
+    fmt::print("  forward+backward: {:.1f} ms per micro-batch, {:.3f} TFLOP/s per rank, exposed comm {:.1f} ms\n",
+               1e3 * step_s / double(K), flops / step_s / 1e12, ex.stats().blocked_us / 1e3 / double(K));
+    fmt::print("  |y| = {:.6g}   aux loss = {:.6g}   |dx| = {:.6g}   tokens dropped (max over ranks) = {} of {} "
+               "choices\n",
+               norm(ys[0]), aux[0], norm(dxs[0]), total_dropped, choices);
+    for (auto& [name, g] : grads.named()) fmt::print("  |grad {}| = {:.6g}\n", name, norm(g));
+    if (!a.export_dir.empty()) fmt::print("  exported to {}/{{params,inputs,outputs,grads}}.safetensors\n", a.export_dir);
+    if (!a.trace_file.empty()) fmt::print("  trace written to {}\n", a.trace_file);
+  }
+  return 0;
+}
+
+}  // namespace ampipe::cli

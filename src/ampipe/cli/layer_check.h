@@ -1,0 +1,23 @@
+// `ampipe layer-check`: one forward + backward of one MoE layer; see layer_check.cpp.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "ampipe/cli/layer_flags.h"
+
+namespace ampipe::cli {
+
+struct LayerCheckArgs {
+  LayerFlags layer;
+  CommFlags comm;
+  int ampipe_degree = 1;
+  int64_t global_batch_size = 0;
+  std::string export_dir;
+  std::string trace_file;
+  void add_to(CLI::App& app);
+};
+
+int run_layer_check(LayerCheckArgs& args);
+
+}  // namespace ampipe::cli

@@ -1,0 +1,55 @@
+#include "ampipe/cli/layer_flags.h"
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::cli {
+
+void LayerFlags::add_to(CLI::App& app) {
+  app.add_option("--seq-length", cfg.seq_length, "sequence length s")->capture_default_str();
+  app.add_option("--micro-batch-size", cfg.micro_batch_size, "sequences per micro-batch b")->capture_default_str();
+  app.add_option("--hidden-size", cfg.hidden_size, "hidden size h")->capture_default_str();
+  app.add_option("--ffn-hidden-size", cfg.ffn_hidden_size, "expert FFN hidden size F")->capture_default_str();
+  app.add_option("--num-attention-heads", cfg.num_attention_heads, "attention heads n")->capture_default_str();
+  app.add_option("--num-experts", cfg.num_experts, "experts E")->capture_default_str();
+  app.add_option("--moe-router-topk", cfg.moe_router_topk, "experts per token k (1 or 2)")->capture_default_str();
+  app.add_option("--moe-train-capacity-factor", cfg.moe_train_capacity_factor, "expert capacity factor")
+      ->capture_default_str();
+  app.add_option("--moe-min-capacity", cfg.moe_min_capacity, "minimum expert capacity")->capture_default_str();
+  app.add_flag("--moe-no-drop", cfg.moe_no_drop, "no capacity limit: no token is dropped");
+  app.add_flag("--no-use-rts", no_use_rts, "turn off random token selection (top-1)");
+  app.add_option("--noisy-gate-policy", noisy_gate_policy, "None, Jitter or RSample")->capture_default_str();
+  app.add_flag("--swiglu", swiglu, "SwiGLU experts instead of GeLU");
+  app.add_option("--hidden-dropout", cfg.hidden_dropout, "dropout after attention and after the MoE")
+      ->capture_default_str();
+  app.add_option("--init-method-std", cfg.init_method_std, "std of the normal weight init")->capture_default_str();
+  app.add_option("--seed", cfg.seed, "global random seed")->capture_default_str();
+  app.add_flag("--bf16", cfg.bf16, "bf16 GEMM inputs and all-to-all payloads, fp32 accumulation");
+  app.add_option("--expert-model-parallel-size", cfg.expert_model_parallel_size, "expert-parallel size ep")
+      ->capture_default_str();
+  app.add_option("--moe-aux-loss-coeff", moe_aux_loss_coeff, "coefficient of the load-balancing loss")
+      ->capture_default_str();
+}
+
+model::LayerConfig LayerFlags::finish() {
+  if (noisy_gate_policy == "None")
+    cfg.noisy_gate_policy = model::NoisyGatePolicy::none;
+  else if (noisy_gate_policy == "Jitter")
+    cfg.noisy_gate_policy = model::NoisyGatePolicy::jitter;
+  else if (noisy_gate_policy == "RSample")
+    cfg.noisy_gate_policy = model::NoisyGatePolicy::rsample;
+  else
+    throw ConfigError(fmt::format("--noisy-gate-policy {} is not one of None, Jitter, RSample", noisy_gate_policy));
+  cfg.use_rts = !no_use_rts;
+  cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
+  cfg.validate();
+  return cfg;
+}
+
+void CommFlags::add_to(CLI::App& app) {
+  app.add_flag("--check-collectives", check_collectives,
+               "exchange a fingerprint of every collective and fail on every rank when ranks diverge");
+  app.add_option("--comm-timeout", comm_timeout_s, "seconds a wait may block before the job is aborted")
+      ->capture_default_str();
+}
+
+}  // namespace ampipe::cli

@@ -1,0 +1,30 @@
+// Flags that describe one MoE layer (Megatron names), shared by layer-check, bench-layer and train.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "ampipe/model/layer_config.h"
+
+namespace ampipe::cli {
+
+struct LayerFlags {
+  model::LayerConfig cfg;
+  std::string noisy_gate_policy = "None";
+  bool no_use_rts = false;
+  bool swiglu = false;
+  double moe_aux_loss_coeff = 0.01;
+
+  void add_to(CLI::App& app);
+  // Converts the parsed strings and validates (throws ConfigError naming the flag).
+  model::LayerConfig finish();
+};
+
+// Runtime flags shared by every multi-rank subcommand.
+struct CommFlags {
+  bool check_collectives = false;
+  double comm_timeout_s = 300;
+  void add_to(CLI::App& app);
+};
+
+}  // namespace ampipe::cli

@@ -1,0 +1,61 @@
+// Test harness: runs one layer forward + backward through the Plan executor and returns every output and
+// gradient by name ("y", "aux_loss", "grad.x", "grad.<parameter>").
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "ampipe/core/philox.h"
+#include "ampipe/model/layer_params.h"
+#include "ampipe/model/layer_step.h"
+#include "ampipe/schedule/executor.h"
+#include "ampipe/schedule/plan.h"
+
+namespace ampipe::testing {
+
+inline Tensor seeded_normal(Shape shape, uint64_t seed, uint64_t id, float scale = 1.0f) {
+  Tensor t = Tensor::empty(std::move(shape));
+  const core::PhiloxKey key{seed, 0, core::RngPurpose::data};
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = scale * core::philox_normal(key, id, uint64_t(i));
+  return t;
+}
+
+struct LayerRun {
+  std::map<std::string, Tensor> tensors;
+  double aux = 0;
+};
+
+// One rank, all experts local (ep = 1), degree M; loss = <dy, y> + aux_coeff * l_aux.
+inline LayerRun run_layer(const model::LayerConfig& cfg, int M, float aux_coeff = 0.01f,
+                          const model::LayerParams* given = nullptr) {
+  model::LayerParams params = given ? *given : model::init_params(cfg, 0);
+  model::LayerParams grads = model::zeros_like_params(cfg);
+  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
+  const Tensor x = seeded_normal(act, cfg.seed, 0), dy = seeded_normal(act, cfg.seed, 1);
+  model::LayerStep step(cfg, M, 0, params, grads);
+  const schedule::Plan plan = schedule::build_layer_plan(cfg.layer_index, M);
+  schedule::Executor ex;
+  step.begin_forward(x);
+  ex.forward(plan, step);
+  step.begin_backward(dy, aux_coeff);
+  ex.backward(plan, step);
+  LayerRun r;
+  r.aux = step.aux_loss_value();
+  r.tensors["y"] = step.output().clone();
+  r.tensors["grad.x"] = step.input_grad().clone();
+  for (auto& [name, g] : grads.named()) r.tensors["grad." + name] = g;
+  return r;
+}
+
+// max |a - b| / max(max |b|, tiny): a relative error over the whole tensor.
+inline double rel_err(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    num = std::max(num, double(std::abs(a.get(i) - b.get(i))));
+    den = std::max(den, double(std::abs(b.get(i))));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+}  // namespace ampipe::testing
