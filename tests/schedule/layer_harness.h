@@ -27,12 +27,13 @@ struct LayerRun {
 };
 
 // One rank, all experts local (ep = 1), degree M; loss = <dy, y> + aux_coeff * l_aux.
+// dy_scale scales the upstream gradient of y (0: the loss is the aux loss alone).
 inline LayerRun run_layer(const model::LayerConfig& cfg, int M, float aux_coeff = 0.01f,
-                          const model::LayerParams* given = nullptr) {
+                          const model::LayerParams* given = nullptr, float dy_scale = 1.0f) {
   model::LayerParams params = given ? *given : model::init_params(cfg, 0);
   model::LayerParams grads = model::zeros_like_params(cfg);
   const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
-  const Tensor x = seeded_normal(act, cfg.seed, 0), dy = seeded_normal(act, cfg.seed, 1);
+  const Tensor x = seeded_normal(act, cfg.seed, 0), dy = seeded_normal(act, cfg.seed, 1, dy_scale);
   model::LayerStep step(cfg, M, 0, params, grads);
   const schedule::Plan plan = schedule::build_layer_plan(cfg.layer_index, M);
   schedule::Executor ex;
