@@ -60,7 +60,8 @@ Event reduce_scatter(const Group& g, Tensor send, Tensor recv, Reduce op, std::s
 Event all_reduce(const Group& g, Tensor data, Reduce op, std::string tag, const Issue& how = {});
 Event barrier(const Group& g, std::string tag, const Issue& how = {});
 
-// Point to point (group ranks). Messages between a pair on one lane match in issue order.
+// Point to point (group ranks). A send matches only a recv on the same lane (each lane has its own communicator);
+// messages between a pair on one lane match in issue order.
 Event send(const Group& g, Tensor t, int peer, std::string tag, const Issue& how = {});
 Event recv(const Group& g, Tensor t, int peer, std::string tag, const Issue& how = {});
 // One op: send `out` to dst and receive `in` from src (a ring step).

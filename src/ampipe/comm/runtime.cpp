@@ -50,10 +50,10 @@ Runtime::Runtime(int* argc, char*** argv, RuntimeOptions opts) : opts_(opts) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  engine_ = std::make_unique<Engine>(rank_, EngineOptions{opts_.poll_interval, opts_.lane_depth});
   std::vector<int> all(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) all[size_t(r)] = r;
   world_ = Group(make_group(GroupKind::world, all, MPI_COMM_WORLD));
-  engine_ = std::make_unique<Engine>(rank_, EngineOptions{opts_.poll_interval, opts_.lane_depth});
   Trace::set_enabled(opts_.trace);
   MPI_Barrier(MPI_COMM_WORLD);
   Trace::set_origin(std::chrono::steady_clock::now());
