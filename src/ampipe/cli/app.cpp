@@ -4,9 +4,13 @@
 #include <cstdio>
 #include <optional>
 
+#include "ampipe/cli/bench_layer.h"
 #include "ampipe/cli/layer_check.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/kernels/gemm.h"
+
+#include <cstdlib>
 
 namespace ampipe::cli {
 
@@ -26,6 +30,10 @@ int main(int argc, char** argv) {
   LayerCheckArgs lc;
   CLI::App* lc_cmd = app.add_subcommand("layer-check", "one forward + backward of one MoE layer, optional export");
   lc.add_to(*lc_cmd);
+  BenchLayerArgs bl;
+  CLI::App* bl_cmd =
+      app.add_subcommand("bench-layer", "time forward + backward of MoE layers for several AMPipe degrees");
+  bl.add_to(*bl_cmd);
 
   try {
     app.parse(argc, argv);
@@ -39,10 +47,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // One compute thread per rank unless the user says otherwise: ranks share these machines' cores, and
+  // OpenMP threads spinning on an oversubscribed core are many times slower than one thread.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) kernels::set_num_threads(1);
+
   std::optional<comm::Runtime> rt;
   try {
     rt.emplace(&argc, &argv);
     if (lc_cmd->parsed()) return run_layer_check(lc);
+    if (bl_cmd->parsed()) return run_bench_layer(bl);
   } catch (const ConfigError& e) {
     print_error(e.what());
     return 2;

@@ -1,0 +1,214 @@
+// `ampipe bench-layer`: forward + backward of --num-layers MoE layers for each --ampipe-degree in one run.
+//
+// Repetitions are interleaved (rep 0 of every degree, then rep 1, ...) so that the machine's drift hits every
+// configuration alike, and each rank starts every repetition after a barrier. Per configuration it reports
+// (DESIGN.md section 6):
+//   step     wall time of forward + backward (median, and min..max over the repetitions)
+//   compute  time inside compute stages (executor)
+//   comm     the step's all-to-alls run alone, back to back on the ep lane, with nothing else running
+//   exposed  time compute was blocked waiting on communication
+//   hidden   (serial - step) / min(compute, comm), serial = compute + comm
+//   speed-up step(degree 1) / step(this degree), TFLOP/s (causal attention counted as such), peak RSS.
+#include "ampipe/cli/bench_layer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ampipe/comm/collectives.h"
+#include "ampipe/comm/runtime.h"
+#include "ampipe/comm/trace.h"
+#include "ampipe/core/philox.h"
+#include "ampipe/schedule/layer_stack.h"
+
+namespace ampipe::cli {
+
+void BenchLayerArgs::add_to(CLI::App& app) {
+  layer.add_to(app);
+  comm.add_to(app);
+  app.add_option("--ampipe-degree", degrees, "AMPipe degrees to compare, e.g. 1,2,4,8")->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--num-layers", num_layers, "layers per step")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed repetitions per degree")->capture_default_str();
+  app.add_option("--iters", iters, "timed repetitions per degree")->capture_default_str();
+  app.add_option("--json", json_file, "also write the results as JSON to this file");
+  app.add_option("--trace", trace_file, "Chrome trace of the last repetition of every degree");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Peak resident set size (VmHWM) in bytes; reset_peak_rss() restarts it (Linux clear_refs 5).
+int64_t peak_rss() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+void reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct ConfigResult {
+  int degree = 1;
+  std::vector<double> step_s, compute_s, comm_s, exposed_s;
+  double flops = 0;
+  int64_t peak_rss = 0;
+};
+
+// The step's all-to-alls alone: the same buffers, in Plan order, back to back on the ep lane.
+double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
+  if (ep.size() == 1) return 0.0;
+  comm::barrier_sync(ep, "comm_alone.start");
+  const auto t0 = Clock::now();
+  std::vector<comm::Event> evs;
+  for (int i = 0; i < st.num_layers(); ++i)
+    for (const schedule::Task& t : st.plan(i).tasks) {
+      if (t.lane != schedule::Lane::ep) continue;
+      const model::A2a which = t.stage == schedule::Stage::dispatch      ? model::A2a::dispatch
+                               : t.stage == schedule::Stage::combine_a2a ? model::A2a::combine
+                               : t.stage == schedule::Stage::combine_a2a_bwd ? model::A2a::combine_bwd
+                                                                              : model::A2a::dispatch_bwd;
+      const model::A2aBuffers b = st.mutable_step(i).a2a_buffers(which, t.chunk);
+      comm::SplitCounts counts;
+      counts.send.assign(size_t(ep.size()), b.elems_per_peer);
+      counts.recv = counts.send;
+      evs.push_back(comm::all_to_all(ep, b.send, b.recv, counts, "alone." + t.name()));
+    }
+  comm::wait_all(evs);
+  return seconds_since(t0);
+}
+
+}  // namespace
+
+int run_bench_layer(BenchLayerArgs& a) {
+  const model::LayerConfig cfg = a.layer.finish();
+  comm::Runtime& rt = comm::Runtime::current();
+  rt.set_check_collectives(a.comm.check_collectives);
+  rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
+  if (a.degrees.empty()) throw ConfigError("--ampipe-degree needs at least one degree");
+  for (int M : a.degrees)
+    if (M < 1 || cfg.seq_length % M != 0)
+      throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
+                                    "divide the sequence length",
+                                    M, cfg.seq_length));
+  if (a.num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", a.num_layers));
+  if (a.iters < 1 || a.warmup < 0)
+    throw ConfigError(fmt::format("--iters {} / --warmup {} are invalid: need iters >= 1, warmup >= 0", a.iters,
+                                  a.warmup));
+  const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
+  comm::Groups groups = rt.make_groups(layout);
+  const comm::Layout::Coord me = layout.coord(rt.rank());
+
+  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
+  Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
+  const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(i));
+    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(i));
+  }
+  const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
+
+  std::vector<std::unique_ptr<schedule::LayerStack>> stacks;
+  std::vector<ConfigResult> res(a.degrees.size());
+  for (size_t c = 0; c < a.degrees.size(); ++c) {
+    stacks.push_back(std::make_unique<schedule::LayerStack>(cfg, a.num_layers, a.degrees[c], me.ep, &groups.ep));
+    res[c].degree = a.degrees[c];
+  }
+  const bool tracing = !a.trace_file.empty();
+  for (int rep = 0; rep < a.warmup + a.iters; ++rep)
+    for (size_t c = 0; c < stacks.size(); ++c) {
+      schedule::LayerStack& st = *stacks[c];
+      const bool timed = rep >= a.warmup, last = rep == a.warmup + a.iters - 1;
+      comm::Trace::set_enabled(tracing && last);
+      st.executor().reset_stats();
+      st.zero_grads();
+      comm::barrier_sync(groups.world, "bench.rep");
+      reset_peak_rss();
+      const auto t0 = Clock::now();
+      st.forward(x, token_base);
+      st.backward(dy, float(a.layer.moe_aux_loss_coeff));
+      const double step = seconds_since(t0);
+      comm::Trace::set_enabled(false);
+      const double comm_alone = time_comm_alone(st, groups.ep);
+      if (timed) {
+        ConfigResult& r = res[c];
+        r.step_s.push_back(step);
+        r.compute_s.push_back(double(st.executor().stats().compute_us) * 1e-6);
+        r.exposed_s.push_back(double(st.executor().stats().blocked_us) * 1e-6);
+        r.comm_s.push_back(comm_alone);
+        r.flops = st.flops();
+        r.peak_rss = std::max(r.peak_rss, peak_rss());
+      }
+      st.release_steps();
+    }
+  if (tracing) comm::Trace::write_chrome_trace(a.trace_file);
+
+  // Report from rank 0 (every rank ran the same configurations; rank 0's timings stand for the step).
+  if (rt.rank() != 0) return 0;
+  const double base_step = median(res[0].step_s);
+  nlohmann::json out = nlohmann::json::array();
+  fmt::print("ampipe bench-layer: s={} b={} h={} F={} heads={} E={} top-{} {} layers={} | ranks={} ep={} | "
+             "{} warm-up + {} timed repetitions, interleaved\n",
+             cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
+             cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(), layout.ep,
+             a.warmup, a.iters);
+  fmt::print("{:>6} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "degree", "step ms", "min..max",
+             "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "peak MiB");
+  for (const ConfigResult& r : res) {
+    const double step = median(r.step_s), comp = median(r.compute_s), comm_t = median(r.comm_s),
+                 exposed = median(r.exposed_s);
+    const double lo = *std::min_element(r.step_s.begin(), r.step_s.end());
+    const double hi = *std::max_element(r.step_s.begin(), r.step_s.end());
+    const double mn = std::min(comp, comm_t);
+    const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
+    fmt::print("{:>6} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>9.1f}\n",
+               r.degree, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden,
+               base_step / step, r.flops / step / 1e12, double(r.peak_rss) / (1 << 20));
+    out.push_back({{"degree", r.degree},
+                   {"step_ms", 1e3 * step},
+                   {"step_ms_min", 1e3 * lo},
+                   {"step_ms_max", 1e3 * hi},
+                   {"step_ms_all", r.step_s},
+                   {"compute_ms", 1e3 * comp},
+                   {"comm_alone_ms", 1e3 * comm_t},
+                   {"exposed_ms", 1e3 * exposed},
+                   {"hidden_fraction", hidden},
+                   {"speedup", base_step / step},
+                   {"tflops", r.flops / step / 1e12},
+                   {"peak_rss_bytes", r.peak_rss}});
+  }
+  if (!a.json_file.empty()) {
+    nlohmann::json doc{{"config",
+                        {{"seq_length", cfg.seq_length},
+                         {"micro_batch_size", cfg.micro_batch_size},
+                         {"hidden_size", cfg.hidden_size},
+                         {"ffn_hidden_size", cfg.ffn_hidden_size},
+                         {"num_attention_heads", cfg.num_attention_heads},
+                         {"num_experts", cfg.num_experts},
+                         {"moe_router_topk", cfg.moe_router_topk},
+                         {"bf16", cfg.bf16},
+                         {"num_layers", a.num_layers},
+                         {"ranks", rt.size()},
+                         {"expert_model_parallel_size", layout.ep}}},
+                       {"results", out}};
+    std::ofstream f(a.json_file);
+    if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
+    f << doc.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ampipe::cli

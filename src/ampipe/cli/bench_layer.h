@@ -1,0 +1,26 @@
+// `ampipe bench-layer`: times forward + backward of one or more MoE layers for several AMPipe degrees in one run.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "ampipe/cli/layer_flags.h"
+
+namespace ampipe::cli {
+
+struct BenchLayerArgs {
+  LayerFlags layer;
+  CommFlags comm;
+  std::vector<int> degrees{1, 2, 4};
+  int num_layers = 1;
+  int warmup = 2;
+  int iters = 5;
+  std::string json_file;
+  std::string trace_file;
+  void add_to(CLI::App& app);
+};
+
+int run_bench_layer(BenchLayerArgs& args);
+
+}  // namespace ampipe::cli
