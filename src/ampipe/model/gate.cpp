@@ -1,0 +1,363 @@
+// MoE router (DeepSpeed-MoE top-1 / top-2), index form. Rules and notation: gate.h.
+#include "ampipe/model/gate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "ampipe/core/error.h"
+#include "ampipe/core/philox.h"
+#include "ampipe/kernels/gemm.h"
+
+namespace ampipe::model {
+
+namespace {
+
+constexpr float kJitterEps = 1e-2f;   // DeepSpeed multiplicative_jitter epsilon
+constexpr float kRenormEps = FLT_EPSILON;  // torch.finfo(torch.float32).eps, top-2 renormalisation floor
+
+void validate(const GateConfig& cfg) {
+  if (cfg.topk != 1 && cfg.topk != 2)
+    throw ConfigError(fmt::format("--moe-router-topk {} is not supported; the DeepSpeed-MoE gate is top-1 or top-2",
+                                  cfg.topk));
+  if (cfg.num_experts < cfg.topk)
+    throw ConfigError(fmt::format("--num-experts {} is smaller than --moe-router-topk {}; every token needs {} "
+                                  "distinct experts", cfg.num_experts, cfg.topk, cfg.topk));
+  if (!(cfg.capacity_factor > 0.0))
+    throw ConfigError(fmt::format("--moe-train-capacity-factor {} must be > 0", cfg.capacity_factor));
+  if (cfg.min_capacity < 0)
+    throw ConfigError(fmt::format("--moe-min-capacity {} must be >= 0", cfg.min_capacity));
+}
+
+// Uniform noise in [1 - eps, 1 + eps) for features [0, h) of one token: the same numbers as
+// 1 - eps + 2 * eps * core::philox_uniform(key, token, j), one Philox block per 4 features.
+void jitter_row(const core::PhiloxKey& key, uint64_t token, int64_t h, float* noise) {
+  const std::array<uint32_t, 2> k2{uint32_t(key.seed), uint32_t(key.seed >> 32)};
+  for (int64_t q = 0; q * 4 < h; ++q) {
+    const core::Philox4 ctr{uint32_t(uint64_t(q)), uint32_t(token), (key.layer << 8) | uint32_t(key.purpose),
+                            uint32_t(token >> 32)};
+    const core::Philox4 w = core::philox4x32_10(ctr, k2);
+    for (int64_t r = 0; r < 4 && q * 4 + r < h; ++r) {
+      const float u = float(w[size_t(r)] >> 8) * (1.0f / 16777216.0f);
+      noise[q * 4 + r] = (1.0f - kJitterEps) + 2.0f * kJitterEps * u;
+    }
+  }
+}
+
+core::PhiloxKey key_of(const GateConfig& cfg, core::RngPurpose p) { return {cfg.seed, cfg.layer, p}; }
+
+bool jitter_on(const GateConfig& cfg) { return cfg.training && cfg.noisy_gate_policy == NoisyGatePolicy::jitter; }
+bool rsample_on(const GateConfig& cfg) {
+  return cfg.training && cfg.topk == 1 && cfg.noisy_gate_policy == NoisyGatePolicy::rsample;
+}
+
+// Gumbel(0, 1) sample keyed by (token, expert): u mapped to the open interval (0, 1) by a half-step shift.
+double gumbel(const core::PhiloxKey& key, uint64_t token, uint64_t expert) {
+  const double u = (double(core::philox_u32(key, token, expert) >> 8) + 0.5) * (1.0 / 16777216.0);
+  return -std::log(-std::log(u));
+}
+
+}  // namespace
+
+void GateStats::reset(int64_t E) {
+  sum_probs.assign(size_t(E), 0.0);
+  sum_mask1.assign(size_t(E), 0.0);
+  tokens = 0;
+}
+
+void GateStats::accumulate(const GateStats& o) {
+  if (sum_probs.empty() && tokens == 0) reset(int64_t(o.sum_probs.size()));
+  AMPIPE_CHECK(o.sum_probs.size() == sum_probs.size() && o.sum_mask1.size() == sum_mask1.size(),
+               "GateStats over {} experts += stats over {}", sum_probs.size(), o.sum_probs.size());
+  for (size_t e = 0; e < sum_probs.size(); ++e) {
+    sum_probs[e] += o.sum_probs[e];
+    sum_mask1[e] += o.sum_mask1[e];
+  }
+  tokens += o.tokens;
+}
+
+int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64_t min_capacity) {
+  AMPIPE_CHECK(S >= 0 && E >= 1 && (k == 1 || k == 2), "gate_capacity S={} E={} k={}", S, E, k);
+  // DeepSpeed _capacity: torch.ceil((S / E) * torch.tensor(k * capacity_factor)): a Python double times a
+  // float32 tensor, evaluated in float32.
+  const float prod = float(double(S) / double(E)) * float(double(k) * capacity_factor);
+  int64_t C = int64_t(std::ceil(prod));
+  if (C < min_capacity) C = min_capacity;
+  if (C > S) C = S;
+  return C;
+}
+
+void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx) {
+  validate(cfg);
+  AMPIPE_CHECK(x.dim() == 2 && x.size(0) >= 1, "gate input x {} must be [S, h] with S >= 1", shape_str(x.shape()));
+  const int64_t S = x.size(0), h = x.size(1), E = cfg.num_experts, k = cfg.topk;
+  AMPIPE_CHECK(Wg.dtype() == DType::f32 && Wg.dim() == 2 && Wg.size(0) == E && Wg.size(1) == h &&
+                   Wg.strides()[1] == 1,
+               "gate weight {} {} vs E={} h={}", dtype_name(Wg.dtype()), shape_str(Wg.shape()), E, h);
+  AMPIPE_CHECK(token0 >= 0, "token0 {}", token0);
+  ctx.cfg = cfg;
+  ctx.token0 = token0;
+
+  // Gate input in fp32, with jitter: x_gate = x * noise. [S, h]
+  const bool jitter = jitter_on(cfg);
+  if (x.dtype() == DType::f32 && !jitter && x.strides()[1] == 1) {
+    ctx.x_gate = x;  // a view: the layer keeps x alive until the backward
+  } else {
+    ctx.x_gate = Tensor::empty({S, h});
+    ctx.x_gate.copy_from(x);
+    if (jitter) {
+      const core::PhiloxKey key = key_of(cfg, core::RngPurpose::gate_jitter);
+      std::vector<float> noise(static_cast<size_t>(h));
+      float* xg = ctx.x_gate.data<float>();
+      for (int64_t t = 0; t < S; ++t) {
+        jitter_row(key, uint64_t(token0 + t), h, noise.data());
+        for (int64_t j = 0; j < h; ++j) xg[t * h + j] *= noise[size_t(j)];
+      }
+    }
+  }
+
+  // logits = x_gate @ Wg^T: [S, h] x [h, E] -> [S, E], fp32; softmax in place below.
+  if (!ctx.probs.defined() || ctx.probs.shape() != Shape{S, E} || !ctx.probs.is_contiguous())
+    ctx.probs = Tensor::empty({S, E});
+  kernels::gemm(ctx.x_gate, kernels::Trans::n, Wg, kernels::Trans::t, ctx.probs);
+
+  GateRouting& r = ctx.routing;
+  r.S = S;
+  r.E = E;
+  r.k = k;
+  r.expert.assign(size_t(S * k), -1);
+  ctx.stats.reset(E);
+  ctx.stats.tokens = double(S);
+  ctx.first_count.assign(size_t(E), 0);
+  ctx.second_count.assign(size_t(E), 0);
+
+  const bool rsample = rsample_on(cfg);
+  const core::PhiloxKey rs_key = key_of(cfg, core::RngPurpose::gate_rsample);
+  float* P = ctx.probs.data<float>();
+  for (int64_t t = 0; t < S; ++t) {
+    float* row = P + t * E;
+    int32_t e1 = -1;
+    if (rsample) {  // argmax over logits + Gumbel noise (computed in double), ties -> lower index
+      double best = -INFINITY;
+      for (int64_t e = 0; e < E; ++e) {
+        const double v = double(row[e]) + gumbel(rs_key, uint64_t(token0 + t), uint64_t(e));
+        if (e1 < 0 || v > best) best = v, e1 = int32_t(e);
+      }
+    }
+    // softmax in fp32
+    float mx = row[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += (row[e] = std::exp(row[e] - mx));
+    const float inv = 1.0f / sum;
+    for (int64_t e = 0; e < E; ++e) row[e] *= inv;
+    if (!rsample) {
+      e1 = 0;
+      for (int64_t e = 1; e < E; ++e)
+        if (row[e] > row[e1]) e1 = int32_t(e);
+    }
+    r.expert[size_t(t * k)] = e1;
+    ++ctx.first_count[size_t(e1)];
+    if (k == 2) {
+      int32_t e2 = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (e != e1 && (e2 < 0 || row[e] > row[e2])) e2 = int32_t(e);
+      r.expert[size_t(t * k + 1)] = e2;
+      ++ctx.second_count[size_t(e2)];
+    }
+    for (int64_t e = 0; e < E; ++e) ctx.stats.sum_probs[size_t(e)] += double(row[e]);
+  }
+  for (int64_t e = 0; e < E; ++e) ctx.stats.sum_mask1[size_t(e)] = double(ctx.first_count[size_t(e)]);
+}
+
+int64_t gate_required_capacity(const GateCtx& ctx) {
+  int64_t need = 0;
+  for (size_t e = 0; e < ctx.first_count.size(); ++e)
+    need = std::max<int64_t>(need, int64_t(ctx.first_count[e]) + (ctx.routing.k == 2 ? ctx.second_count[e] : 0));
+  return need;
+}
+
+void gate_assign_forward(int64_t C, GateCtx& ctx) {
+  GateRouting& r = ctx.routing;
+  const int64_t S = r.S, E = r.E, k = r.k;
+  AMPIPE_CHECK(C >= 1 && C <= int64_t(INT32_MAX), "capacity {} (S={}, E={})", C, S, E);
+  AMPIPE_CHECK(int64_t(r.expert.size()) == S * k && ctx.probs.numel() == S * E,
+               "gate_assign_forward before gate_select_forward");
+  r.C = C;
+  r.slot.assign(size_t(S * k), -1);
+  r.weight.assign(size_t(S * k), 0.0f);
+  r.slot_token.assign(size_t(E * C), -1);
+  r.expert_count.assign(size_t(E), 0);
+  const float* P = ctx.probs.data<float>();
+
+  if (k == 1) {
+    // Which tokens each over-full expert keeps. keep[t] = 1 unless dropped.
+    std::vector<uint8_t> keep(size_t(S), 1);
+    bool any_full = false;
+    for (int64_t e = 0; e < E; ++e) any_full |= ctx.first_count[size_t(e)] > C;
+    if (any_full) {
+      // Tokens grouped by expert, token order within an expert (counting sort).
+      std::vector<int32_t> offset(size_t(E + 1), 0), bucket(static_cast<size_t>(S));
+      for (int64_t e = 0; e < E; ++e) offset[size_t(e + 1)] = offset[size_t(e)] + ctx.first_count[size_t(e)];
+      std::vector<int32_t> fill(offset.begin(), offset.end() - 1);
+      for (int64_t t = 0; t < S; ++t) bucket[size_t(fill[size_t(r.expert[size_t(t)])]++)] = int32_t(t);
+      const core::PhiloxKey rts_key = key_of(ctx.cfg, core::RngPurpose::gate_rts);
+      std::vector<std::pair<float, int32_t>> pri;
+      for (int64_t e = 0; e < E; ++e) {
+        const int32_t b = offset[size_t(e)], n = ctx.first_count[size_t(e)];
+        if (n <= C) continue;
+        if (!ctx.cfg.use_rts) {  // first C in token order
+          for (int32_t i = int32_t(C); i < n; ++i) keep[size_t(bucket[size_t(b + i)])] = 0;
+          continue;
+        }
+        // RTS: keep the C highest priorities u(global token); equal u -> lower token first.
+        pri.resize(size_t(n));
+        for (int32_t i = 0; i < n; ++i) {
+          const int32_t t = bucket[size_t(b + i)];
+          pri[size_t(i)] = {core::philox_uniform(rts_key, uint64_t(ctx.token0 + t), 0), t};
+        }
+        std::nth_element(pri.begin(), pri.begin() + C, pri.end(), [](const auto& a, const auto& c) {
+          return a.first > c.first || (a.first == c.first && a.second < c.second);
+        });
+        for (size_t i = size_t(C); i < pri.size(); ++i) keep[size_t(pri[i].second)] = 0;
+      }
+    }
+    // Slots: rank in token order among kept tokens of the expert. The same loop fills slot_token.
+    for (int64_t t = 0; t < S; ++t) {
+      if (!keep[size_t(t)]) continue;
+      const int32_t e = r.expert[size_t(t)];
+      const int32_t s = r.expert_count[size_t(e)]++;
+      r.slot[size_t(t)] = s;
+      r.weight[size_t(t)] = P[t * E + e];  // not renormalised
+      r.slot_token[size_t(e * C + s)] = int32_t(t);
+    }
+    return;
+  }
+
+  // Top-2: first choices take slots [0, first_count[e]) in token order, second choices queue after all first
+  // choices of that expert; slot >= C is dropped (first come, first served).
+  std::vector<int32_t> run1(size_t(E), 0), run2(size_t(E), 0);
+  for (int64_t t = 0; t < S; ++t) {
+    const int32_t e1 = r.expert[size_t(t * 2)], e2 = r.expert[size_t(t * 2 + 1)];
+    const int64_t s1 = run1[size_t(e1)]++;
+    const int64_t s2 = int64_t(ctx.first_count[size_t(e2)]) + run2[size_t(e2)]++;
+    const float p1 = s1 < C ? P[t * E + e1] : 0.0f, p2 = s2 < C ? P[t * E + e2] : 0.0f;
+    const float denom = std::max(p1 + p2, kRenormEps);
+    if (s1 < C) {
+      r.slot[size_t(t * 2)] = int32_t(s1);
+      r.weight[size_t(t * 2)] = p1 / denom;
+      r.slot_token[size_t(e1 * C + s1)] = int32_t(t);
+      ++r.expert_count[size_t(e1)];
+    }
+    if (s2 < C) {
+      r.slot[size_t(t * 2 + 1)] = int32_t(s2);
+      r.weight[size_t(t * 2 + 1)] = p2 / denom;
+      r.slot_token[size_t(e2 * C + s2)] = int32_t(t);
+      ++r.expert_count[size_t(e2)];
+    }
+  }
+}
+
+void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx) {
+  gate_select_forward(x, Wg, cfg, token0, ctx);
+  const int64_t C = cfg.no_drop ? gate_required_capacity(ctx)
+                                : gate_capacity(x.size(0), cfg.num_experts, cfg.topk, cfg.capacity_factor,
+                                                cfg.min_capacity);
+  gate_assign_forward(C, ctx);
+}
+
+double aux_loss_from_sums(const GateStats& total) {
+  if (total.tokens <= 0) return 0.0;
+  const double E = double(total.sum_probs.size()), N = total.tokens;
+  double acc = 0.0;
+  for (size_t e = 0; e < total.sum_probs.size(); ++e) acc += (total.sum_probs[e] / N) * (total.sum_mask1[e] / N);
+  return E * acc;
+}
+
+void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
+                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum) {
+  const GateRouting& r = ctx.routing;
+  const int64_t S = r.S, E = r.E, k = r.k, h = ctx.x_gate.size(1);
+  AMPIPE_CHECK(d_weight.dtype() == DType::f32 && d_weight.is_contiguous() && d_weight.numel() == S * k,
+               "d_weight {} {} vs [S={}, k={}]", dtype_name(d_weight.dtype()), shape_str(d_weight.shape()), S, k);
+  AMPIPE_CHECK(dlogits.dtype() == DType::f32 && dlogits.is_contiguous() && dlogits.shape() == Shape({S, E}),
+               "dlogits {} vs [{}, {}]", shape_str(dlogits.shape()), S, E);
+  AMPIPE_CHECK(dx_accum.dtype() == DType::f32 && dx_accum.dim() == 2 && dx_accum.size(0) == S &&
+                   dx_accum.size(1) == h && dx_accum.strides()[1] == 1,
+               "dx_accum {} {} vs [{}, {}] fp32", dtype_name(dx_accum.dtype()), shape_str(dx_accum.shape()), S, h);
+  AMPIPE_CHECK(dWg_accum.dtype() == DType::f32 && dWg_accum.shape() == Wg.shape(), "dWg_accum {} vs Wg {}",
+               shape_str(dWg_accum.shape()), shape_str(Wg.shape()));
+  AMPIPE_CHECK(d_l_aux == 0.0f || (total.tokens > 0 && int64_t(total.sum_mask1.size()) == E),
+               "aux-loss backward needs the global GateStats (tokens {}, {} experts)", total.tokens,
+               total.sum_mask1.size());
+
+  const float* P = ctx.probs.data<float>();
+  const float* dw = d_weight.data<float>();
+  float* dl = dlogits.data<float>();
+  // d l_aux / d probs[t, e] = d_l_aux * E * Sm_e / N^2, the same for every token of every chunk.
+  std::vector<float> daux(size_t(E), 0.0f);
+  if (d_l_aux != 0.0f)
+    for (int64_t e = 0; e < E; ++e)
+      daux[size_t(e)] = float(double(d_l_aux) * double(E) * total.sum_mask1[size_t(e)] / (total.tokens * total.tokens));
+
+  for (int64_t t = 0; t < S; ++t) {
+    const float* p = P + t * E;
+    float* dp = dl + t * E;  // d probs first, then turned into d logits in place
+    for (int64_t e = 0; e < E; ++e) dp[e] = daux[size_t(e)];
+    if (k == 1) {
+      if (r.slot[size_t(t)] >= 0) dp[r.expert[size_t(t)]] += dw[t];  // w = p[e1]
+    } else {
+      // w_i = p_i / D, D = max(p1 + p2, eps) over surviving choices. D > eps (torch.clamp passes the gradient
+      // when p1 + p2 >= eps): dL/dp_j = (dw_j - sum_i dw_i w_i) / D; otherwise D = eps is constant.
+      const bool kept1 = r.slot[size_t(t * 2)] >= 0, kept2 = r.slot[size_t(t * 2 + 1)] >= 0;
+      const int32_t e1 = r.expert[size_t(t * 2)], e2 = r.expert[size_t(t * 2 + 1)];
+      const float p1 = kept1 ? p[e1] : 0.0f, p2 = kept2 ? p[e2] : 0.0f, s = p1 + p2;
+      const float dw1 = dw[t * 2], dw2 = dw[t * 2 + 1];
+      if (s >= kRenormEps) {
+        const float dot = (kept1 ? dw1 * r.weight[size_t(t * 2)] : 0.0f) +
+                          (kept2 ? dw2 * r.weight[size_t(t * 2 + 1)] : 0.0f);
+        if (kept1) dp[e1] += (dw1 - dot) / s;
+        if (kept2) dp[e2] += (dw2 - dot) / s;
+      } else {
+        if (kept1) dp[e1] += dw1 / kRenormEps;
+        if (kept2) dp[e2] += dw2 / kRenormEps;
+      }
+    }
+    // softmax backward: dlogit_e = p_e * (dp_e - sum_j p_j dp_j)
+    float dot = 0.0f;
+    for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[e];
+    for (int64_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - dot);
+  }
+
+  // dWg += dlogits^T @ x_gate: [E, S] x [S, h] -> [E, h]
+  kernels::gemm(dlogits, kernels::Trans::t, ctx.x_gate, kernels::Trans::n, dWg_accum, /*accumulate=*/true);
+  // d x_gate = dlogits @ Wg: [S, E] x [E, h] -> [S, h]; with jitter dx += d x_gate * noise.
+  if (!jitter_on(ctx.cfg)) {
+    kernels::gemm(dlogits, kernels::Trans::n, Wg, kernels::Trans::n, dx_accum, /*accumulate=*/true);
+    return;
+  }
+  const core::PhiloxKey key = key_of(ctx.cfg, core::RngPurpose::gate_jitter);
+  std::vector<float> noise(static_cast<size_t>(h)), row(static_cast<size_t>(h));
+  const float* W = Wg.data<float>();
+  const int64_t wld = Wg.strides()[0];
+  float* dx = dx_accum.data<float>();
+  const int64_t ld = dx_accum.strides()[0];
+  for (int64_t t = 0; t < S; ++t) {
+    std::fill(row.begin(), row.end(), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const float g = dl[t * E + e];
+      if (g == 0.0f) continue;
+      const float* w = W + e * wld;
+      for (int64_t j = 0; j < h; ++j) row[size_t(j)] += g * w[j];
+    }
+    jitter_row(key, uint64_t(ctx.token0 + t), h, noise.data());
+    for (int64_t j = 0; j < h; ++j) dx[t * ld + j] += row[size_t(j)] * noise[size_t(j)];
+  }
+}
+
+}  // namespace ampipe::model

@@ -1,0 +1,142 @@
+// MoE router: the DeepSpeed-MoE top-1 / top-2 gate (MindSpeed `--moe-model-type deepspeed_moe`), index form.
+//
+// Notation (reference §6): S = tokens of this call (S_c for one AMPipe chunk), h = hidden, E = experts,
+// k = choices per token (1 or 2), C = capacity (slots per expert; C_c for a chunk), N = tokens summed over every
+// chunk of the layer step (the aux-loss denominator).
+//
+// One call routes the S tokens of one chunk. `token0` is the global index of token 0 (t = s_index * b + b_index
+// in the [s, b] layout), so every random draw (jitter, RSample, RTS) is keyed by position and does not depend on
+// how the sequence is chunked.
+//
+// Forward, in two phases so that a caller can agree on the capacity between them:
+//   gate_select_forward: x [S, h] -> logits = x_fp32 @ Wg^T [S, E] (fp32 always, kernels::gemm) -> softmax
+//                        (fp32) -> each token's k experts, the chunk's aux-loss sums.
+//   gate_assign_forward: capacity C -> slots, drops, weights, and per (expert, slot) the source token.
+// gate_forward runs both with the capacity from gate_capacity(), or, with `no_drop`, from
+// gate_required_capacity() (local; see there for the multi-rank hook).
+//
+// Rules (pinned by tests/model/test_gate.cpp):
+// - Capacity: C = ceil(S / E * capacity_factor * k) computed in fp32 as DeepSpeed's _capacity does
+//   (float(S / E) * float(k * capacity_factor)), then if C < min_capacity -> min_capacity, then if C > S -> S.
+// - Ties (argmax, top-2): the lower expert index wins. The second choice excludes the first.
+// - Top-1: expert = argmax of probs, or of logits + Gumbel noise with noisy_gate_policy RSample (training only;
+//   Gumbel g = -log(-log u), u = (philox_uniform * 2^24 + 0.5) / 2^24 in (0, 1), keyed (seed, layer,
+//   gate_rsample, global token, expert)); the weight is still the clean softmax prob.
+//   Random token selection (use_rts, default on): an expert receiving more than C tokens keeps the C with the
+//   highest priority u = philox_uniform(seed, layer, gate_rts, global token, 0) (equal u: lower token index
+//   first); without RTS it keeps the first C in token order. Slot = rank in token order among the kept tokens of
+//   that expert. Weight = prob of the chosen expert, NOT renormalised.
+// - Top-2: first-choice slot = running count of first choices of that expert in token order; second-choice
+//   slot = running count of second choices PLUS the total number of first choices of that expert (before
+//   dropping), so second choices queue after all first choices. A choice with slot >= C is dropped (first come,
+//   first served). Weights: p1, p2 = probs of the surviving choices (0 if dropped), w_i = p_i / max(p1 + p2,
+//   eps) with eps = FLT_EPSILON (torch.finfo(float32).eps as DeepSpeed uses), so a token whose second choice
+//   was dropped gets w1 = 1. RSample does not apply to top-2 (DeepSpeed's top2gating never reads it); it is
+//   ignored there. The second choice is taken by prob (not Gumbel-sampled as newer DeepSpeed's
+//   top2_2nd_expert_sampling does).
+// - Jitter (noisy_gate_policy Jitter, training only, top-1 and top-2): the gate input is multiplied by
+//   noise = 1 - eps + 2 * eps * u, eps = 1e-2, u = philox_uniform(seed, layer, gate_jitter, global token,
+//   feature) (DeepSpeed's multiplicative_jitter). Only the gate sees the noisy input; dispatch uses clean x.
+// - A dropped choice has slot -1 and weight 0; a token whose choices are all dropped gets a zero MoE output.
+// - Aux loss (load balancing), from sums over every chunk of the layer step:
+//     l_aux = E * sum_e (Sp_e / N) * (Sm_e / N),  Sp_e = sum_t probs[t, e],  Sm_e = sum_t mask1[t, e]
+//   where mask1 is the one-hot of the FIRST choice BEFORE capacity dropping (top-1 and top-2, as DeepSpeed).
+//   DeepSpeed's top-1 writes sum_e(me * ce) * E and its top-2 writes mean_e(me * ce) * E * E; both equal the
+//   formula above. l_aux is returned without any coefficient: the caller scales it (--moe-aux-loss-coeff) via
+//   the upstream gradient d_l_aux passed to gate_backward. Because the sums are global, M chunks give exactly
+//   the M = 1 loss and gradient (MindSpeed applied a per-chunk loss once per chunk, ~M x the intended one).
+//   d l_aux / d probs[t, e] = E * (Sm_e / N) / N; the mask is not differentiable.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ampipe/core/tensor.h"
+
+namespace ampipe::model {
+
+// --noisy-gate-policy None | Jitter | RSample
+enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
+
+struct GateConfig {
+  int64_t num_experts = 0;                 // E (--num-experts)
+  int topk = 1;                            // k: 1 or 2 (--moe-router-topk)
+  double capacity_factor = 1.0;            // --moe-train-capacity-factor (also used for eval)
+  int64_t min_capacity = 4;                // --moe-min-capacity
+  bool no_drop = false;                    // --moe-no-drop: capacity = the largest expert load (nothing dropped)
+  bool use_rts = true;                     // random token selection (top-1 only)
+  NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::none;
+  bool training = true;                    // Jitter / RSample only apply in training (RTS always applies)
+  uint64_t seed = 0;                       // global seed of the run
+  uint32_t layer = 0;                      // layer index, part of every random key
+};
+
+// Per-chunk statistics for the aux loss. Sum them over chunks (and over ranks, for a data-parallel mean) with
+// accumulate(); the aux loss and its gradient need only the totals.
+struct GateStats {
+  std::vector<double> sum_probs;  // [E] Sp_e = sum_t probs[t, e]
+  std::vector<double> sum_mask1;  // [E] Sm_e = number of tokens whose first choice is e (before dropping)
+  double tokens = 0;              // N = number of tokens summed
+
+  void reset(int64_t E);          // zeros, sized E
+  void accumulate(const GateStats& o);
+};
+
+// Index form of the routing (no dense S x E x C tensor). Choice i of token t lives at [t * k + i]
+// (i = 0: first choice). The per-slot table and the per-choice slots are filled by the same loop, so they agree:
+// slot_token[e * C + slot[t*k+i]] == t for every kept choice, and every other slot is -1.
+struct GateRouting {
+  int64_t S = 0, E = 0, k = 0, C = 0;
+  std::vector<int32_t> expert;      // [S, k] chosen expert (also for dropped choices)
+  std::vector<int32_t> slot;        // [S, k] slot in [0, C), or -1 if dropped
+  std::vector<float> weight;        // [S, k] combine weight; 0 if dropped
+  std::vector<int32_t> slot_token;  // [E, C] source token (chunk-local) of each slot, or -1 if empty
+  std::vector<int32_t> expert_count;  // [E] kept tokens per expert (filled slots are [0, count))
+};
+
+// Saved context of one gate call: routing (read by dispatch/combine) plus what gate_backward reads.
+struct GateCtx {
+  GateConfig cfg;
+  int64_t token0 = 0;     // global index of chunk token 0
+  Tensor x_gate;          // [S, h] fp32 gate input after jitter (a view of x when x is fp32 and there is no jitter)
+  Tensor probs;           // [S, E] fp32 clean softmax
+  GateStats stats;        // this chunk's aux-loss sums
+  std::vector<int32_t> first_count;  // [E] first choices per expert before dropping (top-2 second-slot offset)
+  std::vector<int32_t> second_count; // [E] second choices per expert before dropping (top-2)
+  GateRouting routing;
+};
+
+// C = clamp(ceil(S / E * capacity_factor * k), min_capacity, S) (see the header comment for the arithmetic).
+int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64_t min_capacity);
+
+// Phase 1. x: [S, h] fp32 or bf16 (any row stride); Wg: [E, h] fp32. Fills ctx.x_gate, probs, stats, the chosen
+// experts (ctx.routing.expert) and first/second counts. Throws ConfigError on a bad config (k, E,
+// capacity factor); shapes are AMPIPE_CHECKed.
+void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx);
+
+// The capacity this chunk needs so that nothing is dropped: the largest number of choices any expert receives
+// (top-2: first plus second choices). Local: in a multi-rank --moe-no-drop run the caller all-reduces MAX over
+// the group (MindSpeed: the whole world) and passes the agreed value to gate_assign_forward.
+// (MindSpeed's top-2 no_drop uses max second-choice slot + 2, one slot more than needed; we use the exact load.)
+int64_t gate_required_capacity(const GateCtx& ctx);
+
+// Phase 2: slots, drops and weights for capacity C >= 1 (overwrites ctx.routing except `expert`).
+void gate_assign_forward(int64_t C, GateCtx& ctx);
+
+// Both phases; C from gate_capacity(S, ...) or, with cfg.no_drop, gate_required_capacity (local only).
+void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx);
+
+// l_aux = E * sum_e (Sp_e / N) * (Sm_e / N) from sums over all chunks (0 when N = 0). No coefficient.
+double aux_loss_from_sums(const GateStats& total);
+
+// Backward of one chunk's gate.
+//   d_weight: [S, k] fp32, d loss / d routing.weight (from combine_backward); dropped choices are ignored.
+//   d_l_aux:  upstream gradient of l_aux (the aux-loss coefficient; 0 skips the aux term).
+//   total:    GateStats summed over every chunk (the same totals used for the forward l_aux).
+//   Wg:       [E, h] fp32, as in the forward.
+// Outputs: dlogits [S, E] fp32 is overwritten (scratch, and handy for tests); dx_accum [S, h] fp32 and
+// dWg_accum [E, h] fp32 are accumulated (+=): the residual path meets dx, and dWg sums over chunks.
+void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
+                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum);
+
+}  // namespace ampipe::model
