@@ -1,0 +1,459 @@
+"""Independent float64 numpy re-implementation of one ampipe MoE layer, written from docs/layer.md.
+
+Everything here follows the text of docs/layer.md (section numbers in the comments), not the C++:
+Philox-4x32-10 in numpy uint64 arithmetic, the parameter init and the layer-check inputs, and the layer's
+forward and a hand-derived reverse-mode backward in float64. Only numpy is used.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+# ----------------------------------------------------------------------------------------- safetensors (§10)
+
+
+def read_safetensors(path):
+    """Returns ({name: float64 array}, metadata). Supports F32 and BF16."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, info in header.items():
+        b, e = info["data_offsets"]
+        buf = data[b:e]
+        if info["dtype"] == "F32":
+            a = np.frombuffer(buf, dtype="<f4").astype(np.float64)
+        elif info["dtype"] == "BF16":
+            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        else:
+            raise ValueError(f"{path}: {name}: unsupported dtype {info['dtype']}")
+        out[name] = a.reshape(info["shape"])
+    return out, meta
+
+
+# ---------------------------------------------------------------------------------------------- Philox (§3)
+
+MASK32 = np.uint64(0xFFFFFFFF)
+M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+W0, W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+
+PURPOSE = dict(attn_dropout=1, mlp_dropout=2, gate_jitter=3, gate_rsample=4, gate_rts=5, init=16, data=17)
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Vectorised Philox-4x32-10; all inputs broadcastable arrays of values < 2^32 (held in uint64)."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in (c0, c1, c2, c3))
+    k0, k1 = np.uint64(k0), np.uint64(k1)
+    c0, c1, c2, c3 = np.broadcast_arrays(c0, c1, c2, c3)
+    for _ in range(10):
+        p0 = M0 * c0  # < 2^64: exact in uint64
+        p1 = M1 * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & MASK32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & MASK32
+        k0 = (k0 + W0) & MASK32
+        k1 = (k1 + W1) & MASK32
+    return c0, c1, c2, c3
+
+
+def philox_u32(seed, layer, purpose, token, feature):
+    """Word (feature & 3) of Philox(counter = (feature >> 2, token lo, layer << 8 | purpose, token hi),
+    key = (seed lo, seed hi)). token/feature: broadcastable integer arrays."""
+    token = np.asarray(token, dtype=np.uint64)
+    feature = np.asarray(feature, dtype=np.uint64)
+    token, feature = np.broadcast_arrays(token, feature)
+    w = philox4x32_10(feature >> np.uint64(2), token & MASK32, np.uint64((layer << 8) | purpose),
+                      token >> np.uint64(32), seed & 0xFFFFFFFF, seed >> 32)
+    sel = (feature & np.uint64(3)).astype(np.int64)
+    return np.choose(sel, w)
+
+
+def philox_uniform(seed, layer, purpose, token, feature):
+    """(w >> 8) * 2^-24, exact; in [0, 1)."""
+    return (philox_u32(seed, layer, purpose, token, feature) >> np.uint64(8)).astype(np.float64) * 2.0 ** -24
+
+
+def philox_normal_f32(seed, layer, purpose, token, feature):
+    """Box-Muller over uniforms at features 2f and 2f+1; computed in double, rounded to float32."""
+    feature = np.asarray(feature, dtype=np.uint64)
+    u1 = 1.0 - philox_uniform(seed, layer, purpose, token, np.uint64(2) * feature)
+    u2 = philox_uniform(seed, layer, purpose, token, np.uint64(2) * feature + np.uint64(1))
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------- config (§1)
+
+
+@dataclass
+class Cfg:
+    s: int = 64
+    b: int = 1
+    G: int = 0
+    h: int = 64
+    F: int = 256
+    n: int = 4
+    E: int = 4
+    k: int = 2
+    cf: float = 1.0
+    min_cap: int = 4
+    no_drop: bool = False
+    rts: bool = True
+    noisy: str = "None"
+    swiglu: bool = False
+    p: float = 0.0
+    seed: int = 1234
+    coeff: float = 0.01
+    M: int = 1
+    std: float = 0.02
+    layer: int = 0
+
+    @property
+    def d(self):
+        return self.h // self.n
+
+    @property
+    def T(self):
+        return self.s * self.b
+
+    @property
+    def F1(self):
+        return 2 * self.F if self.swiglu else self.F
+
+
+PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
+               "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"]
+
+
+def param_shapes(c: Cfg):
+    h = c.h
+    return {"ln1.weight": (h,), "ln1.bias": (h,), "attn.qkv.weight": (3 * h, h), "attn.proj.weight": (h, h),
+            "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
+            "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F)}
+
+
+def init_params(c: Cfg):
+    """§8: LN weights 1, biases 0, matrices float32(std) * philox_normal(init, token = parameter id)."""
+    out = {}
+    for pid, name in enumerate(PARAM_NAMES):
+        shape = param_shapes(c)[name]
+        if name.endswith(".weight") and name.startswith("ln"):
+            out[name] = np.ones(shape)
+        elif name.endswith(".bias"):
+            out[name] = np.zeros(shape)
+        else:
+            z = philox_normal_f32(c.seed, c.layer, PURPOSE["init"], pid, np.arange(int(np.prod(shape))))
+            out[name] = (np.float32(c.std) * z).astype(np.float32).astype(np.float64).reshape(shape)
+    return out
+
+
+def make_inputs(c: Cfg):
+    """§9: x (id 0) and grad_y (id 1), [s, G, h], element (i, g, j) = philox_normal(data, id, (i*G+g)*h+j)."""
+    shape = (c.s, c.G, c.h)
+    idx = np.arange(c.s * c.G * c.h)
+    x = philox_normal_f32(c.seed, 0, PURPOSE["data"], 0, idx).astype(np.float64).reshape(shape)
+    gy = philox_normal_f32(c.seed, 0, PURPOSE["data"], 1, idx).astype(np.float64).reshape(shape)
+    return x, gy
+
+
+# ---------------------------------------------------------------------------------------------- pieces (§4)
+
+
+def layernorm_fwd(x, g, b, eps=1e-5):
+    mu = x.mean(axis=1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x - mu) * rstd
+    return xhat * g + b, (xhat, rstd)
+
+
+def layernorm_bwd(dy, g, ctx):
+    xhat, rstd = ctx
+    gg = dy * g
+    dx = rstd * (gg - gg.mean(axis=1, keepdims=True) - xhat * (gg * xhat).mean(axis=1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def dropout_mask(c: Cfg, purpose, token0, rows, cols):
+    """§5: m[r, j] = (u >= p32) * scale32 with u keyed (purpose, token0 + r, j)."""
+    if c.p == 0.0:
+        return np.ones((rows, cols))
+    p32 = np.float32(c.p)
+    scale = float(np.float32(1.0) / (np.float32(1.0) - p32))
+    u = philox_uniform(c.seed, c.layer, PURPOSE[purpose], (token0 + np.arange(rows))[:, None], np.arange(cols)[None, :])
+    return np.where(u >= float(p32), scale, 0.0)
+
+
+_erf = np.vectorize(math.erf)
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def gelu_grad(x):
+    Phi = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+    return Phi + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def act_fwd(c: Cfg, h1):
+    if c.swiglu:
+        a, g = h1[:, :c.F], h1[:, c.F:]
+        return a * sigmoid(a) * g
+    return gelu(h1)
+
+
+def act_bwd(c: Cfg, h1, dact):
+    if c.swiglu:
+        a, g = h1[:, :c.F], h1[:, c.F:]
+        sa = sigmoid(a)
+        return np.concatenate([dact * g * sa * (1.0 + a * (1.0 - sa)), dact * a * sa], axis=1)
+    return dact * gelu_grad(h1)
+
+
+def capacity(S, E, k, cf, min_cap):
+    """§6.4: ceil(float32(float32(S/E) * float32(k*cf))), then >= min_cap, then <= S."""
+    prod = np.float32(np.float32(S / E) * np.float32(k * cf))
+    C = int(math.ceil(float(prod)))
+    C = max(C, min_cap)
+    return min(C, S)
+
+
+def softmax_rows(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+# ------------------------------------------------------------------------------------------------ the gate (§6)
+
+
+def gate_chunk(c: Cfg, xin, Wg, token0):
+    """Routes one chunk. Returns a dict with the noisy input, probs, choices, slots, kept flags and weights."""
+    S, E, k = xin.shape[0], c.E, c.k
+    toks = token0 + np.arange(S)
+    if c.noisy == "Jitter":
+        u = philox_uniform(c.seed, c.layer, PURPOSE["gate_jitter"], toks[:, None], np.arange(c.h)[None, :])
+        noise = (1.0 - 1e-2) + 2.0 * 1e-2 * u
+    else:
+        noise = np.ones_like(xin)
+    xg = xin * noise
+    logits = xg @ Wg.T
+    P = softmax_rows(logits)
+    # choices (§6.3): argmax with the lower index on ties (np.argmax returns the first maximum)
+    if c.noisy == "RSample" and k == 1:
+        w = philox_u32(c.seed, c.layer, PURPOSE["gate_rsample"], toks[:, None], np.arange(E)[None, :])
+        uu = ((w >> np.uint64(8)).astype(np.float64) + 0.5) * 2.0 ** -24
+        e1 = np.argmax(logits + (-np.log(-np.log(uu))), axis=1)
+    else:
+        e1 = np.argmax(P, axis=1)
+    choice = [e1]
+    if k == 2:
+        P2 = P.copy()
+        P2[np.arange(S), e1] = -np.inf
+        choice.append(np.argmax(P2, axis=1))
+    choice = np.stack(choice, axis=1)  # [S, k]
+    first_count = np.bincount(e1, minlength=E)
+    second_count = np.bincount(choice[:, 1], minlength=E) if k == 2 else np.zeros(E, dtype=np.int64)
+    if c.no_drop:
+        C = int((first_count + second_count).max())
+    else:
+        C = capacity(S, E, k, c.cf, c.min_cap)
+    kept = np.zeros((S, k), dtype=bool)
+    slot = -np.ones((S, k), dtype=np.int64)
+    if k == 1:
+        keep = np.ones(S, dtype=bool)
+        if c.rts:
+            pri = philox_uniform(c.seed, c.layer, PURPOSE["gate_rts"], toks, 0)
+        for e in range(E):
+            ts = np.nonzero(e1 == e)[0]  # token order
+            if len(ts) <= C:
+                continue
+            if c.rts:
+                order = sorted(ts.tolist(), key=lambda t: (-pri[t], t))
+                for t in order[C:]:
+                    keep[t] = False
+            else:
+                keep[ts[C:]] = False
+        for e in range(E):
+            ts = np.nonzero((e1 == e) & keep)[0]
+            slot[ts, 0] = np.arange(len(ts))
+        kept[:, 0] = keep
+        wts = np.where(keep, P[np.arange(S), e1], 0.0)[:, None]
+    else:
+        run1 = np.zeros(E, dtype=np.int64)
+        run2 = np.zeros(E, dtype=np.int64)
+        for t in range(S):
+            a, bb = choice[t]
+            slot[t, 0] = run1[a]
+            run1[a] += 1
+            slot[t, 1] = first_count[bb] + run2[bb]
+            run2[bb] += 1
+        kept = slot < C
+        slot[~kept] = -1
+        pk = np.where(kept, P[np.arange(S)[:, None], choice], 0.0)
+        den = np.maximum(pk.sum(axis=1), float(np.finfo(np.float32).eps))
+        wts = pk / den[:, None]
+    return dict(xg=xg, noise=noise, P=P, choice=choice, kept=kept, slot=slot, w=wts, C=C,
+                first_count=first_count, S=S)
+
+
+# -------------------------------------------------------------------------------------- forward + backward (§7)
+
+
+def attention_fwd(c: Cfg, qkv):
+    s, b, n, d, h = c.s, c.b, c.n, c.d, c.h
+    q = qkv[:, :h].reshape(s, b, n, d).transpose(1, 2, 0, 3)  # [b, n, s, d]
+    kk = qkv[:, h:2 * h].reshape(s, b, n, d).transpose(1, 2, 0, 3)
+    v = qkv[:, 2 * h:].reshape(s, b, n, d).transpose(1, 2, 0, 3)
+    sc = q @ kk.transpose(0, 1, 3, 2) / math.sqrt(d)
+    mask = np.tril(np.ones((s, s), dtype=bool))
+    sc = np.where(mask, sc, -np.inf)
+    Pm = np.exp(sc - sc.max(axis=-1, keepdims=True))
+    Pm = Pm / Pm.sum(axis=-1, keepdims=True)
+    o = Pm @ v  # [b, n, s, d]
+    return o.transpose(2, 0, 1, 3).reshape(s * b, h), (q, kk, v, Pm)
+
+
+def attention_bwd(c: Cfg, dout, ctx):
+    s, b, n, d, h = c.s, c.b, c.n, c.d, c.h
+    q, kk, v, Pm = ctx
+    do = dout.reshape(s, b, n, d).transpose(1, 2, 0, 3)
+    dv = Pm.transpose(0, 1, 3, 2) @ do
+    dP = do @ v.transpose(0, 1, 3, 2)
+    dS = Pm * (dP - (dP * Pm).sum(axis=-1, keepdims=True)) / math.sqrt(d)
+    dq = dS @ kk
+    dk = dS.transpose(0, 1, 3, 2) @ q
+    back = lambda t: t.transpose(2, 0, 1, 3).reshape(s * b, h)
+    return np.concatenate([back(dq), back(dk), back(dv)], axis=1)
+
+
+def layer_micro_batch(c: Cfg, W, x, gy, token_base):
+    """One micro-batch. x, gy: [s, b, h]. Returns y [s,b,h], l_aux, dx [s,b,h], {param: grad} (not averaged),
+    and routing info. Loss = <gy, y> + coeff * l_aux."""
+    T, h, E, k = c.T, c.h, c.E, c.k
+    X = x.reshape(T, h)
+    # attention block
+    xn, ln1c = layernorm_fwd(X, W["ln1.weight"], W["ln1.bias"])
+    qkv = xn @ W["attn.qkv.weight"].T
+    attn, actx = attention_fwd(c, qkv)
+    proj = attn @ W["attn.proj.weight"].T
+    m1 = dropout_mask(c, "attn_dropout", token_base, T, h)
+    ln_in = X + proj * m1
+    ln2, ln2c = layernorm_fwd(ln_in, W["ln2.weight"], W["ln2.bias"])
+    # MoE, chunk by chunk
+    Sc = T // c.M
+    W1, W2 = W["moe.experts.fc1.weight"], W["moe.experts.fc2.weight"]
+    moe = np.zeros((T, h))
+    gates, Sp, Sm = [], np.zeros(E), np.zeros(E)
+    for ch in range(c.M):
+        r0 = ch * Sc
+        g = gate_chunk(c, ln2[r0:r0 + Sc], W["moe.gate.weight"], token_base + r0)
+        g["r0"] = r0
+        # expert outputs of every kept choice
+        g["h1"], g["act"], g["fout"] = {}, {}, {}
+        for t in range(Sc):
+            for i in range(k):
+                if not g["kept"][t, i]:
+                    continue
+                e = g["choice"][t, i]
+                xr = ln2[r0 + t]
+                h1 = W1[e] @ xr
+                a = act_fwd(c, h1[None, :])[0]
+                f = W2[e] @ a
+                g["h1"][(t, i)], g["act"][(t, i)], g["fout"][(t, i)] = h1, a, f
+                moe[r0 + t] += g["w"][t, i] * f
+        Sp += g["P"].sum(axis=0)
+        Sm += np.bincount(g["choice"][:, 0], minlength=E)
+        gates.append(g)
+    N = float(T)
+    l_aux = E * np.sum((Sp / N) * (Sm / N))
+    m2 = dropout_mask(c, "mlp_dropout", token_base, T, h)
+    Y = ln_in + moe * m2
+
+    # ------------------------------------------------------------------ backward
+    grads = {n_: np.zeros(param_shapes(c)[n_]) for n_ in PARAM_NAMES}
+    dY = gy.reshape(T, h)
+    d_ln_in = dY.copy()
+    d_moe = dY * m2
+    d_ln2 = np.zeros((T, h))
+    daux = c.coeff * E * Sm / (N * N)  # d(coeff*l_aux)/d probs[t, e], every token
+    for g in gates:
+        r0, S = g["r0"], g["S"]
+        dW = np.zeros((S, k))
+        for (t, i), f in g["fout"].items():
+            e = g["choice"][t, i]
+            dm = d_moe[r0 + t]
+            dW[t, i] = dm @ f
+            df = g["w"][t, i] * dm
+            grads["moe.experts.fc2.weight"][e] += np.outer(df, g["act"][(t, i)])
+            dact = W2[e].T @ df
+            dh1 = act_bwd(c, g["h1"][(t, i)][None, :], dact[None, :])[0]
+            grads["moe.experts.fc1.weight"][e] += np.outer(dh1, ln2[r0 + t])
+            d_ln2[r0 + t] += W1[e].T @ dh1
+        P = g["P"]
+        dP = np.tile(daux, (S, 1))
+        rows = np.arange(S)
+        if k == 1:
+            kp = g["kept"][:, 0]
+            dP[rows[kp], g["choice"][kp, 0]] += dW[kp, 0]
+        else:
+            kept = g["kept"]
+            pk = np.where(kept, P[rows[:, None], g["choice"]], 0.0)
+            ssum = pk.sum(axis=1)
+            eps = float(np.finfo(np.float32).eps)
+            for t in range(S):
+                if ssum[t] >= eps:
+                    dot = np.sum(np.where(kept[t], dW[t] * g["w"][t], 0.0))
+                    for i in range(2):
+                        if kept[t, i]:
+                            dP[t, g["choice"][t, i]] += (dW[t, i] - dot) / ssum[t]
+                else:
+                    for i in range(2):
+                        if kept[t, i]:
+                            dP[t, g["choice"][t, i]] += dW[t, i] / eps
+        dlog = P * (dP - (P * dP).sum(axis=1, keepdims=True))
+        grads["moe.gate.weight"] += dlog.T @ g["xg"]
+        d_ln2[r0:r0 + S] += (dlog @ W["moe.gate.weight"]) * g["noise"]
+    dx2, grads["ln2.weight"], grads["ln2.bias"] = layernorm_bwd(d_ln2, W["ln2.weight"], ln2c)
+    d_ln_in += dx2
+    dX = d_ln_in.copy()
+    d_proj = d_ln_in * m1
+    grads["attn.proj.weight"] += d_proj.T @ attn
+    d_attn = d_proj @ W["attn.proj.weight"]
+    dqkv = attention_bwd(c, d_attn, actx)
+    grads["attn.qkv.weight"] += dqkv.T @ xn
+    dxn = dqkv @ W["attn.qkv.weight"]
+    dx1, grads["ln1.weight"], grads["ln1.bias"] = layernorm_bwd(dxn, W["ln1.weight"], ln1c)
+    dX += dx1
+    s, b = c.s, c.b
+    dropped = int(sum((~g["kept"]).sum() for g in gates))
+    return Y.reshape(s, b, h), l_aux, dX.reshape(s, b, h), grads, dict(dropped=dropped, C=[g["C"] for g in gates])
+
+
+def run_layer(c: Cfg, W, x_full, gy_full):
+    """§9: all G/b micro-batches. Returns y [s,G,h], aux [G/b], dx [s,G,h], averaged param grads, info."""
+    nmb = c.G // c.b
+    y = np.zeros_like(x_full)
+    dx = np.zeros_like(x_full)
+    aux = np.zeros(nmb)
+    grads = {n_: np.zeros(param_shapes(c)[n_]) for n_ in PARAM_NAMES}
+    infos = []
+    for m in range(nmb):
+        sl = slice(m * c.b, (m + 1) * c.b)
+        ym, am, dxm, gm, info = layer_micro_batch(c, W, x_full[:, sl, :], gy_full[:, sl, :], m * c.T)
+        y[:, sl, :], dx[:, sl, :], aux[m] = ym, dxm, am
+        for n_ in PARAM_NAMES:
+            grads[n_] += gm[n_]
+        infos.append(info)
+    for n_ in PARAM_NAMES:
+        grads[n_] /= nmb
+    return y, aux, dx, grads, infos
