@@ -440,7 +440,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
 
 
 def run_layer(c: Cfg, W, x_full, gy_full):
-    """§9: all G/b micro-batches. Returns y [s,G,h], aux [G/b], dx [s,G,h], averaged param grads, info."""
+    """§9: all G/b micro-batches. Returns y [s,G,h], aux [G/b], dx [s,G,h] and param grads of the mean loss, info."""
     nmb = c.G // c.b
     y = np.zeros_like(x_full)
     dx = np.zeros_like(x_full)
@@ -456,4 +456,5 @@ def run_layer(c: Cfg, W, x_full, gy_full):
         infos.append(info)
     for n_ in PARAM_NAMES:
         grads[n_] /= nmb
+    dx /= nmb  # the loss is the mean over micro-batches: every gradient, x's too, carries 1/nmb
     return y, aux, dx, grads, infos

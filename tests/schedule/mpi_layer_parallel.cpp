@@ -43,7 +43,8 @@ Result run_micro_batch(const model::LayerConfig& cfg, int M, int ep_rank, const 
   const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
   const Tensor x = seeded_normal(act, cfg.seed, uint64_t(2 * m)), dy = seeded_normal(act, cfg.seed, uint64_t(2 * m + 1));
   model::LayerStep step(cfg, M, ep_rank, params, grads, uint64_t(m * cfg.tokens()));
-  const schedule::Plan plan = schedule::build_layer_plan(0, M);
+  const schedule::Plan plan = schedule::build_layer_plan(
+      0, M, schedule::plan_options({cfg.moe_no_drop, cfg.expert_model_parallel_size}));
   schedule::Executor ex(ep);
   step.begin_forward(x);
   ex.forward(plan, step);
@@ -111,6 +112,9 @@ TEST(LayerParallel, ExpertAndDataParallelEqualSingleRank) {
     for (int ep = 1; ep <= world; ep *= 2) {
       check_parallel(base(k, 4.0, 0.0), 1, ep);  // nothing dropped
       check_parallel(base(k, 0.5, 0.1), 1, ep);  // tokens dropped: the same drops per micro-batch
+      model::LayerConfig no_drop = base(k, 0.5, 0.1);
+      no_drop.moe_no_drop = true;  // the EP ranks agree on the largest capacity; nothing is dropped
+      check_parallel(no_drop, ep > 1 ? 2 : 1, ep);
     }
 }
 

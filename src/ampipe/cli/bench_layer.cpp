@@ -96,6 +96,8 @@ double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
 int run_bench_layer(BenchLayerArgs& a) {
   const model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
+  if (rt.rank() == 0)
+    for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   rt.set_check_collectives(a.comm.check_collectives);
   rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
   if (a.degrees.empty()) throw ConfigError("--ampipe-degree needs at least one degree");

@@ -3,8 +3,9 @@
 //
 // The global batch (--global-batch-size sequences, default micro-batch x data-parallel ranks) is cut into
 // micro-batches of --micro-batch-size; data-parallel rank r processes micro-batches [r*K, (r+1)*K). Micro-batch
-// m's loss is <grad_y_m, y_m> + coeff * l_aux_m; parameter gradients are the mean over all micro-batches (the
-// data-parallel mean), so one rank with K micro-batches equals K ranks with one each.
+// m's loss is <grad_y_m, y_m> + coeff * l_aux_m; the exported gradients (x's and the parameters') are those of the
+// mean over all micro-batches (the data-parallel mean), so one rank with K micro-batches equals K ranks with one
+// each.
 #include "ampipe/cli/layer_check.h"
 
 #include <sys/stat.h>
@@ -103,6 +104,8 @@ double norm(const Tensor& t) {
 int run_layer_check(LayerCheckArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
+  if (rt.rank() == 0)
+    for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   rt.set_check_collectives(a.comm.check_collectives);
   if (!(a.comm.comm_timeout_s > 0))
     throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", a.comm.comm_timeout_s));
@@ -128,7 +131,8 @@ int run_layer_check(LayerCheckArgs& a) {
 
   model::LayerParams params = model::init_params(cfg, me.ep);
   model::LayerParams grads = model::zeros_like_params(cfg);
-  const schedule::Plan plan = schedule::build_layer_plan(cfg.layer_index, M);
+  const schedule::Plan plan = schedule::build_layer_plan(
+      cfg.layer_index, M, schedule::plan_options({cfg.moe_no_drop, cfg.expert_model_parallel_size}));
   schedule::Executor ex(&groups.ep);
   std::vector<Tensor> xs, dys, ys, dxs;
   std::vector<float> aux;
@@ -158,6 +162,8 @@ int run_layer_check(LayerCheckArgs& a) {
   // Data-parallel mean of the gradients: sum over the ranks that hold the same parameter, divide by the number
   // of micro-batches of the global batch (expert gradients already sum over the EP group's tokens).
   const float inv = 1.0f / float(G / b);
+  for (Tensor& dx : dxs)  // the loss is the mean over micro-batches, so x's gradient carries the factor too
+    for (int64_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] *= inv;
   for (auto& [name, g] : grads.named()) {
     const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
     if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);

@@ -42,6 +42,9 @@ model::LayerConfig LayerFlags::finish() {
   cfg.use_rts = !no_use_rts;
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
   cfg.validate();
+  if (cfg.noisy_gate_policy == model::NoisyGatePolicy::rsample && cfg.moe_router_topk == 2)
+    notices.push_back("--noisy-gate-policy RSample has no effect with --moe-router-topk 2 (as in DeepSpeed-MoE, "
+                      "whose top-2 gate never samples); the gate runs without noise");
   return cfg;
 }
 

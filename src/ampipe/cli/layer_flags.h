@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "ampipe/model/layer_config.h"
 
@@ -14,6 +15,7 @@ struct LayerFlags {
   bool no_use_rts = false;
   bool swiglu = false;
   double moe_aux_loss_coeff = 0.01;
+  std::vector<std::string> notices;  // said once at start-up by rank 0 (flags that are accepted but adjusted)
 
   void add_to(CLI::App& app);
   // Converts the parsed strings and validates (throws ConfigError naming the flag).

@@ -39,10 +39,6 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--num-experts {} is not divisible by --expert-model-parallel-size {}: every EP "
                                   "rank must own the same number of experts",
                                   num_experts, expert_model_parallel_size));
-  if (noisy_gate_policy == NoisyGatePolicy::rsample && moe_router_topk != 1)
-    throw ConfigError(fmt::format("--noisy-gate-policy RSample with --moe-router-topk {} is not supported: "
-                                  "RSample applies to top-1 gating only (as in DeepSpeed-MoE)",
-                                  moe_router_topk));
 }
 
 }  // namespace ampipe::model

@@ -48,7 +48,7 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank) {
   const core::PhiloxKey key{cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::init};
   uint64_t id = 0;
   for (auto& [name, t] : p.named()) {
-    if (name.ends_with("norm.weight") || name == "ln1.weight" || name == "ln2.weight") {
+    if (name == "ln1.weight" || name == "ln2.weight") {
       t.fill(1.0f);
     } else if (name == "ln1.bias" || name == "ln2.bias") {
       t.fill(0.0f);

@@ -1,6 +1,7 @@
 #include "ampipe/model/layer_step.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "ampipe/core/philox.h"
@@ -50,6 +51,8 @@ LayerStep::LayerStep(const LayerConfig& cfg, int M, int ep_rank, LayerParams& pa
       cd_(cfg.compute_dtype()) {
   AMPIPE_CHECK(M >= 1 && s_ % M == 0, "degree {} must divide the sequence {}", M, s_);
   gctx_.resize(size_t(M));
+  cap_need_.resize(size_t(M));
+  cap_all_.resize(size_t(M));
   C_.assign(size_t(M), 0);
   for (auto* v : {&disp_send_, &disp_recv_, &ex_in_, &h1_, &act_, &act_c_, &ex_out_send_, &comb_recv_, &comb_f32_,
                   &dcomb_send_, &dcomb_recv_, &dweight_, &ddisp_send_, &ddisp_recv_})
@@ -145,9 +148,26 @@ void LayerStep::gate(int c) {
   gc.seed = cfg_.seed;
   gc.layer = uint32_t(cfg_.layer_index);
   GateCtx& g = gctx_[size_t(c)];
-  gate_forward(chunk_rows(ln2_, c), p_.gate_w, gc, int64_t(token_base_) + c * Sc_, g);
-  C_[size_t(c)] = g.routing.C;
+  if (!needs_capacity_agreement()) {
+    gate_forward(chunk_rows(ln2_, c), p_.gate_w, gc, int64_t(token_base_) + c * Sc_, g);
+    C_[size_t(c)] = g.routing.C;
+    total_.accumulate(g.stats);
+    alloc_chunk_buffers(c);
+    dispatch_forward(chunk_rows(ln2_, c), g.routing, disp_send_[size_t(c)]);
+    return;
+  }
+  gate_select_forward(chunk_rows(ln2_, c), p_.gate_w, gc, int64_t(token_base_) + c * Sc_, g);
   total_.accumulate(g.stats);
+  cap_need_[size_t(c)] = Tensor::from({float(gate_required_capacity(g))}, {1});
+  cap_all_[size_t(c)] = Tensor::zeros({ep_});
+}
+
+void LayerStep::gate_assign(int c) {
+  GateCtx& g = gctx_[size_t(c)];
+  float C = 1;
+  for (float v : cap_all_[size_t(c)].to_vector()) C = std::max(C, v);
+  gate_assign_forward(int64_t(C), g);
+  C_[size_t(c)] = g.routing.C;
   alloc_chunk_buffers(c);
   dispatch_forward(chunk_rows(ln2_, c), g.routing, disp_send_[size_t(c)]);
 }

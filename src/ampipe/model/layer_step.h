@@ -61,6 +61,12 @@ class LayerStep {
   void out_proj(int c);
   void bdal(int c);
   void gate(int c);
+  // --moe-no-drop with ep > 1 (needs_capacity_agreement): gate(c) only routes; the executor all-gathers
+  // capacity_need(c) ([1], this rank's need) into capacity_all(c) ([ep]); gate_assign(c) uses the largest.
+  bool needs_capacity_agreement() const { return cfg_.moe_no_drop && ep_ > 1; }
+  Tensor capacity_need(int c) const { return cap_need_[size_t(c)]; }
+  Tensor capacity_all(int c) const { return cap_all_[size_t(c)]; }
+  void gate_assign(int c);
   void experts(int c);
   void combine(int c);
   void aux_loss();
@@ -113,6 +119,7 @@ class LayerStep {
   Tensor proj_, ln_in_, ln2_, ln2_mean_, ln2_rstd_, moe_, y_;
   std::vector<GateCtx> gctx_;
   std::vector<int64_t> C_;
+  std::vector<Tensor> cap_need_, cap_all_;  // [1] and [ep] fp32 (capacities are exact in fp32)
   // Per chunk: dispatch send [E, C, h], dispatch recv [ep, L, C, h], expert input [L, ep*C, h],
   // fc1 output [L, ep*C, F1], activation [L, ep*C, F] (+ compute-dtype copy), expert output send [ep, L, C, h],
   // combine recv [E, C, h].

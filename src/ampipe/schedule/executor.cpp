@@ -15,6 +15,7 @@ void Executor::run_stage(const Task& t, model::LayerStep& step) {
     case Stage::out_proj: step.out_proj(c); break;
     case Stage::bdal: step.bdal(c); break;
     case Stage::gate: step.gate(c); break;
+    case Stage::gate_assign: step.gate_assign(c); break;
     case Stage::experts: step.experts(c); break;
     case Stage::combine: step.combine(c); break;
     case Stage::aux_loss: step.aux_loss(); break;
@@ -27,6 +28,7 @@ void Executor::run_stage(const Task& t, model::LayerStep& step) {
     case Stage::attention_bwd: step.attention_backward(c); break;
     case Stage::ln1_qkv_bwd: step.ln1_qkv_backward(); break;
     case Stage::dispatch:
+    case Stage::capacity:
     case Stage::combine_a2a:
     case Stage::combine_a2a_bwd:
     case Stage::dispatch_bwd: AMPIPE_CHECK(false, "{} is a collective, not a compute stage", t.name());
@@ -44,6 +46,18 @@ static model::A2a a2a_of(Stage s) {
 }
 
 comm::Event Executor::issue_collective(const Task& t, model::LayerStep& step, std::vector<comm::Event> after) {
+  if (t.stage == Stage::capacity) {  // all-gather of each EP rank's required capacity
+    Tensor mine = step.capacity_need(t.chunk), all = step.capacity_all(t.chunk);
+    if (ep_ == nullptr || ep_->size() == 1) {
+      all.copy_from(mine);
+      return {};
+    }
+    comm::Issue how;
+    how.after = std::move(after);
+    how.lane = t.lane;
+    how.chunk = t.chunk;
+    return comm::all_gather(*ep_, mine, all, t.name(), how);
+  }
   model::A2aBuffers buf = step.a2a_buffers(a2a_of(t.stage), t.chunk);
   if (ep_ == nullptr || ep_->size() == 1) {  // a single EP rank sends everything to itself
     AMPIPE_CHECK(buf.send.nbytes() == buf.recv.nbytes(), "{}: send {} recv {} bytes", t.name(), buf.send.nbytes(),

@@ -11,14 +11,15 @@ LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int
     l.cfg.layer_index = first_layer + i;
     l.params = model::init_params(l.cfg, ep_rank);
     l.grads = model::zeros_like_params(l.cfg);
-    l.plan = build_layer_plan(l.cfg.layer_index, M);
+    l.plan = build_layer_plan(l.cfg.layer_index, M, plan_options({cfg.moe_no_drop, cfg.expert_model_parallel_size}));
     layers_.push_back(std::move(l));
   }
 }
 
 void LayerStack::set_degree(int M) {
   M_ = M;
-  for (Layer& l : layers_) l.plan = build_layer_plan(l.cfg.layer_index, M);
+  for (Layer& l : layers_)
+    l.plan = build_layer_plan(l.cfg.layer_index, M, plan_options({l.cfg.moe_no_drop, l.cfg.expert_model_parallel_size}));
 }
 
 const Tensor& LayerStack::forward(const Tensor& x, uint64_t token_base) {

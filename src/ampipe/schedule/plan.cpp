@@ -13,6 +13,8 @@ const char* stage_name(Stage s) {
     case Stage::out_proj: return "out_proj";
     case Stage::bdal: return "bdal";
     case Stage::gate: return "gate";
+    case Stage::capacity: return "capacity";
+    case Stage::gate_assign: return "gate_assign";
     case Stage::dispatch: return "dispatch";
     case Stage::experts: return "experts";
     case Stage::combine_a2a: return "combine_a2a";
@@ -35,6 +37,7 @@ const char* stage_name(Stage s) {
 bool is_collective(Stage s) {
   switch (s) {
     case Stage::dispatch:
+    case Stage::capacity:
     case Stage::combine_a2a:
     case Stage::combine_a2a_bwd:
     case Stage::dispatch_bwd: return true;
@@ -80,7 +83,7 @@ struct Builder {
 };
 }  // namespace
 
-Plan build_layer_plan(int layer, int M) {
+Plan build_layer_plan(int layer, int M, const PlanOptions& opts) {
   AMPIPE_CHECK(M >= 1, "degree {}", M);
   Builder b{{}, layer};
   b.plan.degree = M;
@@ -93,6 +96,10 @@ Plan build_layer_plan(int layer, int M) {
     const uint32_t proj = b.add(Stage::out_proj, c, {att});
     const uint32_t bdal = b.add(Stage::bdal, c, {proj});
     gate[size_t(c)] = b.add(Stage::gate, c, {bdal});
+    if (opts.agree_capacity) {
+      const uint32_t cap = b.add(Stage::capacity, c, {gate[size_t(c)]});
+      gate[size_t(c)] = b.add(Stage::gate_assign, c, {cap});
+    }
     dispatch[size_t(c)] = b.add(Stage::dispatch, c, {gate[size_t(c)]});
   }
   for (int c = 0; c < M; ++c) {

@@ -31,6 +31,8 @@ enum class Stage : uint8_t {
   out_proj,     // attention output projection
   bdal,         // dropout + residual add + LN2
   gate,         // router, capacity for the chunk's tokens, dispatch buffer [E, C_c, h]
+  capacity,     // --moe-no-drop with ep > 1: all-gather of the chunk's required capacities (ep lane)
+  gate_assign,  // --moe-no-drop with ep > 1: slots for the agreed (largest) capacity, dispatch buffer
   dispatch,     // all-to-all: capacity slots to the experts' owners (ep lane)
   experts,      // local experts on the received slots
   combine_a2a,  // all-to-all: expert outputs back to the tokens' owners (ep lane)
@@ -72,9 +74,25 @@ struct Plan {
   int index_of(Stage s, int chunk) const;
 };
 
+struct PlanOptions {
+  // --moe-no-drop with ep > 1: the EP ranks agree on each chunk's capacity (the largest need) before dispatch,
+  // so the gate is split into gate -> capacity (collective) -> gate_assign. This serialises the chunk's gate
+  // with its EP group, which is why --moe-no-drop costs overlap.
+  bool agree_capacity = false;
+};
+
 // Builds the forward and backward Plan of one layer with AMPipe degree M (M = 1 is the baseline, no split).
 // The all-to-all tasks are emitted for ep = 1 too (the executor runs them as local copies), so every layout
 // runs the same Plan.
-Plan build_layer_plan(int layer, int M);
+Plan build_layer_plan(int layer, int M, const PlanOptions& opts = {});
+
+// The options a layer configuration needs (agree_capacity for --moe-no-drop with expert parallelism).
+struct LayerPlanFlags {
+  bool moe_no_drop = false;
+  int expert_model_parallel_size = 1;
+};
+inline PlanOptions plan_options(const LayerPlanFlags& f) {
+  return {.agree_capacity = f.moe_no_drop && f.expert_model_parallel_size > 1};
+}
 
 }  // namespace ampipe::schedule
