@@ -150,6 +150,7 @@ void Engine::finish_op(Op& op) {
     r.name = ev.info.tag;
     r.chunk = ev.info.chunk;
     r.start_us = Trace::to_us(ev.started);
+    r.issued_us = Trace::to_us(ev.issued);
     r.end_us = Trace::to_us(ev.finished);
     r.bytes = ev.info.bytes;
     r.cat = std::string(op_kind_name(ev.info.kind));

@@ -32,6 +32,7 @@ struct TraceRecord {
   std::string cat;     // "compute", "wait", or the op kind ("all_to_all", ...)
   std::string group;   // collectives: group label
   int64_t seq = -1;    // collectives: seq on the group
+  int64_t issued_us = -1;  // collectives: when the caller issued it (start_us is when the engine posted it)
 };
 
 class Trace {
