@@ -6,6 +6,7 @@
 
 #include "ampipe/cli/bench_layer.h"
 #include "ampipe/cli/layer_check.h"
+#include "ampipe/cli/train.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/kernels/gemm.h"
@@ -34,6 +35,9 @@ int main(int argc, char** argv) {
   CLI::App* bl_cmd =
       app.add_subcommand("bench-layer", "time forward + backward of MoE layers for several AMPipe degrees");
   bl.add_to(*bl_cmd);
+  TrainFlags tr;
+  CLI::App* tr_cmd = app.add_subcommand("train", "train a GPT-MoE with AMPipe (Megatron / MindSpeed flags)");
+  tr.add_to(*tr_cmd);
 
   try {
     app.parse(argc, argv);
@@ -56,6 +60,7 @@ int main(int argc, char** argv) {
     rt.emplace(&argc, &argv);
     if (lc_cmd->parsed()) return run_layer_check(lc);
     if (bl_cmd->parsed()) return run_bench_layer(bl);
+    if (tr_cmd->parsed()) return run_train(tr);
   } catch (const ConfigError& e) {
     print_error(e.what());
     return 2;

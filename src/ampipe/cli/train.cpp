@@ -1,0 +1,99 @@
+#include "ampipe/cli/train.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "ampipe/comm/runtime.h"
+#include "ampipe/train/text_data.h"
+#include "ampipe/train/trainer.h"
+
+namespace ampipe::cli {
+
+int run_train(TrainFlags& flags) {
+  train::TrainConfig cfg = flags.finish();
+  comm::Runtime& rt = comm::Runtime::current();
+  if (!(flags.comm.comm_timeout_s > 0))
+    throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", flags.comm.comm_timeout_s));
+  cfg.validate(rt.size());
+  rt.set_check_collectives(flags.comm.check_collectives);
+  rt.set_comm_timeout(std::chrono::milliseconds(int64_t(flags.comm.comm_timeout_s * 1000)));
+  if (rt.rank() == 0)
+    for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
+
+  // Data before any collective: a bad file fails identically on every rank.
+  const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
+  auto data = std::make_shared<const train::TextData>(train::load_corpus(cfg.data_path), cfg.layer.seq_length,
+                                                      cfg.valid_fraction, cfg.layer.seed, source);
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
+                                                 cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
+  const comm::Groups groups = rt.make_groups(layout);
+  if (!cfg.save.empty()) train::check_save_dir(cfg.save, groups.world);
+
+  train::Trainer trainer(cfg, groups, data);
+  const int64_t start = trainer.maybe_load();
+  const bool rank0 = rt.rank() == 0;
+  const model::LayerConfig& l = cfg.layer;
+  const int64_t G = cfg.global_batch(rt.size());
+  int64_t n_params = 0;
+  for (auto& p : trainer.model().params())
+    n_params += p.expert ? p.param.numel() * l.expert_model_parallel_size : p.param.numel();
+  if (rank0) {
+    fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
+               "ranks={} ep={} dp={} ampipe-degree={} | global batch {} x {} tokens, micro-batch {}\n",
+               cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
+               l.moe_router_topk, train::kVocabSize, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
+               layout.ep, layout.dp, cfg.ampipe_degree, G, l.seq_length, l.micro_batch_size);
+    fmt::print("  data: {} ({} bytes = tokens, byte-level) | {} training / {} validation sequences\n", data->source(),
+               data->tokens(), data->train_samples(), data->valid_samples());
+    if (start > 0) fmt::print("  resumed from {} at iteration {}\n", cfg.load, start);
+    std::fflush(stdout);
+  }
+  const train::TrainResult res = trainer.train([](const std::string& line) {
+    std::fputs((line + "\n").c_str(), stdout);
+    std::fflush(stdout);
+  });
+
+  if (rank0 && !res.iterations.empty()) {
+    const auto& its = res.iterations;
+    const size_t n = its.size(), w = std::min<size_t>(10, n);
+    double first = 0, last = 0;
+    for (size_t i = 0; i < w; ++i) {
+      first += its[i].lm_loss / double(w);
+      last += its[n - w + i].lm_loss / double(w);
+    }
+    // Speed over the iterations after the first (which creates the oneDNN primitives).
+    const size_t from = n > 1 ? 1 : 0;
+    double iter = 0, layers = 0, head = 0, optim = 0, flops = 0, a2a = 0, a2a_exp = 0, exposed = 0;
+    for (size_t i = from; i < n; ++i) {
+      iter += its[i].iter_ms;
+      layers += its[i].layers_ms;
+      head += its[i].head_ms;
+      optim += its[i].optim_ms;
+      flops += its[i].flops;
+      a2a += its[i].a2a_ms;
+      a2a_exp += its[i].a2a_exposed_ms;
+      exposed += its[i].exposed_comm_ms;
+    }
+    const double k = double(n - from);
+    const double other = iter - layers - head - optim;
+    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | lm loss {:.3f} -> {:.3f} (mean of the first / last "
+               "{} iterations)",
+               res.start_iteration + 1, its.back().iteration, res.wall_s, first, last, w);
+    if (!res.evals.empty())
+      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    fmt::print("\n  speed: {:.1f} ms/iteration, {:.0f} tokens/s, {:.4f} TFLOP/s per rank | exposed comm {:.2f} ms/iter",
+               iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
+    if (a2a > 0) fmt::print(", all-to-all {:.2f} ms/iter of which {:.1f}% hidden", a2a / k, 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
+    fmt::print("\n  time per iteration: layer steps {:.1f} ms ({:.1f}%), embedding + LM head + loss {:.1f} ms ({:.1f}%), "
+               "gradient reduce + clip + AdamW {:.1f} ms ({:.1f}%), other {:.1f} ms ({:.1f}%) | loop overhead over the "
+               "model's compute (layers + head): {:.1f}%\n",
+               layers / k, 100 * layers / iter, head / k, 100 * head / iter, optim / k, 100 * optim / iter, other / k,
+               100 * other / iter, 100 * (iter - layers - head) / (layers + head));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace ampipe::cli

@@ -1,0 +1,158 @@
+#include "ampipe/cli/train_flags.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::cli {
+
+TrainFlags::TrainFlags() {
+  model::LayerConfig& l = layer.cfg;
+  l.seq_length = 128;
+  l.micro_batch_size = 4;
+  l.hidden_size = 128;
+  l.ffn_hidden_size = 256;
+  l.num_attention_heads = 4;
+  l.num_experts = 4;
+  l.moe_router_topk = 2;
+  l.moe_train_capacity_factor = 1.25;
+  l.hidden_dropout = 0.0;
+  l.init_method_std = 0.02;
+  l.seed = 1234;
+}
+
+void TrainFlags::add_to(CLI::App& a) {
+  app = &a;
+  a.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  layer.add_to(a);
+  comm.add_to(a);
+  train::TrainConfig& c = cfg;
+  a.add_option("--config", config_file, "JSON file of flags (keys: flag names); command-line flags override it");
+  // Model.
+  a.add_option("--num-layers", c.num_layers, "MoE blocks L")->capture_default_str();
+  a.add_flag("--untie-embeddings-and-output-weights", c.untie_embeddings_and_output_weights,
+             "separate LM-head matrix instead of the token embedding");
+  a.add_option("--moe-model-type", c.moe_model_type, "deepspeed_moe (the MoE layer of this engine) or megatron_moe")
+      ->capture_default_str();
+  a.add_flag("--use-flash-attn", c.use_flash_attn,
+             "flash attention (this engine's only attention kernel; required with --ampipe-degree > 1)");
+  a.add_flag("--add-bias-linear", c.add_bias_linear, "biases in linear layers (not supported)");
+  // Parallelism.
+  a.add_option("--ampipe-degree", c.ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
+      ->capture_default_str();
+  a.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "tensor-parallel size tp")
+      ->capture_default_str();
+  a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp")->capture_default_str();
+  a.add_option("--context-parallel-algo", c.context_parallel_algo, "context-parallel algorithm")
+      ->capture_default_str();
+  a.add_flag("--sequence-parallel", c.sequence_parallel, "Megatron sequence parallelism");
+  a.add_flag("--ampipe-tp-sp-comm-overlap", c.ampipe_tp_sp_comm_overlap, "hide the SP collectives of the MLP too");
+  a.add_flag("--use-pipe-experts", c.use_pipe_experts, "slice each expert's tokens to overlap its all-to-all");
+  a.add_flag("--pipe-experts-multi-stream", c.pipe_experts_multi_stream, "pipe-experts multi-stream");
+  a.add_option("--pipe-experts-multi-data", c.pipe_experts_multi_data, "pipe-experts slices N")
+      ->capture_default_str();
+  a.add_flag("--use-ascend-mc2", c.use_ascend_mc2, "(incompatible with AMPipe)");
+  a.add_flag("--overlap-grad-reduce", c.overlap_grad_reduce, "(incompatible with AMPipe)");
+  a.add_flag("--overlap-param-gather", c.overlap_param_gather, "(incompatible with AMPipe)");
+  a.add_flag("--use-nanopipe", c.use_nanopipe, "(incompatible with AMPipe)");
+  a.add_flag("--recompute-in-bubble", c.recompute_in_bubble, "(incompatible with AMPipe)");
+  a.add_flag("--recompute-in-advance", c.recompute_in_advance, "(incompatible with AMPipe)");
+  a.add_flag("--adaptive-recompute-device-swap", c.adaptive_recompute_device_swap, "(incompatible with AMPipe)");
+  a.add_option("--adaptive-recompute-device-size", c.adaptive_recompute_device_size, "(incompatible with AMPipe)");
+  a.add_flag("--adaptive-memory-optimization", c.adaptive_memory_optimization, "(incompatible with AMPipe)");
+  // Optimizer and schedule.
+  a.add_option("--global-batch-size", c.global_batch_size,
+               "sequences per iteration (default: micro-batch size x data-parallel size)");
+  a.add_option("--train-iters", c.train_iters, "iterations")->capture_default_str();
+  a.add_option("--exit-interval", c.exit_interval, "stop after this many iterations of this run")
+      ->capture_default_str();
+  a.add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
+  a.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  a.add_option("--lr-warmup-iters", c.lr_warmup_iters, "linear warm-up iterations")->capture_default_str();
+  a.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")
+      ->capture_default_str();
+  a.add_option("--adam-beta1", c.adam_beta1, "AdamW beta1")->capture_default_str();
+  a.add_option("--adam-beta2", c.adam_beta2, "AdamW beta2")->capture_default_str();
+  a.add_option("--adam-eps", c.adam_eps, "AdamW epsilon")->capture_default_str();
+  a.add_option("--clip-grad", c.clip_grad, "clip the global gradient norm to this (0: off)")->capture_default_str();
+  // Data.
+  a.add_option("--data-path", c.data_path, "plain-text training file (default: the bundled corpus)");
+  a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation")
+      ->capture_default_str();
+  a.add_option("--eval-interval", c.eval_interval, "evaluate every N iterations (0: never)")->capture_default_str();
+  a.add_option("--eval-iters", c.eval_iters, "global batches per evaluation")->capture_default_str();
+  // Checkpoints.
+  a.add_option("--save", c.save, "checkpoint directory to write");
+  a.add_option("--load", c.load, "checkpoint directory to resume from");
+  a.add_option("--save-interval", c.save_interval, "save every N iterations (0: only at the end)")
+      ->capture_default_str();
+  // Output.
+  a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
+  a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
+  a.add_option("--trace-iteration", c.trace_iteration, "which iteration --trace records (1-based)")
+      ->capture_default_str();
+}
+
+namespace {
+
+std::string json_to_arg(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_number()) return v.dump();
+  if (v.is_array()) {
+    std::string s;
+    for (const auto& e : v) s += (s.empty() ? "" : ",") + json_to_arg(e);
+    return s;
+  }
+  throw ConfigError("unsupported value");
+}
+
+}  // namespace
+
+train::TrainConfig TrainFlags::finish() {
+  if (!config_file.empty()) {
+    std::ifstream in(config_file);
+    if (!in) throw ConfigError(fmt::format("--config {}: the file cannot be read", config_file));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(ss.str());
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(fmt::format("--config {}: not valid JSON ({})", config_file, e.what()));
+    }
+    if (!j.is_object())
+      throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
+    for (const auto& [key, value] : j.items()) {
+      std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
+      for (char& ch : flag)
+        if (ch == '_') ch = '-';
+      CLI::Option* opt = flag == "--config" ? nullptr : app->get_option_no_throw(flag);
+      if (opt == nullptr)
+        throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {})", config_file, key, flag));
+      if (opt->count() > 0) continue;  // the command line wins
+      std::string arg;
+      try {
+        arg = json_to_arg(value);
+      } catch (const ConfigError&) {
+        throw ConfigError(fmt::format("--config {}: key \"{}\" has an unsupported value {}", config_file, key,
+                                      value.dump()));
+      }
+      if (value.is_boolean() && opt->get_type_size() == 0 && !value.get<bool>()) continue;  // flag off
+      try {
+        opt->add_result(arg);
+        opt->run_callback();
+      } catch (const CLI::Error& e) {
+        throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {}", config_file, key, value.dump(), e.what()));
+      }
+    }
+  }
+  cfg.layer = layer.finish();
+  cfg.moe_aux_loss_coeff = layer.moe_aux_loss_coeff;
+  return cfg;
+}
+
+}  // namespace ampipe::cli

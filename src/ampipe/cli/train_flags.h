@@ -1,0 +1,28 @@
+// Flags of `ampipe train` (Megatron-LM / MindSpeed spellings; the config field is the flag with underscores) and
+// --config FILE: a JSON object whose keys are flag names (with underscores or dashes, without "--"); flags given
+// on the command line override it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "ampipe/cli/layer_flags.h"
+#include "ampipe/train/train_config.h"
+
+namespace ampipe::cli {
+
+struct TrainFlags {
+  TrainFlags();  // the embedded default: a small GPT-MoE for the bundled corpus
+  LayerFlags layer;
+  CommFlags comm;
+  train::TrainConfig cfg;
+  std::string config_file;
+  CLI::App* app = nullptr;
+
+  void add_to(CLI::App& app);
+  // Applies --config (options not given on the command line), converts the layer flags. Validation of the whole
+  // configuration is TrainConfig::validate. Throws ConfigError naming the flag or file.
+  train::TrainConfig finish();
+};
+
+}  // namespace ampipe::cli

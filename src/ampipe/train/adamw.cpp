@@ -1,0 +1,46 @@
+#include "ampipe/train/adamw.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace ampipe::train {
+
+double learning_rate(const TrainConfig& cfg, int64_t it) {
+  const int64_t W = cfg.lr_warmup_iters, N = cfg.train_iters;
+  if (it < W) return cfg.lr * double(it + 1) / double(W);
+  if (N <= W) return cfg.lr;
+  const double ratio = std::min(1.0, double(it - W) / double(N - W));
+  return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+}
+
+AdamW::AdamW(const std::vector<NamedParam>& params) {
+  for (const NamedParam& p : params) {
+    m_.push_back(Tensor::zeros(p.param.shape()));
+    v_.push_back(Tensor::zeros(p.param.shape()));
+  }
+}
+
+void AdamW::step(std::vector<NamedParam>& params, double lr, double weight_decay, double beta1, double beta2,
+                 double eps, float clip_coef) {
+  ++t_;
+  const float b1 = float(beta1), b2 = float(beta2);
+  const float bc1 = float(1.0 - std::pow(beta1, double(t_))), bc2 = float(1.0 - std::pow(beta2, double(t_)));
+  const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2), e = float(eps);
+  for (size_t i = 0; i < params.size(); ++i) {
+    NamedParam& np = params[i];
+    float* p = np.param.data<float>();
+    const float* g = np.grad.data<float>();
+    float* m = m_[i].data<float>();
+    float* v = v_[i].data<float>();
+    const float decay = np.decay ? float(1.0 - lr * weight_decay) : 1.0f;
+    const int64_t n = np.param.numel();
+    for (int64_t k = 0; k < n; ++k) {
+      const float gk = g[k] * clip_coef;
+      m[k] = b1 * m[k] + (1.0f - b1) * gk;
+      v[k] = b2 * v[k] + (1.0f - b2) * gk * gk;
+      p[k] = p[k] * decay - step_size * m[k] / (std::sqrt(v[k]) * inv_sqrt_bc2 + e);
+    }
+  }
+}
+
+}  // namespace ampipe::train

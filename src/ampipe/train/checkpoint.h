@@ -1,0 +1,55 @@
+// Checkpoints: DIR/iter_NNNNNNN/{model.safetensors, optimizer.safetensors, metadata.json} and the marker
+// DIR/latest_checkpointed_iteration.txt (Megatron's name), written last.
+//
+// Every file is written atomically (core::write_file_atomic: temporary file, fsync, rename, fsync of the
+// directory), and the marker only after all three files of the iteration are complete, so a crash at any point of
+// a save leaves the marker naming the previous complete checkpoint.
+//
+// Tensors are stored whole, under the model's parameter names (gpt_model.h): expert tensors are all-gathered over
+// the EP group before rank 0 writes them, and each rank takes its rows on load. So a checkpoint does not depend on
+// the AMPipe degree, the EP size or the number of ranks. optimizer.safetensors holds "exp_avg.<name>" and
+// "exp_avg_sq.<name>". metadata.json holds the iteration, the consumed-samples counter (the data position: the
+// sample order is a pure function of the seed and this counter), the optimizer step count, the random state (all
+// random numbers are Philox keyed by (seed, layer, purpose, global token); the seed is the whole state) and the
+// configuration.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "ampipe/comm/group.h"
+#include "ampipe/train/adamw.h"
+#include "ampipe/train/gpt_model.h"
+#include "ampipe/train/train_config.h"
+
+namespace ampipe::train {
+
+inline constexpr const char* kLatestMarker = "latest_checkpointed_iteration.txt";
+std::string checkpoint_subdir(int64_t iteration);  // "iter_0000010"
+
+struct CheckpointMeta {
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0;
+  nlohmann::json json;
+};
+
+struct SaveOptions {
+  bool skip_marker = false;  // tests: stop after the files, before the marker (a save interrupted there)
+};
+
+// Collective over groups.world (every rank calls it). Throws ConfigError naming --save and the path on failure,
+// on every rank.
+void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const TrainConfig& cfg, GptModel& model,
+                     AdamW& opt, const comm::Groups& groups, const SaveOptions& opts = {});
+
+// Reads the newest complete checkpoint of `dir` into model and optimizer (each rank its shard). Throws ConfigError
+// naming --load and the file for a missing marker, a missing or corrupt file, or a model that does not match.
+CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
+                               const comm::Groups& groups);
+
+// Creates `dir` if needed and checks that rank 0 can write it; every rank learns the verdict.
+void check_save_dir(const std::string& dir, const comm::Group& world);
+
+}  // namespace ampipe::train

@@ -1,0 +1,86 @@
+// The GPT-MoE model: token + learned position embedding, L MoE blocks (schedule::LayerStack, each block run
+// through its own AMPipe Plan), final LayerNorm, LM head (tied to the token embedding unless
+// --untie-embeddings-and-output-weights), softmax cross-entropy.
+//
+// Notation: s sequence, b micro-batch, T = s*b tokens (token t = s_index*b + b_index, the [s, b] layout), h hidden,
+// V vocabulary, L layers.
+//
+// Parameter names (independent of AMPipe degree and EP size; expert tensors are sharded over EP by rows of dim 0):
+//   embedding.word_embeddings.weight      [V, h]
+//   embedding.position_embeddings.weight  [s, h]
+//   layers.{i}.<model::LayerParams name>  (ln1.weight, attn.qkv.weight, moe.experts.fc1.weight, ...)
+//   final_layernorm.weight, final_layernorm.bias  [h]
+//   output_layer.weight                   [V, h]   only when untied
+// Initialisation: LayerNorms 1 / 0; layers as model::init_params; the embedding-level matrices
+// init_method_std * philox_normal(key = (seed, layer 0xFFFFFF, init), token = id, feature = flat index), ids
+// word 1, position 2, output 3.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ampipe/comm/group.h"
+#include "ampipe/core/tensor.h"
+#include "ampipe/schedule/layer_stack.h"
+#include "ampipe/train/train_config.h"
+
+namespace ampipe::train {
+
+struct NamedParam {
+  std::string name;
+  Tensor param, grad;  // local shard (expert tensors: this EP rank's experts)
+  bool expert = false;
+  bool decay = false;  // weight decay applies (matrices), not to LayerNorm weights and biases
+};
+
+struct StepTimes {  // microseconds, accumulated over calls
+  int64_t layers_us = 0;  // inside LayerStack forward / backward
+  int64_t head_us = 0;    // embedding, final LayerNorm, LM head, cross-entropy
+};
+
+class GptModel {
+ public:
+  GptModel(const TrainConfig& cfg, int ep_rank, const comm::Group* ep);
+
+  // tokens, targets: [s, b] int32 (T each). Runs the forward and returns the mean cross-entropy over the T
+  // tokens. token_base: global index of token 0 (keys dropout and gate noise).
+  double forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
+  // Sum of the layers' aux losses of the last forward.
+  double aux_loss() const { return stack_.aux_loss(); }
+  // Backward of loss_scale * mean cross-entropy + d_aux * aux loss; gradients accumulate (+=).
+  void backward(float loss_scale, float d_aux);
+  // Forward only (evaluation): mean cross-entropy; frees the layers' saved state.
+  double evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
+
+  std::vector<NamedParam>& params() { return params_; }
+  void zero_grads();
+  void set_degree(int M) { stack_.set_degree(M); }
+  // FLOPs of the last micro-batch's forward + backward: LayerStep::flops of every layer + the LM head's three
+  // GEMMs 3 x 2 T h V (docs/training.md).
+  double flops_per_micro_batch() const { return last_flops_; }
+  StepTimes& times() { return times_; }
+  schedule::LayerStack& stack() { return stack_; }
+
+ private:
+  void embed(std::span<const int32_t> tokens);
+  double head_forward(std::span<const int32_t> targets);
+
+  TrainConfig cfg_;
+  int64_t s_, b_, T_, h_, V_;
+  schedule::LayerStack stack_;
+  Tensor wte_, wpe_, lnf_w_, lnf_b_, wout_;         // parameters ([V,h], [s,h], [h], [h], [V,h] or undefined)
+  Tensor dwte_, dwpe_, dlnf_w_, dlnf_b_, dwout_;  // gradients
+  std::vector<NamedParam> params_;
+
+  // Saved state of the micro-batch in flight.
+  std::vector<int32_t> tokens_, targets_;
+  Tensor x0_;                    // [s, b, h] embedding output (layer 0 input, kept until the backward)
+  Tensor xn_, lnf_mean_, lnf_rstd_, logits_, ce_loss_, lse_;  // [T, h], [T], [T], [T, V], [T], [T]
+  Tensor dloss_, dxn_, dy_;      // [T], [T, h], [s, b, h]
+  StepTimes times_;
+  double last_flops_ = 0;
+};
+
+}  // namespace ampipe::train

@@ -1,0 +1,60 @@
+// Training data: a text corpus, a byte-level tokenizer, a held-out validation split and deterministic shuffled
+// sampling.
+//
+// Corpus: --data-path FILE (UTF-8 / ASCII plain text), or by default the bundled corpus: the license texts in
+// /usr/share/common-licenses (Debian's `base-files`, an Essential package, so present offline on every Debian
+// machine; about 250 KB of English prose), concatenated in file-name order, symlinks skipped (see data/README.md).
+//
+// Tokenizer: byte-level, vocabulary V = 256 (token = byte value). Exact and reversible for any text.
+//
+// Split: the token stream's last valid_fraction is the validation split; the rest is the training split. A
+// sample is a window of s + 1 tokens (inputs = window[0, s), targets = window[1, s]); the training split has
+// N = (n_train - 1) / s windows at stride s. Training sample g (g = 0, 1, 2, ... over the whole run, the
+// "consumed samples" counter) is window perm_e[g % N] of epoch e = g / N, where perm_e is a Fisher-Yates
+// shuffle driven by Philox(seed, purpose data, token = 2^32 + e, feature = i). So the order depends only on the
+// seed and the sample index: any rank can compute any sample, and a resumed run continues the same sequence.
+// Validation sample j is window j % N_valid of the validation split, unshuffled.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ampipe::train {
+
+inline constexpr int64_t kVocabSize = 256;
+inline constexpr const char* kBundledCorpusDir = "/usr/share/common-licenses";
+
+// The bundled corpus' bytes, or the file's. Throws ConfigError naming the path when the file is missing,
+// unreadable, empty, or not text (a NUL byte, or more than 1% bytes that are neither printable, whitespace nor
+// UTF-8); `what` is how the message names it ("--data-path FILE").
+std::string load_corpus(const std::string& data_path);
+
+class TextData {
+ public:
+  // seq_length: s. Throws ConfigError when either split has no complete window of s + 1 tokens.
+  TextData(std::string text, int64_t seq_length, double valid_fraction, uint64_t seed, const std::string& source);
+
+  int64_t train_samples() const { return n_train_; }
+  int64_t valid_samples() const { return n_valid_; }
+  int64_t tokens() const { return int64_t(tokens_.size()); }
+  const std::string& source() const { return source_; }
+
+  // Sample g of the training stream / validation sample j: inputs and targets, s tokens each.
+  void train_sample(int64_t g, std::span<int32_t> inputs, std::span<int32_t> targets) const;
+  void valid_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const;
+
+ private:
+  const std::vector<int64_t>& permutation(int64_t epoch) const;
+  void window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const;
+
+  std::vector<uint8_t> tokens_;
+  int64_t s_, n_train_tokens_, n_train_, n_valid_;
+  uint64_t seed_;
+  std::string source_;
+  mutable int64_t perm_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+};
+
+}  // namespace ampipe::train

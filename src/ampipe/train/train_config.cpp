@@ -1,0 +1,228 @@
+#include "ampipe/train/train_config.h"
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::train {
+
+namespace {
+
+struct Incompatible {
+  const char* flag;
+  bool on;
+  const char* reason;
+};
+
+}  // namespace
+
+void TrainConfig::validate(int world) const {
+  layer.validate();
+  const int M = ampipe_degree, tp = tensor_model_parallel_size, cp = context_parallel_size;
+  const int64_t s = layer.seq_length;
+  if (num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", num_layers));
+  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1 (1 = AMPipe off)", M));
+  if (tp < 1)
+    throw ConfigError(fmt::format("--tensor-model-parallel-size {} is invalid: it must be >= 1", tp));
+  if (cp < 1) throw ConfigError(fmt::format("--context-parallel-size {} is invalid: it must be >= 1", cp));
+
+  // Seed constraint 1: AMPipe needs the DeepSpeed-MoE layer and flash attention.
+  if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
+    throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
+  if (M > 1 && moe_model_type != "deepspeed_moe")
+    throw ConfigError(fmt::format("--ampipe-degree {} needs --moe-model-type deepspeed_moe (got {}): ampipe only "
+                                  "supports the DeepSpeed-MoE layer (seed constraint 1)",
+                                  M, moe_model_type));
+  if (M > 1 && !use_flash_attn)
+    throw ConfigError(fmt::format("--ampipe-degree {} needs --use-flash-attn: ampipe only supports flash attention, "
+                                  "whose causal kernel runs a query chunk against the full K and V (seed constraint 1)",
+                                  M));
+
+  // Seed constraint 2: features that do not combine with AMPipe.
+  const Incompatible incompatible[] = {
+      {"--use-ascend-mc2", use_ascend_mc2,
+       "MC2 fuses the tensor-parallel collectives into the matmuls that AMPipe cuts into chunks"},
+      {"--overlap-grad-reduce", overlap_grad_reduce,
+       "its gradient-reduce hooks fire in the layer order that AMPipe's chunked backward changes"},
+      {"--overlap-param-gather", overlap_param_gather,
+       "its parameter all-gather overlaps the forward that AMPipe reorders"},
+      {"--use-nanopipe", use_nanopipe, "nanopipe pipelines the same block at a different granularity"},
+      {"--recompute-in-bubble", recompute_in_bubble, "ripipe recomputation needs the unchunked layer"},
+      {"--recompute-in-advance", recompute_in_advance, "ripipe recomputation needs the unchunked layer"},
+      {"--adaptive-recompute-device-swap", adaptive_recompute_device_swap,
+       "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
+      {"--adaptive-recompute-device-size", adaptive_recompute_device_size >= 0,
+       "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
+      {"--adaptive-memory-optimization", adaptive_memory_optimization,
+       "adaptive memory optimization is not compatible with ampipe"},
+      {"--add-bias-linear", add_bias_linear, "ampipe does not support bias linear layers"},
+  };
+  if (M > 1)
+    for (const Incompatible& f : incompatible)
+      if (f.on)
+        throw ConfigError(fmt::format("{} cannot be used with --ampipe-degree {}: {} (seed constraint 2)", f.flag, M,
+                                      f.reason));
+
+  // Seed constraint 3: every chunk has the same rows on every TP / CP rank.
+  if (s % M != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have the "
+                                  "same number of rows (seed constraint 3)",
+                                  s, M));
+  if (sequence_parallel && s % (int64_t(M) * tp) != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
+                                  "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "
+                                  "have the same rows on every TP rank (seed constraint 3)",
+                                  s, M, tp, M * tp));
+  if (cp > 1) {
+    if (M > 1 && context_parallel_algo != "megatron_cp_algo")
+      throw ConfigError(fmt::format("--context-parallel-algo {} cannot be used with --ampipe-degree {}: ampipe only "
+                                    "supports megatron_cp_algo",
+                                    context_parallel_algo, M));
+    if (s % (2 * int64_t(M) * cp) != 0)
+      throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
+                                    "--context-parallel-size {} (= {}): each CP rank holds two load-balanced halves, "
+                                    "each cut into the same chunks (seed constraint 3)",
+                                    s, M, cp, 2 * M * cp));
+    if (sequence_parallel && (s / (2 * int64_t(M) * cp)) % tp != 0)
+      throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
+                                    "--context-parallel-size {} x --tensor-model-parallel-size {} (= {}) with "
+                                    "--sequence-parallel (seed constraint 3)",
+                                    s, M, cp, tp, 2 * M * cp * tp));
+  }
+
+  // Seed constraint 4 and MindSpeed's pipe-experts rules. MindSpeed turned pipe-experts off with a warning; we
+  // never change a flag silently, so these are errors.
+  if (pipe_experts_multi_data < 1)
+    throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
+                                  pipe_experts_multi_data));
+  if (pipe_experts_multi_stream && !sequence_parallel)
+    throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel");
+  if (use_pipe_experts && use_ascend_mc2)
+    throw ConfigError("--use-pipe-experts cannot be used with --use-ascend-mc2: mc2 is not compatible with pipe-experts");
+  if (use_pipe_experts && M > 1) {
+    const int N = pipe_experts_multi_data;
+    if (N % M != 0)
+      throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "
+                                    "every chunk must get the same number of expert slices (seed constraint 4)",
+                                    N, M));
+    if (pipe_experts_multi_stream ? N < M : N <= M)
+      throw ConfigError(fmt::format("--pipe-experts-multi-data {} must be {} --ampipe-degree {} with --use-pipe-experts"
+                                    "{} (seed constraint 4)",
+                                    N, pipe_experts_multi_stream ? ">=" : ">", M,
+                                    pipe_experts_multi_stream ? " and --pipe-experts-multi-stream"
+                                                              : " (>= only with --pipe-experts-multi-stream)"));
+  }
+
+  // The layout: world = tp x cp x dp, and EP inside dp x cp.
+  if (world % (tp * cp) != 0)
+    throw ConfigError(fmt::format("world size {} is not tp x cp x dp: it is not divisible by "
+                                  "--tensor-model-parallel-size {} x --context-parallel-size {} (= {})",
+                                  world, tp, cp, tp * cp));
+  const int dp = world / (tp * cp), ep = layer.expert_model_parallel_size;
+  if ((dp * cp) % ep != 0)
+    throw ConfigError(fmt::format("--expert-model-parallel-size {} does not divide data-parallel x context-parallel "
+                                  "size {} (world size {}): every EP group is made of data-parallel ranks",
+                                  ep, dp * cp, world));
+
+  // Parsed but not run by this engine yet: refused, never ignored.
+  auto not_yet = [](const std::string& what) {
+    throw ConfigError(fmt::format("{} is not supported by this engine yet (the flag is parsed so that MindSpeed "
+                                  "scripts are checked, but the feature does not run)",
+                                  what));
+  };
+  if (tp > 1) not_yet(fmt::format("--tensor-model-parallel-size {}", tp));
+  if (sequence_parallel) not_yet("--sequence-parallel");
+  if (cp > 1) not_yet(fmt::format("--context-parallel-size {}", cp));
+  if (use_pipe_experts) not_yet("--use-pipe-experts");
+  if (pipe_experts_multi_stream) not_yet("--pipe-experts-multi-stream");
+  if (pipe_experts_multi_data > 1) not_yet(fmt::format("--pipe-experts-multi-data {}", pipe_experts_multi_data));
+  if (ampipe_tp_sp_comm_overlap) not_yet("--ampipe-tp-sp-comm-overlap");
+  if (moe_model_type == "megatron_moe")
+    not_yet("--moe-model-type megatron_moe (the only MoE layer here is DeepSpeed-MoE's; pass deepspeed_moe)");
+  for (const Incompatible& f : incompatible)
+    if (f.on) not_yet(f.flag);
+
+  // Training values.
+  const int64_t b = layer.micro_batch_size;
+  if (global_batch_size < 0)
+    throw ConfigError(fmt::format("--global-batch-size {} is invalid: it must be >= 1", global_batch_size));
+  if (global_batch_size > 0 && global_batch_size % (b * dp) != 0)
+    throw ConfigError(fmt::format("--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel "
+                                  "size {}: every rank must process the same number of micro-batches",
+                                  global_batch_size, b, dp));
+  if (train_iters < 1) throw ConfigError(fmt::format("--train-iters {} is invalid: it must be >= 1", train_iters));
+  if (exit_interval < 0)
+    throw ConfigError(fmt::format("--exit-interval {} is invalid: it must be >= 0", exit_interval));
+  if (!(lr > 0)) throw ConfigError(fmt::format("--lr {} is invalid: it must be > 0", lr));
+  if (!(min_lr >= 0 && min_lr <= lr))
+    throw ConfigError(fmt::format("--min-lr {} is invalid: it must be in [0, --lr {}]", min_lr, lr));
+  if (lr_warmup_iters < 0 || lr_warmup_iters > train_iters)
+    throw ConfigError(fmt::format("--lr-warmup-iters {} is invalid: it must be in [0, --train-iters {}]",
+                                  lr_warmup_iters, train_iters));
+  if (!(weight_decay >= 0))
+    throw ConfigError(fmt::format("--weight-decay {} is invalid: it must be >= 0", weight_decay));
+  if (!(adam_beta1 >= 0 && adam_beta1 < 1))
+    throw ConfigError(fmt::format("--adam-beta1 {} is invalid: it must be in [0, 1)", adam_beta1));
+  if (!(adam_beta2 >= 0 && adam_beta2 < 1))
+    throw ConfigError(fmt::format("--adam-beta2 {} is invalid: it must be in [0, 1)", adam_beta2));
+  if (!(adam_eps > 0)) throw ConfigError(fmt::format("--adam-eps {} is invalid: it must be > 0", adam_eps));
+  if (!(clip_grad >= 0))
+    throw ConfigError(fmt::format("--clip-grad {} is invalid: it must be >= 0 (0 = no clipping)", clip_grad));
+  if (!(moe_aux_loss_coeff >= 0))
+    throw ConfigError(fmt::format("--moe-aux-loss-coeff {} is invalid: it must be >= 0", moe_aux_loss_coeff));
+  if (!(valid_fraction > 0 && valid_fraction <= 0.5))
+    throw ConfigError(fmt::format("--valid-fraction {} is invalid: it must be in (0, 0.5]", valid_fraction));
+  if (eval_interval < 0)
+    throw ConfigError(fmt::format("--eval-interval {} is invalid: it must be >= 0 (0 = never)", eval_interval));
+  if (eval_iters < 1) throw ConfigError(fmt::format("--eval-iters {} is invalid: it must be >= 1", eval_iters));
+  if (log_interval < 1)
+    throw ConfigError(fmt::format("--log-interval {} is invalid: it must be >= 1", log_interval));
+  if (save_interval < 0)
+    throw ConfigError(fmt::format("--save-interval {} is invalid: it must be >= 0", save_interval));
+  if (save_interval > 0 && save.empty())
+    throw ConfigError(fmt::format("--save-interval {} needs --save DIR: there is nowhere to write", save_interval));
+  if (!trace.empty() && (trace_iteration < 1 || trace_iteration > train_iters))
+    throw ConfigError(fmt::format("--trace-iteration {} is invalid: it must be in [1, --train-iters {}]",
+                                  trace_iteration, train_iters));
+}
+
+nlohmann::json to_json(const TrainConfig& c) {
+  const model::LayerConfig& l = c.layer;
+  nlohmann::json j;
+  j["num_layers"] = c.num_layers;
+  j["seq_length"] = l.seq_length;
+  j["micro_batch_size"] = l.micro_batch_size;
+  j["hidden_size"] = l.hidden_size;
+  j["ffn_hidden_size"] = l.ffn_hidden_size;
+  j["num_attention_heads"] = l.num_attention_heads;
+  j["num_experts"] = l.num_experts;
+  j["moe_router_topk"] = l.moe_router_topk;
+  j["moe_train_capacity_factor"] = l.moe_train_capacity_factor;
+  j["moe_min_capacity"] = l.moe_min_capacity;
+  j["moe_no_drop"] = l.moe_no_drop;
+  j["use_rts"] = l.use_rts;
+  j["noisy_gate_policy"] = int(l.noisy_gate_policy);
+  j["swiglu"] = l.expert == model::ExpertKind::swiglu;
+  j["hidden_dropout"] = l.hidden_dropout;
+  j["init_method_std"] = l.init_method_std;
+  j["seed"] = l.seed;
+  j["bf16"] = l.bf16;
+  j["expert_model_parallel_size"] = l.expert_model_parallel_size;
+  j["untie_embeddings_and_output_weights"] = c.untie_embeddings_and_output_weights;
+  j["moe_aux_loss_coeff"] = c.moe_aux_loss_coeff;
+  j["moe_model_type"] = c.moe_model_type;
+  j["ampipe_degree"] = c.ampipe_degree;
+  j["global_batch_size"] = c.global_batch_size;
+  j["train_iters"] = c.train_iters;
+  j["lr"] = c.lr;
+  j["min_lr"] = c.min_lr;
+  j["lr_warmup_iters"] = c.lr_warmup_iters;
+  j["weight_decay"] = c.weight_decay;
+  j["adam_beta1"] = c.adam_beta1;
+  j["adam_beta2"] = c.adam_beta2;
+  j["adam_eps"] = c.adam_eps;
+  j["clip_grad"] = c.clip_grad;
+  j["data_path"] = c.data_path;
+  j["valid_fraction"] = c.valid_fraction;
+  return j;
+}
+
+}  // namespace ampipe::train

@@ -1,0 +1,90 @@
+// Configuration of `ampipe train`: the model (one model::LayerConfig for every block plus the GPT parts), the
+// optimizer, the data, checkpoints, output, and the parallel layout. Field names are the Megatron / MindSpeed flag
+// names with underscores (STYLE.md 2.6), so grepping either finds the other; --config FILE uses the same keys.
+//
+// validate(world) applies every rule before any rank starts work (DESIGN.md section 5): the seed's constraints
+// (reference/seed-ampipe-feature.txt, 限制条件), the sizes that must divide each other, and the features the parser
+// knows but this engine does not run yet. Each throws ConfigError naming the flag, the value and the rule.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "ampipe/model/layer_config.h"
+
+namespace ampipe::train {
+
+struct TrainConfig {
+  // ---- model ----
+  model::LayerConfig layer;  // seq_length, micro_batch_size, hidden_size, ... (shared layer flags)
+  int num_layers = 2;
+  bool untie_embeddings_and_output_weights = false;
+  double moe_aux_loss_coeff = 0.01;
+  std::string moe_model_type = "deepspeed_moe";  // the only MoE router this engine has (top-1/top-2, capacity)
+  bool use_flash_attn = false;                   // see docs/training.md: the chunked causal attention kernel
+  bool add_bias_linear = false;                  // linear layers with bias: not in this engine's block
+
+  // ---- parallelism ----
+  int ampipe_degree = 1;
+  int tensor_model_parallel_size = 1;
+  int context_parallel_size = 1;
+  std::string context_parallel_algo = "megatron_cp_algo";
+  bool sequence_parallel = false;
+  bool ampipe_tp_sp_comm_overlap = false;
+  bool use_pipe_experts = false;
+  bool pipe_experts_multi_stream = false;
+  int pipe_experts_multi_data = 1;
+  // Features the seed lists as incompatible with AMPipe (and that this engine does not run at all).
+  bool use_ascend_mc2 = false;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool use_nanopipe = false;
+  bool recompute_in_bubble = false;
+  bool recompute_in_advance = false;
+  bool adaptive_recompute_device_swap = false;
+  int64_t adaptive_recompute_device_size = -1;
+  bool adaptive_memory_optimization = false;
+
+  // ---- optimizer and schedule ----
+  int64_t global_batch_size = 0;  // 0: micro-batch size x data-parallel size
+  int64_t train_iters = 200;
+  int64_t exit_interval = 0;  // stop after this many iterations (as if interrupted; for resume tests)
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t lr_warmup_iters = 20;
+  double weight_decay = 0.1;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;  // 0: no clipping
+
+  // ---- data ----
+  std::string data_path;        // empty: the bundled corpus
+  double valid_fraction = 0.05;  // tail of the token stream held out for validation
+  int64_t eval_interval = 100;   // 0: no evaluation during training
+  int64_t eval_iters = 4;
+
+  // ---- checkpoints ----
+  std::string save, load;
+  int64_t save_interval = 0;  // 0: only at the end (when --save is given)
+
+  // ---- output ----
+  int64_t log_interval = 10;
+  std::string trace;
+  int64_t trace_iteration = 2;
+
+  // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
+  void validate(int world) const;
+  // Data-parallel size and global batch size for `world` ranks (after validate).
+  int data_parallel_size(int world) const { return world / (tensor_model_parallel_size * context_parallel_size); }
+  int64_t global_batch(int world) const {
+    return global_batch_size > 0 ? global_batch_size : layer.micro_batch_size * data_parallel_size(world);
+  }
+};
+
+// JSON with the flag names as keys (underscores): every field above.
+nlohmann::json to_json(const TrainConfig& c);
+
+}  // namespace ampipe::train

@@ -1,0 +1,288 @@
+#include "ampipe/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "ampipe/comm/collectives.h"
+#include "ampipe/comm/runtime.h"
+#include "ampipe/comm/trace.h"
+
+namespace ampipe::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared_ptr<const TextData> data)
+    : cfg_(cfg),
+      g_(groups),
+      data_(std::move(data)),
+      model_(cfg, groups.layout.coord(groups.world.rank()).ep, &groups.ep),
+      opt_(model_.params()) {
+  AMPIPE_CHECK(groups.layout.ep == cfg.layer.expert_model_parallel_size, "layout ep {} vs config ep {}",
+               groups.layout.ep, cfg.layer.expert_model_parallel_size);
+  s_ = cfg.layer.seq_length;
+  b_ = cfg.layer.micro_batch_size;
+  G_ = cfg.global_batch(groups.world.size());
+  K_ = G_ / (b_ * groups.layout.dp);
+  dp_rank_ = groups.layout.coord(groups.world.rank()).dp;
+  tokens_.resize(size_t(s_ * b_));
+  targets_.resize(size_t(s_ * b_));
+  int64_t dense_n = 0, expert_n = 0;
+  auto& ps = model_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    (ps[i].expert ? expert_idx_ : dense_idx_).push_back(i);
+    (ps[i].expert ? expert_n : dense_n) += ps[i].grad.numel();
+  }
+  dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
+  expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
+}
+
+// tokens_/targets_ [s, b] of micro-batch samples first_sample + [0, b): token (i, bb) at i*b + bb.
+void Trainer::fill_batch(int64_t first_sample, bool valid) {
+  std::vector<int32_t> in(static_cast<size_t>(s_)), tg(static_cast<size_t>(s_));
+  for (int64_t bb = 0; bb < b_; ++bb) {
+    if (valid)
+      data_->valid_sample(first_sample + bb, in, tg);
+    else
+      data_->train_sample(first_sample + bb, in, tg);
+    for (int64_t i = 0; i < s_; ++i) {
+      tokens_[size_t(i * b_ + bb)] = in[size_t(i)];
+      targets_[size_t(i * b_ + bb)] = tg[size_t(i)];
+    }
+  }
+}
+
+// Sum over the ranks holding the same parameter, times 1/(G/b): the data-parallel mean over micro-batches.
+void Trainer::reduce_gradients() {
+  const float inv = 1.0f / float(G_ / b_);
+  auto& ps = model_.params();
+  auto reduce = [&](const std::vector<size_t>& idx, Tensor& buf, const comm::Group& grp, const char* tag) {
+    if (idx.empty()) return;
+    if (grp.size() > 1) {
+      float* p = buf.data<float>();
+      for (size_t i : idx) {
+        const int64_t n = ps[i].grad.numel();
+        std::memcpy(p, ps[i].grad.data<float>(), size_t(n) * 4);
+        p += n;
+      }
+      comm::all_reduce_sync(grp, buf, comm::Reduce::sum, tag);
+      const float* q = buf.data<float>();
+      for (size_t i : idx) {
+        float* g = ps[i].grad.data<float>();
+        const int64_t n = ps[i].grad.numel();
+        for (int64_t k = 0; k < n; ++k) g[k] = q[k] * inv;
+        q += n;
+      }
+    } else {
+      for (size_t i : idx) {
+        float* g = ps[i].grad.data<float>();
+        for (int64_t k = 0; k < ps[i].grad.numel(); ++k) g[k] *= inv;
+      }
+    }
+  };
+  reduce(dense_idx_, dense_buf_, g_.dp_cp, "grad.dense");
+  reduce(expert_idx_, expert_buf_, g_.edp, "grad.expert");
+}
+
+double Trainer::grad_norm() {
+  auto& ps = model_.params();
+  auto sumsq = [&](const std::vector<size_t>& idx) {
+    double s = 0;
+    for (size_t i : idx) {
+      const float* g = ps[i].grad.data<float>();
+      for (int64_t k = 0; k < ps[i].grad.numel(); ++k) s += double(g[k]) * double(g[k]);
+    }
+    return s;
+  };
+  double expert = sumsq(expert_idx_);
+  if (g_.ep.size() > 1) {
+    Tensor t = Tensor::from({float(expert)}, {1});
+    comm::all_reduce_sync(g_.ep, t, comm::Reduce::sum, "grad.norm");
+    expert = t.get(0);
+  }
+  return std::sqrt(sumsq(dense_idx_) + expert);
+}
+
+IterationStats Trainer::train_step() {
+  IterationStats st;
+  const auto t_iter = Clock::now();
+  model_.times() = {};
+  model_.stack().executor().reset_stats();
+  st.lr = learning_rate(cfg_, iteration_);
+  model_.zero_grads();
+  double loss_sum = 0, aux_sum = 0;
+  for (int64_t j = 0; j < K_; ++j) {
+    const int64_t first = consumed_ + (dp_rank_ * K_ + j) * b_;
+    fill_batch(first, false);
+    loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
+    aux_sum += model_.aux_loss();
+    model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff));
+    st.flops += model_.flops_per_micro_batch();
+  }
+  const auto t_opt = Clock::now();
+  reduce_gradients();
+  Tensor losses = Tensor::from({float(loss_sum), float(aux_sum)}, {2});
+  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
+  st.lm_loss = losses.get(0) / double(G_ / b_);
+  st.aux_loss = losses.get(1) / double(G_ / b_);
+  st.grad_norm = grad_norm();
+  float clip = 1.0f;
+  if (cfg_.clip_grad > 0 && st.grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (st.grad_norm + 1e-6));
+  opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
+  st.optim_ms = ms_since(t_opt);
+  consumed_ += G_;
+  ++iteration_;
+  st.iteration = iteration_;
+  st.iter_ms = ms_since(t_iter);
+  st.layers_ms = double(model_.times().layers_us) / 1e3;
+  st.head_ms = double(model_.times().head_us) / 1e3;
+  // Communication of this iteration from the op trace (cleared before each iteration).
+  for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
+    if (r.cat == "wait") st.exposed_comm_ms += double(r.blocked_us) / 1e3;
+    if (r.cat == "all_to_all") st.a2a_ms += double(r.end_us - r.start_us) / 1e3;
+  }
+  st.a2a_exposed_ms = double(model_.stack().executor().stats().blocked_us) / 1e3;
+  return st;
+}
+
+double Trainer::evaluate() {
+  double sum = 0;
+  for (int64_t e = 0; e < cfg_.eval_iters; ++e)
+    for (int64_t j = 0; j < K_; ++j) {
+      const int64_t first = e * G_ + (dp_rank_ * K_ + j) * b_;
+      fill_batch(first, true);
+      sum += model_.evaluate(tokens_, targets_, uint64_t(first * s_));
+    }
+  Tensor t = Tensor::from({float(sum)}, {1});
+  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, "eval.loss");
+  return t.get(0) / double(cfg_.eval_iters * (G_ / b_));
+}
+
+std::map<std::string, Tensor> Trainer::full_params() {
+  std::map<std::string, Tensor> out;
+  for (NamedParam& p : model_.params()) {
+    if (p.expert && g_.ep.size() > 1) {
+      Shape full = p.param.shape();
+      full[0] *= g_.ep.size();
+      Tensor all = Tensor::empty(full);
+      comm::all_gather_sync(g_.ep, p.param, all, "full." + p.name);
+      out[p.name] = all;
+    } else {
+      out[p.name] = p.param.clone();
+    }
+  }
+  return out;
+}
+
+int64_t Trainer::maybe_load() {
+  if (cfg_.load.empty()) return 0;
+  const CheckpointMeta meta = load_checkpoint(cfg_.load, cfg_, model_, opt_, g_);
+  iteration_ = meta.iteration;
+  consumed_ = meta.consumed_samples;
+  return iteration_;
+}
+
+void Trainer::save(int64_t iteration) {
+  CheckpointMeta meta;
+  meta.iteration = iteration;
+  meta.consumed_samples = consumed_;
+  nlohmann::json& j = meta.json;
+  j["format"] = "ampipe train checkpoint";
+  j["version"] = 1;
+  j["iteration"] = iteration;
+  j["consumed_samples"] = consumed_;
+  j["optimizer_steps"] = opt_.steps();
+  j["config"] = to_json(cfg_);
+  j["data"] = {{"source", data_->source()},
+               {"train_samples", data_->train_samples()},
+               {"consumed_samples", consumed_},
+               {"order", "sample g = window perm_e[g % N], e = g / N, perm_e Philox(seed, data, 2^32 + e)"}};
+  j["rng"] = {{"seed", cfg_.layer.seed},
+              {"scheme", "Philox-4x32-10 keyed by (seed, layer, purpose, global token index, feature); no other "
+                         "random state"}};
+  j["saved_with"] = {{"ampipe_degree", cfg_.ampipe_degree},
+                     {"expert_model_parallel_size", cfg_.layer.expert_model_parallel_size},
+                     {"world_size", g_.world.size()}};
+  save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
+}
+
+TrainResult Trainer::train(const std::function<void(const std::string&)>& print) {
+  TrainResult res;
+  res.start_iteration = iteration_;
+  const bool rank0 = g_.world.rank() == 0;
+  auto say = [&](const std::string& line) {
+    if (rank0 && print) print(line);
+  };
+  const bool tty = rank0 && print && isatty(STDOUT_FILENO);
+  const int64_t end = cfg_.exit_interval > 0 ? std::min(cfg_.train_iters, iteration_ + cfg_.exit_interval)
+                                             : cfg_.train_iters;
+  const bool tracing = !cfg_.trace.empty();
+  comm::Trace::set_enabled(true);
+  const auto t_start = Clock::now();
+  std::vector<IterationStats> window;
+  while (iteration_ < end) {
+    comm::Trace::clear();
+    IterationStats st = train_step();
+    res.iterations.push_back(st);
+    window.push_back(st);
+    if (tracing && st.iteration == cfg_.trace_iteration) {
+      comm::Trace::write_chrome_trace(cfg_.trace);
+      say(fmt::format(" trace of iteration {} written to {}", st.iteration, cfg_.trace));
+    }
+    if (st.iteration % cfg_.log_interval == 0 || st.iteration == end) {
+      IterationStats a{};
+      for (const IterationStats& w : window) {
+        a.lm_loss += w.lm_loss;
+        a.aux_loss += w.aux_loss;
+        a.iter_ms += w.iter_ms;
+        a.flops += w.flops;
+        a.exposed_comm_ms += w.exposed_comm_ms;
+        a.a2a_ms += w.a2a_ms;
+        a.a2a_exposed_ms += w.a2a_exposed_ms;
+      }
+      const double n = double(window.size());
+      const double ms = a.iter_ms / n;
+      const std::string hidden =
+          a.a2a_ms > 0 ? fmt::format("{:.1f}%", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0))
+                       : std::string("n/a (ep=1: no all-to-all)");
+      if (tty) std::fputs("\r\033[K", stdout);
+      say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
+                      "tokens/s: {:.0f} | TFLOP/s per rank: {:.4f} | learning rate: {:.6E} | lm loss: {:.6E} | "
+                      "aux loss: {:.4E} | grad norm: {:.4f} | exposed comm (ms): {:.2f} | a2a hidden: {} |",
+                      st.iteration, cfg_.train_iters, consumed_, ms, double(G_ * s_) / (ms / 1e3),
+                      a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n, st.grad_norm,
+                      a.exposed_comm_ms / n, hidden));
+      window.clear();
+    } else if (tty) {
+      const int width = 30, done = int(width * (st.iteration - res.start_iteration) / std::max<int64_t>(1, end - res.start_iteration));
+      std::printf("\r [%s%s] %lld/%lld", std::string(size_t(done), '#').c_str(),
+                  std::string(size_t(width - done), '.').c_str(), (long long)st.iteration, (long long)end);
+      std::fflush(stdout);
+    }
+    const bool last = st.iteration == end;
+    if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || last)) {
+      const double vl = evaluate();
+      res.evals.push_back({st.iteration, vl});
+      if (tty) std::fputs("\r\033[K", stdout);
+      say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration,
+                      vl, std::exp(vl)));
+    }
+    if (!cfg_.save.empty() && ((cfg_.save_interval > 0 && st.iteration % cfg_.save_interval == 0) || last)) {
+      save(st.iteration);
+      say(fmt::format(" saved checkpoint at iteration {} to {}/{}", st.iteration, cfg_.save,
+                      checkpoint_subdir(st.iteration)));
+    }
+  }
+  comm::Trace::clear();
+  comm::Trace::set_enabled(false);
+  res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return res;
+}
+
+}  // namespace ampipe::train

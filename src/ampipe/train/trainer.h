@@ -1,0 +1,92 @@
+// The training loop of `ampipe train` (docs/training.md).
+//
+// One iteration: the global batch of G sequences is cut into G/b micro-batches of b; data-parallel rank r runs
+// micro-batches [r*K, (r+1)*K), K = G/(b*dp), each forward and backward through GptModel (gradients accumulate).
+// Micro-batch m of the iteration holds training samples consumed + m*b + [0, b) (text_data.h), and its token 0 has
+// global index (consumed + m*b) * s, which keys dropout and gate noise: so neither the AMPipe degree, nor the EP
+// size, nor the number of ranks, nor an interruption changes any random number. Then the gradients are summed over
+// the ranks that hold the same parameter (non-expert: dp_cp group; expert: edp group; each as one flat buffer)
+// and divided by G/b: the gradient of the mean over the global batch of (mean token cross-entropy +
+// --moe-aux-loss-coeff x aux loss). Global gradient norm (each parameter counted once: non-expert tensors are
+// identical on every rank, expert shards are summed over the EP group), clipping to --clip-grad, AdamW step.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampipe/comm/group.h"
+#include "ampipe/train/adamw.h"
+#include "ampipe/train/checkpoint.h"
+#include "ampipe/train/gpt_model.h"
+#include "ampipe/train/text_data.h"
+#include "ampipe/train/train_config.h"
+
+namespace ampipe::train {
+
+struct IterationStats {
+  int64_t iteration = 0;  // 1-based, after the step
+  double lm_loss = 0, aux_loss = 0, grad_norm = 0, lr = 0;
+  double iter_ms = 0, layers_ms = 0, head_ms = 0, optim_ms = 0;  // this rank
+  double flops = 0;                                            // this rank, forward + backward
+  double exposed_comm_ms = 0;  // compute blocked on any collective (all-to-alls and the gradient all-reduce)
+  double a2a_ms = 0, a2a_exposed_ms = 0;  // all-to-all time on the EP lane, and the part compute waited for
+};
+
+struct EvalStats {
+  int64_t iteration = 0;
+  double lm_loss = 0;
+};
+
+struct TrainResult {
+  std::vector<IterationStats> iterations;
+  std::vector<EvalStats> evals;
+  double wall_s = 0;
+  int64_t start_iteration = 0;
+};
+
+class Trainer {
+ public:
+  // cfg must be validated for groups.world.size(). The groups' layout must have cfg's EP size.
+  Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared_ptr<const TextData> data);
+
+  // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load).
+  int64_t maybe_load();
+  // Trains from the current iteration to --train-iters (or --exit-interval iterations, whichever comes first).
+  // `print`: called on rank 0 with each output line (log, evaluation, checkpoint); may be empty.
+  TrainResult train(const std::function<void(const std::string&)>& print = {});
+  // Mean validation loss over --eval-iters global batches (collective).
+  double evaluate();
+  // Every parameter as the full tensor (expert tensors gathered over EP), by name (collective).
+  std::map<std::string, Tensor> full_params();
+
+  int64_t iteration() const { return iteration_; }
+  int64_t consumed_samples() const { return consumed_; }
+  GptModel& model() { return model_; }
+  void set_save_options(SaveOptions o) { save_opts_ = o; }
+  void save(int64_t iteration);  // collective
+
+ private:
+  IterationStats train_step();
+  void fill_batch(int64_t first_sample, bool valid);
+  void reduce_gradients();
+  double grad_norm();
+
+  TrainConfig cfg_;
+  const comm::Groups& g_;
+  std::shared_ptr<const TextData> data_;
+  GptModel model_;
+  AdamW opt_;
+  int64_t s_, b_, G_, K_, dp_rank_;
+  int64_t iteration_ = 0, consumed_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<size_t> dense_idx_, expert_idx_;
+  Tensor dense_buf_, expert_buf_;
+  SaveOptions save_opts_;
+};
+
+}  // namespace ampipe::train
