@@ -24,6 +24,12 @@
 
 namespace ampipe::cli {
 
+namespace {
+// --poll-us: the communication engine's sleep after a pass that completed nothing (comm::Runtime::set_poll_interval;
+// < 0 keeps the runtime's default). Kept here, not in BenchLayerArgs, so that only this file changes.
+int64_t g_poll_us = -1;
+}  // namespace
+
 void BenchLayerArgs::add_to(CLI::App& app) {
   layer.add_to(app);
   comm.add_to(app);
@@ -33,7 +39,11 @@ void BenchLayerArgs::add_to(CLI::App& app) {
   app.add_option("--warmup", warmup, "untimed repetitions per degree")->capture_default_str();
   app.add_option("--iters", iters, "timed repetitions per degree")->capture_default_str();
   app.add_option("--json", json_file, "also write the results as JSON to this file");
-  app.add_option("--trace", trace_file, "Chrome trace of the last repetition of every degree");
+  app.add_option("--trace", trace_file,
+                 "Chrome trace of the last repetition of every degree (each step also gets a 'bench.step degree=M' "
+                 "record, cat 'step', on the compute lane)");
+  app.add_option("--poll-us", g_poll_us,
+                 "engine sleep in microseconds after a polling pass that completed nothing (default: runtime's, 100)");
 }
 
 namespace {
@@ -100,6 +110,7 @@ int run_bench_layer(BenchLayerArgs& a) {
     for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   rt.set_check_collectives(a.comm.check_collectives);
   rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
+  if (g_poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(g_poll_us));
   if (a.degrees.empty()) throw ConfigError("--ampipe-degree needs at least one degree");
   for (int M : a.degrees)
     if (M < 1 || cfg.seq_length % M != 0)
@@ -143,6 +154,9 @@ int run_bench_layer(BenchLayerArgs& a) {
       st.forward(x, token_base);
       st.backward(dy, float(a.layer.moe_aux_loss_coeff));
       const double step = seconds_since(t0);
+      if (tracing && last)
+        comm::Trace::record(comm::Lane::compute, fmt::format("bench.step degree={}", a.degrees[c]), -1,
+                            comm::Trace::to_us(t0), comm::Trace::now_us(), 0, 0, "step");
       comm::Trace::set_enabled(false);
       const double comm_alone = time_comm_alone(st, groups.ep);
       if (timed) {
