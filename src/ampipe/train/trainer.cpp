@@ -212,7 +212,7 @@ void Trainer::save(int64_t iteration) {
   save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
 }
 
-TrainResult Trainer::train(const std::function<void(const std::string&)>& print) {
+TrainResult Trainer::train(const std::function<void(const std::string&)>& print, int64_t max_iterations) {
   TrainResult res;
   res.start_iteration = iteration_;
   const bool rank0 = g_.world.rank() == 0;
@@ -220,8 +220,9 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print)
     if (rank0 && print) print(line);
   };
   const bool tty = rank0 && print && isatty(STDOUT_FILENO);
-  const int64_t end = cfg_.exit_interval > 0 ? std::min(cfg_.train_iters, iteration_ + cfg_.exit_interval)
-                                             : cfg_.train_iters;
+  int64_t end = cfg_.exit_interval > 0 ? std::min(cfg_.train_iters, iteration_ + cfg_.exit_interval)
+                                       : cfg_.train_iters;
+  if (max_iterations > 0) end = std::min(end, iteration_ + max_iterations);
   const bool tracing = !cfg_.trace.empty();
   comm::Trace::set_enabled(true);
   const auto t_start = Clock::now();

@@ -56,9 +56,10 @@ class Trainer {
 
   // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load).
   int64_t maybe_load();
-  // Trains from the current iteration to --train-iters (or --exit-interval iterations, whichever comes first).
+  // Trains from the current iteration to --train-iters (or --exit-interval iterations, or max_iterations when
+  // > 0, whichever comes first); the last iteration of the call is evaluated and saved as the end of a run is.
   // `print`: called on rank 0 with each output line (log, evaluation, checkpoint); may be empty.
-  TrainResult train(const std::function<void(const std::string&)>& print = {});
+  TrainResult train(const std::function<void(const std::string&)>& print = {}, int64_t max_iterations = 0);
   // Mean validation loss over --eval-iters global batches (collective).
   double evaluate();
   // Every parameter as the full tensor (expert tensors gathered over EP), by name (collective).
