@@ -129,12 +129,12 @@ void TrainConfig::validate(int world) const {
                                   what));
   };
   if (tp > 1) not_yet(fmt::format("--tensor-model-parallel-size {}", tp));
-  if (sequence_parallel) not_yet("--sequence-parallel");
   if (cp > 1) not_yet(fmt::format("--context-parallel-size {}", cp));
   if (use_pipe_experts) not_yet("--use-pipe-experts");
   if (pipe_experts_multi_stream) not_yet("--pipe-experts-multi-stream");
   if (pipe_experts_multi_data > 1) not_yet(fmt::format("--pipe-experts-multi-data {}", pipe_experts_multi_data));
   if (ampipe_tp_sp_comm_overlap) not_yet("--ampipe-tp-sp-comm-overlap");
+  if (sequence_parallel) not_yet("--sequence-parallel");
   if (moe_model_type == "megatron_moe")
     not_yet("--moe-model-type megatron_moe (the only MoE layer here is DeepSpeed-MoE's; pass deepspeed_moe)");
   for (const Incompatible& f : incompatible)
