@@ -65,12 +65,13 @@ int run_train(TrainFlags& flags) {
     }
     // Speed over the iterations after the first (which creates the oneDNN primitives).
     const size_t from = n > 1 ? 1 : 0;
-    double iter = 0, layers = 0, head = 0, optim = 0, flops = 0, a2a = 0, a2a_exp = 0, exposed = 0;
+    double iter = 0, layers = 0, head = 0, optim = 0, reduce = 0, flops = 0, a2a = 0, a2a_exp = 0, exposed = 0;
     for (size_t i = from; i < n; ++i) {
       iter += its[i].iter_ms;
       layers += its[i].layers_ms;
       head += its[i].head_ms;
       optim += its[i].optim_ms;
+      reduce += its[i].reduce_ms;
       flops += its[i].flops;
       a2a += its[i].a2a_ms;
       a2a_exp += its[i].a2a_exposed_ms;
@@ -87,9 +88,9 @@ int run_train(TrainFlags& flags) {
                iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
     if (a2a > 0) fmt::print(", all-to-all {:.2f} ms/iter of which {:.1f}% hidden", a2a / k, 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
     fmt::print("\n  time per iteration: layer steps {:.1f} ms ({:.1f}%), embedding + LM head + loss {:.1f} ms ({:.1f}%), "
-               "gradient reduce + clip + AdamW {:.1f} ms ({:.1f}%), other {:.1f} ms ({:.1f}%) | loop overhead over the "
+               "gradient all-reduce {:.1f} ms + norm, clip, AdamW {:.1f} ms ({:.1f}% together), other {:.1f} ms ({:.1f}%) | loop overhead over the "
                "model's compute (layers + head): {:.1f}%\n",
-               layers / k, 100 * layers / iter, head / k, 100 * head / iter, optim / k, 100 * optim / iter, other / k,
+               layers / k, 100 * layers / iter, head / k, 100 * head / iter, reduce / k, (optim - reduce) / k, 100 * optim / iter, other / k,
                100 * other / iter, 100 * (iter - layers - head) / (layers + head));
     std::fflush(stdout);
   }

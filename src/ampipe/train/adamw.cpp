@@ -28,10 +28,10 @@ void AdamW::step(std::vector<NamedParam>& params, double lr, double weight_decay
   const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2), e = float(eps);
   for (size_t i = 0; i < params.size(); ++i) {
     NamedParam& np = params[i];
-    float* p = np.param.data<float>();
-    const float* g = np.grad.data<float>();
-    float* m = m_[i].data<float>();
-    float* v = v_[i].data<float>();
+    float* __restrict__ p = np.param.data<float>();
+    const float* __restrict__ g = np.grad.data<float>();
+    float* __restrict__ m = m_[i].data<float>();
+    float* __restrict__ v = v_[i].data<float>();
     const float decay = np.decay ? float(1.0 - lr * weight_decay) : 1.0f;
     const int64_t n = np.param.numel();
     for (int64_t k = 0; k < n; ++k) {

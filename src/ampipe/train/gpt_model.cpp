@@ -1,6 +1,7 @@
 #include "ampipe/train/gpt_model.h"
 
 #include <chrono>
+#include <cstring>
 
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/cross_entropy.h"
@@ -75,7 +76,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Group* ep)
 }
 
 void GptModel::zero_grads() {
-  for (NamedParam& p : params_) p.grad.zero();
+  for (NamedParam& p : params_) std::memset(p.grad.raw(), 0, p.grad.nbytes());  // contiguous fp32
 }
 
 // x0[t] = wte[token[t]] + wpe[t / b]   ([s, b] layout: token t sits at sequence position t / b)

@@ -49,11 +49,11 @@ struct TrainConfig {
 
   // ---- optimizer and schedule ----
   int64_t global_batch_size = 0;  // 0: micro-batch size x data-parallel size
-  int64_t train_iters = 200;
+  int64_t train_iters = 300;
   int64_t exit_interval = 0;  // stop after this many iterations (as if interrupted; for resume tests)
-  double lr = 3e-3;
-  double min_lr = 3e-4;
-  int64_t lr_warmup_iters = 20;
+  double lr = 1.5e-3;
+  double min_lr = 1.5e-4;
+  int64_t lr_warmup_iters = 30;
   double weight_decay = 0.1;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.95;
@@ -71,7 +71,7 @@ struct TrainConfig {
   int64_t save_interval = 0;  // 0: only at the end (when --save is given)
 
   // ---- output ----
-  int64_t log_interval = 10;
+  int64_t log_interval = 20;
   std::string trace;
   int64_t trace_iteration = 2;
 

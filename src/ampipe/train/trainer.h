@@ -32,6 +32,7 @@ struct IterationStats {
   int64_t iteration = 0;  // 1-based, after the step
   double lm_loss = 0, aux_loss = 0, grad_norm = 0, lr = 0;
   double iter_ms = 0, layers_ms = 0, head_ms = 0, optim_ms = 0;  // this rank
+  double reduce_ms = 0;  // part of optim_ms: gradient and loss all-reduce
   double flops = 0;                                            // this rank, forward + backward
   double exposed_comm_ms = 0;  // compute blocked on any collective (all-to-alls and the gradient all-reduce)
   double a2a_ms = 0, a2a_exposed_ms = 0;  // all-to-all time on the EP lane, and the part compute waited for
@@ -87,6 +88,7 @@ class Trainer {
   std::vector<int32_t> tokens_, targets_;
   std::vector<size_t> dense_idx_, expert_idx_;
   Tensor dense_buf_, expert_buf_;
+  double dense_sumsq_ = 0, expert_sumsq_ = 0;
   SaveOptions save_opts_;
 };
 
