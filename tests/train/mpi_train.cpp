@@ -26,7 +26,7 @@ const comm::Groups& groups_for(int ep) {
 
 train::TrainConfig mpi_config(int ep, int M) {
   train::TrainConfig c = tiny_config();
-  c.train_iters = 8;
+  c.train_iters = 6;
   c.layer.expert_model_parallel_size = ep;
   c.ampipe_degree = M;
   return c;
@@ -39,7 +39,7 @@ TEST(MpiTrainer, ExpertParallelEqualsOneExpertRank) {
   groups_for(1);
   const RunResult ref = run_training(mpi_config(1, 1), groups_for(1));
   for (int ep = 2; ep <= world; ep *= 2)
-    for (int M : {1, 2}) {
+    for (int M : ep == 2 ? std::vector<int>{1, 2} : std::vector<int>{2}) {
       SCOPED_TRACE("ep " + std::to_string(ep) + " ampipe degree " + std::to_string(M));
       expect_same_run(run_training(mpi_config(ep, M), groups_for(ep)), ref, 1e-5);
     }
@@ -53,14 +53,14 @@ TEST(MpiTrainer, CheckpointOfEp2ResumesWithEp1) {
   const RunResult full = run_training(mpi_config(1, 1), groups_for(1));
   train::TrainConfig first = mpi_config(2, 2);
   first.save = dir;
-  first.exit_interval = 4;
+  first.exit_interval = 3;
   run_training(first, groups_for(2));
   train::TrainConfig second = mpi_config(1, 1);
   second.load = dir;
   const RunResult tail = run_training(second, groups_for(1));
-  ASSERT_EQ(tail.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_LE(std::abs(tail.losses[i] - full.losses[4 + i]) / full.losses[4 + i], 1e-5) << "iteration " << 5 + i;
+  ASSERT_EQ(tail.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_LE(std::abs(tail.losses[i] - full.losses[3 + i]) / full.losses[3 + i], 1e-5) << "iteration " << 4 + i;
   for (const auto& [name, w] : full.weights) EXPECT_LE(rel_err(tail.weights.at(name), w), 1e-5) << name;
   comm::barrier_sync(groups_for(1).world);
   if (rt.rank() == 0) std::filesystem::remove_all(dir);
