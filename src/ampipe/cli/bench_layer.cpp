@@ -8,11 +8,15 @@
 //   comm     the step's all-to-alls run alone, back to back on the ep lane, with nothing else running
 //   exposed  time compute was blocked waiting on communication
 //   hidden   (serial - step) / min(compute, comm), serial = compute + comm
-//   speed-up step(degree 1) / step(this degree), TFLOP/s (causal attention counted as such), peak RSS.
+//   speed-up step(degree 1) / step(this degree), TFLOP/s (causal attention counted as such), and memory: the
+//   step's peak growth (peak RSS during the step minus RSS when it started: what the step's activations,
+//   contexts and buffers need) next to the absolute peak RSS (which, with several degrees in one process,
+//   includes what the allocator kept from the others; run one degree per process for absolute peaks).
 #include "ampipe/cli/bench_layer.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -52,14 +56,18 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Peak resident set size (VmHWM) in bytes; reset_peak_rss() restarts it (Linux clear_refs 5).
-int64_t peak_rss() {
+// A /proc/self/status field in bytes (VmHWM: peak resident set size, VmRSS: current).
+int64_t status_bytes(const char* field) {
   std::ifstream in("/proc/self/status");
   std::string line;
+  const size_t n = std::strlen(field);
   while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.compare(0, n, field) == 0) return std::stoll(line.substr(n)) * 1024;
   return 0;
 }
+int64_t peak_rss() { return status_bytes("VmHWM:"); }
+int64_t current_rss() { return status_bytes("VmRSS:"); }
+// reset_peak_rss() restarts VmHWM at the current RSS (Linux clear_refs 5).
 void reset_peak_rss() {
   std::ofstream out("/proc/self/clear_refs");
   out << "5";
@@ -76,6 +84,7 @@ struct ConfigResult {
   std::vector<double> step_s, compute_s, comm_s, exposed_s;
   double flops = 0;
   int64_t peak_rss = 0;
+  int64_t peak_growth = 0;  // max over repetitions of (peak RSS during the step - RSS at its start)
 };
 
 // The step's all-to-alls alone: the same buffers, in Plan order, back to back on the ep lane.
@@ -150,6 +159,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       st.zero_grads();
       comm::barrier_sync(groups.world, "bench.rep");
       reset_peak_rss();
+      const int64_t rss0 = current_rss();
       const auto t0 = Clock::now();
       st.forward(x, token_base);
       st.backward(dy, float(a.layer.moe_aux_loss_coeff));
@@ -167,6 +177,7 @@ int run_bench_layer(BenchLayerArgs& a) {
         r.comm_s.push_back(comm_alone);
         r.flops = st.flops();
         r.peak_rss = std::max(r.peak_rss, peak_rss());
+        r.peak_growth = std::max(r.peak_growth, peak_rss() - rss0);
       }
       st.release_steps();
     }
@@ -181,8 +192,9 @@ int run_bench_layer(BenchLayerArgs& a) {
              cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(), layout.ep,
              a.warmup, a.iters);
-  fmt::print("{:>6} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}\n", "degree", "step ms", "min..max",
-             "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "peak MiB");
+  fmt::print("{:>6} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9}\n", "degree", "step ms",
+             "min..max", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB",
+             "peak MiB");
   for (const ConfigResult& r : res) {
     const double step = median(r.step_s), comp = median(r.compute_s), comm_t = median(r.comm_s),
                  exposed = median(r.exposed_s);
@@ -190,9 +202,10 @@ int run_bench_layer(BenchLayerArgs& a) {
     const double hi = *std::max_element(r.step_s.begin(), r.step_s.end());
     const double mn = std::min(comp, comm_t);
     const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
-    fmt::print("{:>6} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>9.1f}\n",
-               r.degree, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden,
-               base_step / step, r.flops / step / 1e12, double(r.peak_rss) / (1 << 20));
+    fmt::print(
+        "{:>6} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f}\n",
+        r.degree, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden, base_step / step,
+        r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20));
     out.push_back({{"degree", r.degree},
                    {"step_ms", 1e3 * step},
                    {"step_ms_min", 1e3 * lo},
@@ -204,7 +217,8 @@ int run_bench_layer(BenchLayerArgs& a) {
                    {"hidden_fraction", hidden},
                    {"speedup", base_step / step},
                    {"tflops", r.flops / step / 1e12},
-                   {"peak_rss_bytes", r.peak_rss}});
+                   {"peak_rss_bytes", r.peak_rss},
+                   {"step_peak_growth_bytes", r.peak_growth}});
   }
   if (!a.json_file.empty()) {
     nlohmann::json doc{{"config",
