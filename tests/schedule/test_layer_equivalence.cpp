@@ -59,3 +59,15 @@ TEST(LayerEquivalence, Bf16DegreeMCloseToDegreeOne) {
     }
   }
 }
+
+TEST(LayerEquivalence, EvaluationModeRunsWithoutDropoutOrGateNoise) {
+  model::LayerConfig cfg = tiny(1, 0.5);
+  cfg.noisy_gate_policy = model::NoisyGatePolicy::rsample;
+  model::LayerConfig clean = tiny(1, 0.0);
+  const auto train = run_layer(cfg, 2), ref = run_layer(clean, 2);
+  cfg.training = false;
+  const auto eval = run_layer(cfg, 2);
+  // Same parameters and inputs; evaluation drops nothing and adds no noise, so it equals the p = 0 run exactly.
+  EXPECT_EQ(rel_err(eval.tensors.at("y"), ref.tensors.at("y")), 0.0);
+  EXPECT_GT(rel_err(train.tensors.at("y"), ref.tensors.at("y")), 1e-3);  // and training mode does drop
+}

@@ -35,12 +35,14 @@ struct LayerConfig {
   uint64_t seed = 1234;
   int layer_index = 0;      // part of every random key
   bool bf16 = false;        // bf16 GEMM inputs, fp32 accumulation, fp32 master weights
+  bool training = true;     // false (evaluation): no dropout, no gate noise (Jitter/RSample); RTS still applies
   int expert_model_parallel_size = 1;  // ep
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }
   int64_t local_experts() const { return num_experts / expert_model_parallel_size; }
   DType compute_dtype() const { return bf16 ? DType::bf16 : DType::f32; }
+  float dropout_p() const { return training ? float(hidden_dropout) : 0.0f; }
 
   // Throws ConfigError naming the flag, value and rule for a config that cannot work.
   void validate() const;

@@ -118,7 +118,7 @@ void LayerStep::out_proj(int c) {
 void LayerStep::bdal(int c) {
   const core::PhiloxKey key{cfg_.seed, uint32_t(cfg_.layer_index), core::RngPurpose::attn_dropout};
   Tensor li = chunk_rows(ln_in_, c), l2 = chunk_rows(ln2_, c);
-  kernels::dropout_add_forward(chunk_rows(proj_, c), chunk_rows(x_, c), float(cfg_.hidden_dropout), key,
+  kernels::dropout_add_forward(chunk_rows(proj_, c), chunk_rows(x_, c), cfg_.dropout_p(), key,
                                token_base_ + uint64_t(c * Sc_), li);
   Tensor mean = ln2_mean_.rows(c * Sc_, (c + 1) * Sc_), rstd = ln2_rstd_.rows(c * Sc_, (c + 1) * Sc_);
   kernels::layernorm_forward(li, p_.ln2_w, p_.ln2_b, cfg_.layernorm_epsilon, l2, mean, rstd);
@@ -146,6 +146,7 @@ void LayerStep::gate(int c) {
   gc.use_rts = cfg_.use_rts;
   gc.noisy_gate_policy = cfg_.noisy_gate_policy;
   gc.seed = cfg_.seed;
+  gc.training = cfg_.training;
   gc.layer = uint32_t(cfg_.layer_index);
   GateCtx& g = gctx_[size_t(c)];
   if (!needs_capacity_agreement()) {
@@ -221,7 +222,7 @@ void LayerStep::combine(int c) {
   combine_forward(comb_f32_[i], gctx_[i].routing, m);
   const core::PhiloxKey key{cfg_.seed, uint32_t(cfg_.layer_index), core::RngPurpose::mlp_dropout};
   Tensor y = chunk_rows(y_.view({T_, h_}), c);
-  kernels::dropout_add_forward(m, chunk_rows(ln_in_, c), float(cfg_.hidden_dropout), key,
+  kernels::dropout_add_forward(m, chunk_rows(ln_in_, c), cfg_.dropout_p(), key,
                                token_base_ + uint64_t(c * Sc_), y);
 }
 
@@ -263,7 +264,7 @@ void LayerStep::combine_backward(int c) {
   const int64_t C = C_[i];
   const core::PhiloxKey key{cfg_.seed, uint32_t(cfg_.layer_index), core::RngPurpose::mlp_dropout};
   Tensor dm = Tensor::empty({Sc_, h_});
-  kernels::dropout_backward(chunk_rows(dy_, c), float(cfg_.hidden_dropout), key, token_base_ + uint64_t(c * Sc_), dm);
+  kernels::dropout_backward(chunk_rows(dy_, c), cfg_.dropout_p(), key, token_base_ + uint64_t(c * Sc_), dm);
   Tensor dY = Tensor::empty({E_, C, h_});
   dweight_[i] = Tensor::empty({Sc_, int64_t(cfg_.moe_router_topk)});
   model::combine_backward(dm, comb_f32_[i], gctx_[i].routing, dY, dweight_[i]);
@@ -323,7 +324,7 @@ void LayerStep::bdal_backward(int c) {
   dxc.copy_from(dli);
   const core::PhiloxKey key{cfg_.seed, uint32_t(cfg_.layer_index), core::RngPurpose::attn_dropout};
   Tensor dp = chunk_rows(d_proj_, c);
-  kernels::dropout_backward(dli, float(cfg_.hidden_dropout), key, token_base_ + uint64_t(c * Sc_), dp);
+  kernels::dropout_backward(dli, cfg_.dropout_p(), key, token_base_ + uint64_t(c * Sc_), dp);
 }
 
 void LayerStep::out_proj_backward(int c) {

@@ -22,6 +22,10 @@ void LayerStack::set_degree(int M) {
     l.plan = build_layer_plan(l.cfg.layer_index, M, plan_options({l.cfg.moe_no_drop, l.cfg.expert_model_parallel_size}));
 }
 
+void LayerStack::set_training(bool on) {
+  for (Layer& l : layers_) l.cfg.training = on;
+}
+
 const Tensor& LayerStack::forward(const Tensor& x, uint64_t token_base) {
   const Tensor* in = &x;
   for (Layer& l : layers_) {

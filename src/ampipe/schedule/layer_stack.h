@@ -23,6 +23,8 @@ class LayerStack {
   int num_layers() const { return int(layers_.size()); }
   int degree() const { return M_; }
   void set_degree(int M);
+  // Evaluation mode (false): no dropout and no gate noise in the following forwards.
+  void set_training(bool on);
 
   // x: [s, b, h] fp32 -> output [s, b, h]. token_base: global index of the micro-batch's token 0.
   const Tensor& forward(const Tensor& x, uint64_t token_base);

@@ -125,7 +125,9 @@ double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_
 
 double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
   embed(tokens);
+  stack_.set_training(false);  // validation: no dropout, no gate noise
   stack_.forward(x0_, token_base);
+  stack_.set_training(true);
   const double loss = head_forward(targets);
   stack_.release_steps();
   return loss;
