@@ -1,4 +1,5 @@
 #include "ampipe/kernels/activations.h"
+#include "ampipe/kernels/checks.h"
 
 #include <cmath>
 #include <cstring>
@@ -10,15 +11,8 @@
 
 namespace ampipe::kernels {
 namespace {
-void check_f32(const Tensor& t, const char* op, const char* name, const Shape& want) {
-  AMPIPE_CHECK(t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == want,
-               "{}: {} must be a contiguous f32 tensor of shape {}, got {} {}{}", op, name, shape_str(want),
-               t.defined() ? dtype_name(t.dtype()) : "undefined", shape_str(t.shape()),
-               t.defined() && !t.is_contiguous() ? " (non-contiguous)" : "");
-}
-void check_2d(const Tensor& t, const char* op, const char* name) {
-  AMPIPE_CHECK(t.dim() == 2, "{}: {} must be 2-D, got {}", op, name, shape_str(t.shape()));
-}
+using detail::check_f32;
+using detail::check_2d;
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 

@@ -1,15 +1,11 @@
 #include "ampipe/kernels/cross_entropy.h"
+#include "ampipe/kernels/checks.h"
 
 #include <cmath>
 
 namespace ampipe::kernels {
 namespace {
-void check_f32(const Tensor& t, const char* op, const char* name, const Shape& want) {
-  AMPIPE_CHECK(t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == want,
-               "{}: {} must be a contiguous f32 tensor of shape {}, got {} {}{}", op, name, shape_str(want),
-               t.defined() ? dtype_name(t.dtype()) : "undefined", shape_str(t.shape()),
-               t.defined() && !t.is_contiguous() ? " (non-contiguous)" : "");
-}
+using detail::check_f32;
 void check_targets(std::span<const int32_t> targets, int64_t rows, int64_t v, const char* op) {
   AMPIPE_CHECK(int64_t(targets.size()) == rows, "{}: {} targets for {} rows", op, targets.size(), rows);
   for (int64_t r = 0; r < rows; ++r) {

@@ -3,17 +3,13 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "ampipe/kernels/dropout.h"
+#include "ampipe/kernels/checks.h"
 
 #include <algorithm>
 
 namespace ampipe::kernels {
 namespace {
-void check_f32(const Tensor& t, const char* op, const char* name, const Shape& want) {
-  AMPIPE_CHECK(t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == want,
-               "{}: {} must be a contiguous f32 tensor of shape {}, got {} {}{}", op, name, shape_str(want),
-               t.defined() ? dtype_name(t.dtype()) : "undefined", shape_str(t.shape()),
-               t.defined() && !t.is_contiguous() ? " (non-contiguous)" : "");
-}
+using detail::check_f32;
 
 constexpr int64_t kBlock = 256;  // features per mask block (a multiple of 4: one Philox call per 4 features)
 

@@ -1,4 +1,5 @@
 #include "ampipe/kernels/layernorm.h"
+#include "ampipe/kernels/checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,12 +14,7 @@ inline float lane_sum(const float* acc) {
   for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
 }
-void check_f32(const Tensor& t, const char* name, const Shape& want) {
-  AMPIPE_CHECK(t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == want,
-               "layernorm: {} must be a contiguous f32 tensor of shape {}, got {} {}{}", name, shape_str(want),
-               t.defined() ? dtype_name(t.dtype()) : "undefined", shape_str(t.shape()),
-               t.defined() && !t.is_contiguous() ? " (non-contiguous)" : "");
-}
+void check_f32(const Tensor& t, const char* name, const Shape& want) { detail::check_f32(t, "layernorm", name, want); }
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

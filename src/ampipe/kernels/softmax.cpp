@@ -1,18 +1,12 @@
 #include "ampipe/kernels/softmax.h"
+#include "ampipe/kernels/checks.h"
 
 #include <cmath>
 
 namespace ampipe::kernels {
 namespace {
-void check_f32(const Tensor& t, const char* op, const char* name, const Shape& want) {
-  AMPIPE_CHECK(t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == want,
-               "{}: {} must be a contiguous f32 tensor of shape {}, got {} {}{}", op, name, shape_str(want),
-               t.defined() ? dtype_name(t.dtype()) : "undefined", shape_str(t.shape()),
-               t.defined() && !t.is_contiguous() ? " (non-contiguous)" : "");
-}
-void check_2d(const Tensor& t, const char* op, const char* name) {
-  AMPIPE_CHECK(t.dim() == 2, "{}: {} must be 2-D, got {}", op, name, shape_str(t.shape()));
-}
+using detail::check_f32;
+using detail::check_2d;
 }  // namespace
 
 void softmax_forward(const Tensor& x, Tensor& y) {
