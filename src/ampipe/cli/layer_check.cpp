@@ -24,6 +24,7 @@
 #include "ampipe/model/layer_step.h"
 #include "ampipe/schedule/executor.h"
 #include "ampipe/schedule/plan.h"
+#include "ampipe/train/checkpoint.h"
 
 namespace ampipe::cli {
 
@@ -53,28 +54,6 @@ Tensor micro_batch_slice(const model::LayerConfig& cfg, int64_t G, int64_t m, ui
       for (int64_t j = 0; j < h; ++j)
         p[(i * b + bb) * h + j] = core::philox_normal(key, id, uint64_t((i * G + m * b + bb) * h + j));
   return t;
-}
-
-// Checks that rank 0 can write `dir` (creating it); every rank learns the verdict, so all fail together.
-void check_export_dir(const std::string& dir, const comm::Group& world) {
-  int64_t bad = 0;
-  std::string why;
-  if (world.rank() == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    const std::string probe = dir + "/.ampipe-write-test";
-    std::ofstream out(probe);
-    if (ec || !out) {
-      bad = 1;
-      why = ec ? ec.message() : std::strerror(errno);
-    } else {
-      out.close();
-      std::filesystem::remove(probe, ec);
-    }
-  }
-  if (comm::all_reduce_max(world, bad, "export_dir_check") != 0)
-    throw ConfigError(fmt::format("--export {}: the directory cannot be created or written{}{}", dir,
-                                  why.empty() ? "" : ": ", why));
 }
 
 // Full [s, G, h] tensor on rank 0 from every rank's K micro-batches ([K, s, b, h] each, world rank order).
@@ -124,7 +103,7 @@ int run_layer_check(LayerCheckArgs& a) {
                                   "size {}: every rank must process the same number of micro-batches",
                                   G, b, dp));
   comm::Groups groups = rt.make_groups(layout);
-  if (!a.export_dir.empty()) check_export_dir(a.export_dir, groups.world);
+  if (!a.export_dir.empty()) train::check_writable_dir("--export", a.export_dir, groups.world);
   const comm::Layout::Coord me = layout.coord(rt.rank());
   const int64_t K = G / (b * dp);
   comm::Trace::set_enabled(!a.trace_file.empty());

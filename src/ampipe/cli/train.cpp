@@ -29,7 +29,7 @@ int run_train(TrainFlags& flags) {
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
-  if (!cfg.save.empty()) train::check_save_dir(cfg.save, groups.world);
+  if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
 
   train::Trainer trainer(cfg, groups, data);
   const int64_t start = trainer.maybe_load();

@@ -57,7 +57,7 @@ std::string read_text(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-void check_save_dir(const std::string& dir, const comm::Group& world) {
+void check_writable_dir(const std::string& flag, const std::string& dir, const comm::Group& world) {
   int64_t bad = 0;
   std::string why;
   if (world.rank() == 0) {
@@ -73,8 +73,8 @@ void check_save_dir(const std::string& dir, const comm::Group& world) {
       fs::remove(probe, ec);
     }
   }
-  if (comm::all_reduce_max(world, bad, "save_dir_check") != 0)
-    throw ConfigError(fmt::format("--save {}: the directory cannot be created or written{}{}", dir,
+  if (comm::all_reduce_max(world, bad, "writable_dir_check") != 0)
+    throw ConfigError(fmt::format("{} {}: the directory cannot be created or written{}{}", flag, dir,
                                   why.empty() ? "" : ": ", why));
 }
 

@@ -49,7 +49,8 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
                                const comm::Groups& groups);
 
-// Creates `dir` if needed and checks that rank 0 can write it; every rank learns the verdict.
-void check_save_dir(const std::string& dir, const comm::Group& world);
+// Rank 0 creates `dir` and probes that it can write there; every rank of `world` learns the verdict, so all fail
+// together with one ConfigError naming `flag` (e.g. "--save", "--export"), the directory and the reason.
+void check_writable_dir(const std::string& flag, const std::string& dir, const comm::Group& world);
 
 }  // namespace ampipe::train
