@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <set>
 
 #include "ampipe/train/adamw.h"
@@ -71,7 +72,7 @@ TEST(LearningRate, WarmupThenCosineToMinLr) {
 TEST(TextData, ShuffledEpochsVisitEveryWindowOnceAndHoldOutTheTail) {
   std::string text;
   for (int i = 0; i < 2000; ++i) text += char('a' + i % 26);
-  train::TextData d(text, 8, 0.1, 3, "test");
+  train::TextData d(train::text_corpus(text), 8, 0.1, 3, "test");
   EXPECT_EQ(d.train_samples(), (1800 - 1) / 8);
   EXPECT_EQ(d.valid_samples(), (200 - 1) / 8);
   std::vector<int32_t> in(8), tg(8);
@@ -84,7 +85,7 @@ TEST(TextData, ShuffledEpochsVisitEveryWindowOnceAndHoldOutTheTail) {
     order.push_back(in[0]);
   }
   // Deterministic by seed: a second object gives the same order; epoch 1 is a different order.
-  train::TextData d2(text, 8, 0.1, 3, "test");
+  train::TextData d2(train::text_corpus(text), 8, 0.1, 3, "test");
   d2.train_sample(5, in, tg);
   EXPECT_EQ(in[0], order[5]);
   int same = 0;
@@ -99,4 +100,42 @@ TEST(TextData, RejectsEmptyAndBinaryFiles) {
   EXPECT_THROW(train::load_corpus("/dev/null"), ConfigError);
   EXPECT_THROW(train::load_corpus("/nonexistent"), ConfigError);
   EXPECT_NO_THROW(train::load_corpus(""));  // the bundled corpus
+}
+
+namespace {
+// Writes an llm.c token file: 256 int32 header (magic, version, count), then uint16 ids.
+std::string write_token_file(const std::string& name, const std::vector<uint16_t>& ids, int32_t version = 1,
+                             int32_t count = -1) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::vector<int32_t> header(256, 0);
+  header[0] = train::kTokenFileMagic;
+  header[1] = version;
+  header[2] = count >= 0 ? count : int32_t(ids.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 256 * 4);  // little-endian host (x86-64)
+  out.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+  return path;
+}
+}  // namespace
+
+TEST(TextData, ReadsPreTokenizedLlmcTokenFiles) {
+  std::vector<uint16_t> ids;
+  for (int i = 0; i < 3000; ++i) ids.push_back(uint16_t((i * 7919) % 50257));
+  const train::Corpus c = train::load_corpus(write_token_file("ok.bin", ids));
+  ASSERT_EQ(c.tokens.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(c.tokens[i], int32_t(ids[i]));
+  EXPECT_EQ(c.vocab_size, 50304);  // largest id 50256 -> 50257, rounded up to a multiple of 128
+  const train::TextData d(c, 16, 0.1, 3, "tokens");
+  std::vector<int32_t> in(16), tg(16);
+  d.valid_sample(0, in, tg);
+  EXPECT_EQ(in[1], tg[0]);  // targets are the inputs shifted by one token
+  // A wrong version or a count that does not match the file size is refused, naming the flag and the file.
+  for (const std::string& bad : {write_token_file("v2.bin", ids, 2), write_token_file("short.bin", ids, 1, 5000)}) {
+    try {
+      train::load_corpus(bad);
+      FAIL() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--data-path " + bad), std::string::npos) << e.what();
+    }
+  }
 }

@@ -46,8 +46,9 @@ inline train::TrainConfig tiny_config() {
 }
 
 inline std::shared_ptr<const train::TextData> corpus_data(const train::TrainConfig& c) {
-  static std::string text = train::load_corpus("");
-  return std::make_shared<const train::TextData>(text, c.layer.seq_length, c.valid_fraction, c.layer.seed, "corpus");
+  static const train::Corpus corpus = train::load_corpus("");
+  return std::make_shared<const train::TextData>(corpus, c.layer.seq_length, c.valid_fraction, c.layer.seed,
+                                                 "corpus");
 }
 
 struct RunResult {

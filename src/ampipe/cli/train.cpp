@@ -24,8 +24,10 @@ int run_train(TrainFlags& flags) {
 
   // Data before any collective: a bad file fails identically on every rank.
   const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
-  auto data = std::make_shared<const train::TextData>(train::load_corpus(cfg.data_path), cfg.layer.seq_length,
-                                                      cfg.valid_fraction, cfg.layer.seed, source);
+  const train::Corpus corpus = train::load_corpus(cfg.data_path);
+  cfg.vocab_size = corpus.vocab_size;
+  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, cfg.valid_fraction,
+                                                      cfg.layer.seed, source + ", " + corpus.format);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
@@ -43,9 +45,9 @@ int run_train(TrainFlags& flags) {
     fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
                "ranks={} ep={} dp={} ampipe-degree={} | global batch {} x {} tokens, micro-batch {}\n",
                cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
-               l.moe_router_topk, train::kVocabSize, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
+               l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
                layout.ep, layout.dp, cfg.ampipe_degree, G, l.seq_length, l.micro_batch_size);
-    fmt::print("  data: {} ({} bytes = tokens, byte-level) | {} training / {} validation sequences\n", data->source(),
+    fmt::print("  data: {} ({} tokens) | {} training / {} validation sequences\n", data->source(),
                data->tokens(), data->train_samples(), data->valid_samples());
     if (start > 0) fmt::print("  resumed from {} at iteration {}\n", cfg.load, start);
     std::fflush(stdout);

@@ -79,7 +79,7 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--adam-eps", c.adam_eps, "AdamW epsilon")->capture_default_str();
   a.add_option("--clip-grad", c.clip_grad, "clip the global gradient norm to this (0: off)")->capture_default_str();
   // Data.
-  a.add_option("--data-path", c.data_path, "plain-text training file (default: the bundled corpus)");
+  a.add_option("--data-path", c.data_path, "training data: a plain-text file, or a pre-tokenized llm.c token file (default: the bundled corpus)");
   a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation")
       ->capture_default_str();
   a.add_option("--eval-interval", c.eval_interval, "evaluate every N iterations (0: never)")->capture_default_str();

@@ -37,7 +37,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Group* ep)
       b_(cfg.layer.micro_batch_size),
       T_(s_ * b_),
       h_(cfg.layer.hidden_size),
-      V_(kVocabSize),
+      V_(cfg.vocab_size),
       stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, ep) {
   wte_ = normal_init({V_, h_}, cfg, 1);
   wpe_ = normal_init({s_, h_}, cfg, 2);

@@ -41,13 +41,57 @@ void check_text(const std::string& text, const std::string& path, const std::str
                                   what, path, bad, text.size()));
 }
 
+int32_t le_i32(const std::string& b, size_t i) {
+  uint32_t v = 0;
+  for (int k = 0; k < 4; ++k) v |= uint32_t(uint8_t(b[i * 4 + size_t(k)])) << (8 * k);
+  return int32_t(v);
+}
+
+// An llm.c token file: 256 int32 header (magic, version 1, count), then `count` uint16 ids.
+Corpus parse_token_file(const std::string& b, const std::string& path) {
+  constexpr size_t kHeader = 256 * 4;
+  if (b.size() < kHeader)
+    throw ConfigError(fmt::format("--data-path {}: truncated token file: {} bytes, the header alone is {}", path,
+                                  b.size(), kHeader));
+  const int32_t version = le_i32(b, 1), count = le_i32(b, 2);
+  if (version != 1)
+    throw ConfigError(fmt::format("--data-path {}: token file version {} is not supported (only version 1: uint16 "
+                                  "ids)",
+                                  path, version));
+  if (count < 0 || b.size() != kHeader + 2 * size_t(count))
+    throw ConfigError(fmt::format("--data-path {}: the header says {} tokens ({} bytes of ids) but the file has {} "
+                                  "bytes after the header",
+                                  path, count, 2 * int64_t(count), b.size() - kHeader));
+  Corpus c;
+  c.format = "llm.c tokens (uint16)";
+  c.tokens.resize(size_t(count));
+  int32_t max_id = 0;
+  for (size_t i = 0; i < size_t(count); ++i) {
+    const int32_t id = int32_t(uint8_t(b[kHeader + 2 * i])) | int32_t(uint8_t(b[kHeader + 2 * i + 1])) << 8;
+    c.tokens[i] = id;
+    max_id = std::max(max_id, id);
+  }
+  c.vocab_size = (int64_t(max_id) + 1 + 127) / 128 * 128;
+  return c;
+}
+
+
 }  // namespace
 
-std::string load_corpus(const std::string& data_path) {
+Corpus text_corpus(const std::string& text) {
+  Corpus c;
+  c.format = "text (byte-level)";
+  c.tokens.reserve(text.size());
+  for (unsigned char ch : text) c.tokens.push_back(int32_t(ch));
+  return c;
+}
+
+Corpus load_corpus(const std::string& data_path) {
   if (!data_path.empty()) {
-    std::string text = read_all(data_path, "--data-path");
-    check_text(text, data_path, "--data-path");
-    return text;
+    std::string bytes = read_all(data_path, "--data-path");
+    if (bytes.size() >= 4 && le_i32(bytes, 0) == kTokenFileMagic) return parse_token_file(bytes, data_path);
+    check_text(bytes, data_path, "--data-path");
+    return text_corpus(bytes);
   }
   std::vector<std::filesystem::path> files;
   std::error_code ec;
@@ -60,19 +104,19 @@ std::string load_corpus(const std::string& data_path) {
   std::sort(files.begin(), files.end());
   std::string text;
   for (const auto& f : files) text += read_all(f.string(), "bundled corpus file") + "\n";
-  return text;
+  return text_corpus(text);
 }
 
-TextData::TextData(std::string text, int64_t seq_length, double valid_fraction, uint64_t seed,
+TextData::TextData(const Corpus& corpus, int64_t seq_length, double valid_fraction, uint64_t seed,
                    const std::string& source)
-    : tokens_(text.begin(), text.end()), s_(seq_length), seed_(seed), source_(source) {
+    : tokens_(corpus.tokens), s_(seq_length), seed_(seed), source_(source) {
   const int64_t n = int64_t(tokens_.size());
   const int64_t n_valid_tokens = int64_t(double(n) * valid_fraction);
   n_train_tokens_ = n - n_valid_tokens;
   n_train_ = (n_train_tokens_ - 1) / s_;
   n_valid_ = (n_valid_tokens - 1) / s_;
   if (n_train_ < 1 || n_valid_ < 1)
-    throw ConfigError(fmt::format("{}: {} bytes are too few for --seq-length {}: the training and the validation "
+    throw ConfigError(fmt::format("{}: {} tokens are too few for --seq-length {}: the training and the validation "
                                   "split ({} of the text) each need at least {} tokens",
                                   source_, n, s_, valid_fraction, s_ + 1));
 }

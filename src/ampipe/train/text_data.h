@@ -7,6 +7,12 @@
 //
 // Tokenizer: byte-level, vocabulary V = 256 (token = byte value). Exact and reversible for any text.
 //
+// Pre-tokenized data: --data-path FILE in llm.c's token-file format (github.com/karpathy/llm.c, dev/data): a header
+// of 256 little-endian int32 (magic 20240520, version 1, token count n, the rest 0), then n little-endian uint16
+// token ids, as written by llm.c's data scripts (GPT-2 tokenizer: ids < 50257). The file is recognised by its
+// magic number; the vocabulary is the largest id + 1, rounded up to a multiple of 128 (Megatron's
+// --make-vocab-size-divisible-by default), so the LM head has a row for every id.
+//
 // Split: the token stream's last valid_fraction is the validation split; the rest is the training split. A
 // sample is a window of s + 1 tokens (inputs = window[0, s), targets = window[1, s]); the training split has
 // N = (n_train - 1) / s windows at stride s. Training sample g (g = 0, 1, 2, ... over the whole run, the
@@ -23,18 +29,28 @@
 
 namespace ampipe::train {
 
-inline constexpr int64_t kVocabSize = 256;
+inline constexpr int64_t kVocabSize = 256;  // the byte-level tokenizer's vocabulary
 inline constexpr const char* kBundledCorpusDir = "/usr/share/common-licenses";
+inline constexpr int32_t kTokenFileMagic = 20240520;  // llm.c token files
 
-// The bundled corpus' bytes, or the file's. Throws ConfigError naming the path when the file is missing,
-// unreadable, empty, or not text (a NUL byte, or more than 1% bytes that are neither printable, whitespace nor
-// UTF-8); `what` is how the message names it ("--data-path FILE").
-std::string load_corpus(const std::string& data_path);
+// A token stream and the vocabulary it needs.
+struct Corpus {
+  std::vector<int32_t> tokens;
+  int64_t vocab_size = kVocabSize;
+  std::string format;  // "text (byte-level)" or "llm.c tokens (uint16)"
+};
+
+// The bundled corpus, or the file: a pre-tokenized llm.c token file (by its magic number) or plain text.
+// Throws ConfigError naming --data-path and the path when the file is missing, unreadable, empty, a token file
+// with a bad header or size, or neither (a NUL byte, or more than 1% control characters).
+Corpus load_corpus(const std::string& data_path);
+// Byte-level tokenization of a text (token = byte value, V = 256).
+Corpus text_corpus(const std::string& text);
 
 class TextData {
  public:
   // seq_length: s. Throws ConfigError when either split has no complete window of s + 1 tokens.
-  TextData(std::string text, int64_t seq_length, double valid_fraction, uint64_t seed, const std::string& source);
+  TextData(const Corpus& corpus, int64_t seq_length, double valid_fraction, uint64_t seed, const std::string& source);
 
   int64_t train_samples() const { return n_train_; }
   int64_t valid_samples() const { return n_valid_; }
@@ -49,7 +65,7 @@ class TextData {
   const std::vector<int64_t>& permutation(int64_t epoch) const;
   void window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const;
 
-  std::vector<uint8_t> tokens_;
+  std::vector<int32_t> tokens_;
   int64_t s_, n_train_tokens_, n_train_, n_valid_;
   uint64_t seed_;
   std::string source_;

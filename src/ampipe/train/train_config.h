@@ -62,6 +62,7 @@ struct TrainConfig {
 
   // ---- data ----
   std::string data_path;        // empty: the bundled corpus
+  int64_t vocab_size = 256;     // set from the data (train/text_data.h): 256 for byte-level text
   double valid_fraction = 0.05;  // tail of the token stream held out for validation
   int64_t eval_interval = 100;   // 0: no evaluation during training
   int64_t eval_iters = 4;
