@@ -121,6 +121,8 @@ TEST(LayerParallel, ExpertAndDataParallelEqualSingleRank) {
 TEST(LayerParallel, AmpipeDegreesWithExpertParallelEqualSingleRank) {
   const int world = comm::Runtime::current().size();
   groups_for(1);
-  for (int k : {1, 2})
-    for (int M : {2, 4, 8}) check_parallel(base(k, 8.0, 0.1), M, world);  // capacity >= chunk tokens
+  for (int ep = 1; ep <= world; ep *= 2)
+    for (int k : {1, 2})
+      for (double p : {0.0, 0.1})
+        for (int M : {2, 4, 8}) check_parallel(base(k, 8.0, p), M, ep);  // capacity >= chunk tokens
 }
