@@ -79,9 +79,13 @@ TEST(Plan, BackwardRunsChunksInReverseAndReverseDispatchOverlapsAttentionSide) {
       for (Stage s : {Stage::gate_bwd, Stage::bdal_bwd, Stage::out_proj_bwd, Stage::attention_bwd})
         EXPECT_FALSE(depends_on(p, p.find(s, c).id, rd));
     }
-    // dK/dV: the final LN1/QKV backward waits for every chunk's attention backward.
-    const Task& last = p.find(Stage::ln1_qkv_bwd, -1);
-    for (int c = 0; c < M; ++c) EXPECT_TRUE(depends_on(p, last.id, p.find(Stage::attention_bwd, c).id));
+    // dK/dV: the QKV backward of chunk c waits for the attention backward of every chunk c' >= c (each adds to
+    // the K, V rows of chunk c); chunks before c do not see c's keys, so it need not wait for them.
+    for (int c = 0; c < M; ++c) {
+      const Task& qb = p.find(Stage::ln1_qkv_bwd, c);
+      for (int c2 = 0; c2 < M; ++c2)
+        EXPECT_EQ(depends_on(p, qb.id, p.find(Stage::attention_bwd, c2).id), c2 >= c) << "c=" << c << " c2=" << c2;
+    }
   }
 }
 
@@ -96,4 +100,15 @@ TEST(Plan, CollectiveSequenceIsTheSameForEveryRank) {
   EXPECT_EQ(sa, sb);
   EXPECT_EQ(sa.size(), 16u);
   EXPECT_EQ(sa.front(), "L2.fwd.dispatch.c0");
+}
+
+TEST(Plan, QkvIsComputedPerChunkSoTheFirstDispatchStartsEarly) {
+  for (int M : {2, 4}) {
+    const Plan p = build_layer_plan(0, M);
+    // Causality: chunk c's attention reads the K, V rows of chunks 0..c only.
+    for (int c = 0; c < M; ++c)
+      for (int c2 = 0; c2 < M; ++c2)
+        EXPECT_EQ(depends_on(p, p.find(Stage::attention, c).id, p.find(Stage::ln1_qkv, c2).id), c2 <= c);
+    EXPECT_LT(p.find(Stage::dispatch, 0).id, p.find(Stage::ln1_qkv, 1).id);
+  }
 }

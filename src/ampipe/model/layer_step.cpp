@@ -61,6 +61,8 @@ LayerStep::LayerStep(const LayerConfig& cfg, int M, int ep_rank, LayerParams& pa
   ln1_mean_ = Tensor::empty({T_});
   ln1_rstd_ = Tensor::empty({T_});
   qkv_ = Tensor::empty({T_, 3 * h_});
+  xn_c_ = cd_ == DType::f32 ? xn_ : Tensor::empty({T_, h_}, cd_);
+  qkv_c_ = cd_ == DType::f32 ? qkv_ : Tensor::empty({T_, 3 * h_}, cd_);
   attn_ = Tensor::empty({T_, h_});
   attn_c_ = cd_ == DType::f32 ? attn_ : Tensor::empty({T_, h_}, cd_);
   lse_ = Tensor::empty({M, b_ * cfg.num_attention_heads * (s_ / M)});
@@ -86,19 +88,22 @@ void LayerStep::begin_forward(const Tensor& x) {
   total_.reset(E_);
 }
 
-void LayerStep::ln1_qkv() {
-  kernels::layernorm_forward(x_, p_.ln1_w, p_.ln1_b, cfg_.layernorm_epsilon, xn_, ln1_mean_, ln1_rstd_);
-  xn_c_ = as_dtype(xn_, cd_);
-  linear_forward(xn_c_, wqkv_, qkv_);  // [T, h] -> [T, 3h], columns [q | k | v]
-  qkv_c_ = as_dtype(qkv_, cd_);
+void LayerStep::ln1_qkv(int c) {
+  Tensor xn = chunk_rows(xn_, c), mean = ln1_mean_.rows(c * Sc_, (c + 1) * Sc_),
+         rstd = ln1_rstd_.rows(c * Sc_, (c + 1) * Sc_);
+  kernels::layernorm_forward(chunk_rows(x_, c), p_.ln1_w, p_.ln1_b, cfg_.layernorm_epsilon, xn, mean, rstd);
+  Tensor xn_c = chunk_rows(xn_c_, c), qkv = chunk_rows(qkv_, c), qkv_c = chunk_rows(qkv_c_, c);
+  if (cd_ != DType::f32) xn_c.copy_from(xn);
+  linear_forward(xn_c, wqkv_, qkv);  // [S_c, h] -> [S_c, 3h], columns [q | k | v]
+  if (cd_ != DType::f32) qkv_c.copy_from(qkv);
 }
 
 void LayerStep::attention(int c) {
   const int64_t n = cfg_.num_attention_heads, d = cfg_.head_dim(), sc = s_ / M_;
-  const kernels::AttentionShape sh{sc, s_, b_, n, d, c * sc};
+  const kernels::AttentionShape sh{sc, (c + 1) * sc, b_, n, d, c * sc};  // keys of rows [0, (c+1)*s/M)
   const size_t es = dtype_size(cd_);
   const auto* base = static_cast<const char*>(qkv_c_.raw());
-  const char* q = base + size_t(c * Sc_ * 3 * h_) * es;  // the chunk's q rows, full K and V
+  const char* q = base + size_t(c * Sc_ * 3 * h_) * es;  // the chunk's q rows
   kernels::attention_forward(sh, cd_, q, 3 * h_, base + size_t(h_) * es, 3 * h_, base + size_t(2 * h_) * es,
                              3 * h_, chunk_rows(attn_, c).data<float>(), h_, lse_.rows(c, c + 1).data<float>());
 }
@@ -335,7 +340,7 @@ void LayerStep::out_proj_backward(int c) {
 
 void LayerStep::attention_backward(int c) {
   const int64_t n = cfg_.num_attention_heads, d = cfg_.head_dim(), sc = s_ / M_;
-  const kernels::AttentionShape sh{sc, s_, b_, n, d, c * sc};
+  const kernels::AttentionShape sh{sc, (c + 1) * sc, b_, n, d, c * sc};
   const size_t es = dtype_size(cd_);
   const auto* base = static_cast<const char*>(qkv_c_.raw());
   const char* q = base + size_t(c * Sc_ * 3 * h_) * es;
@@ -348,11 +353,13 @@ void LayerStep::attention_backward(int c) {
                               3 * h_, dk, 3 * h_, dv, 3 * h_);
 }
 
-void LayerStep::ln1_qkv_backward() {
-  Tensor dxn = Tensor::empty({T_, h_});
-  linear_backward(as_dtype(dqkv_, cd_), xn_c_, wqkv_, &dxn, g_.qkv_w);
-  Tensor dx = dx_.view({T_, h_});
-  kernels::layernorm_backward(dxn, x_, p_.ln1_w, ln1_mean_, ln1_rstd_, dx, g_.ln1_w, g_.ln1_b,
+void LayerStep::ln1_qkv_backward(int c) {
+  // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1.
+  Tensor dxn = Tensor::empty({Sc_, h_});
+  linear_backward(as_dtype(chunk_rows(dqkv_, c), cd_), chunk_rows(xn_c_, c), wqkv_, &dxn, g_.qkv_w);
+  Tensor dx = chunk_rows(dx_.view({T_, h_}), c);
+  kernels::layernorm_backward(dxn, chunk_rows(x_, c), p_.ln1_w, ln1_mean_.rows(c * Sc_, (c + 1) * Sc_),
+                              ln1_rstd_.rows(c * Sc_, (c + 1) * Sc_), dx, g_.ln1_w, g_.ln1_b,
                               /*accumulate_dx=*/true);
 }
 

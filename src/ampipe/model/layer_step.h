@@ -9,8 +9,9 @@
 // rows (token t = s_index * b + b_index), so chunk c is the contiguous row range [c*S_c, (c+1)*S_c).
 //
 // Forward stages (per chunk unless noted):
-//   ln1_qkv()     x -> LN1 -> qkv = xn Wqkv^T         whole sequence: K and V must be complete
-//   attention(c)  q rows of chunk c against the full K, V (causal with row offset c*s/M)
+//   ln1_qkv(c)    x -> LN1 -> qkv = xn Wqkv^T         the chunk's rows
+//   attention(c)  q rows of chunk c against K, V of rows [0, (c+1)*s/M) (causal with row offset c*s/M: later
+//                 keys are invisible, so ln1_qkv(c') for c' <= c is all it needs)
 //   out_proj(c)   proj = attn Wproj^T
 //   bdal(c)       ln_in = x + dropout(proj); ln2 = LN2(ln_in)
 //   gate(c)       routing of the chunk's S_c tokens with capacity C_c; dispatch buffer [E, C_c, h]
@@ -56,7 +57,7 @@ class LayerStep {
 
   // ---- forward ----
   void begin_forward(const Tensor& x);  // x: [s, b, h] fp32 (kept by reference until the backward ends)
-  void ln1_qkv();
+  void ln1_qkv(int c);
   void attention(int c);
   void out_proj(int c);
   void bdal(int c);
@@ -85,7 +86,7 @@ class LayerStep {
   void bdal_backward(int c);
   void out_proj_backward(int c);
   void attention_backward(int c);
-  void ln1_qkv_backward();
+  void ln1_qkv_backward(int c);  // after attention_backward(c') for every c' >= c
   const Tensor& input_grad() const { return dx_; }  // [s, b, h] fp32
 
   // Buffers of an all-to-all of chunk c (valid once the producing stage has run). With ep = 1 the executor

@@ -10,7 +10,7 @@ namespace ampipe::schedule {
 void Executor::run_stage(const Task& t, model::LayerStep& step) {
   const int c = t.chunk;
   switch (t.stage) {
-    case Stage::ln1_qkv: step.ln1_qkv(); break;
+    case Stage::ln1_qkv: step.ln1_qkv(c); break;
     case Stage::attention: step.attention(c); break;
     case Stage::out_proj: step.out_proj(c); break;
     case Stage::bdal: step.bdal(c); break;
@@ -26,7 +26,7 @@ void Executor::run_stage(const Task& t, model::LayerStep& step) {
     case Stage::bdal_bwd: step.bdal_backward(c); break;
     case Stage::out_proj_bwd: step.out_proj_backward(c); break;
     case Stage::attention_bwd: step.attention_backward(c); break;
-    case Stage::ln1_qkv_bwd: step.ln1_qkv_backward(); break;
+    case Stage::ln1_qkv_bwd: step.ln1_qkv_backward(c); break;
     case Stage::dispatch:
     case Stage::capacity:
     case Stage::combine_a2a:

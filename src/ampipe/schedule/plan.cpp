@@ -90,9 +90,12 @@ Plan build_layer_plan(int layer, int M, const PlanOptions& opts) {
   const size_t nM = static_cast<size_t>(M);
   std::vector<uint32_t> dispatch(nM), combine_a2a(nM), combine(nM), gate(nM);
   // Forward.
-  const uint32_t qkv = b.add(Stage::ln1_qkv, -1, {});
+  // LN1 + QKV per chunk: chunk c's attention needs K and V of rows [0, (c+1)*s/M) only (causality), so chunk
+  // 0's dispatch is issued after one chunk's QKV, not the whole sequence's.
+  std::vector<uint32_t> qkv;
   for (int c = 0; c < M; ++c) {
-    const uint32_t att = b.add(Stage::attention, c, {qkv});
+    qkv.push_back(b.add(Stage::ln1_qkv, c, {}));
+    const uint32_t att = b.add(Stage::attention, c, qkv);
     const uint32_t proj = b.add(Stage::out_proj, c, {att});
     const uint32_t bdal = b.add(Stage::bdal, c, {proj});
     gate[size_t(c)] = b.add(Stage::gate, c, {bdal});
@@ -110,7 +113,7 @@ Plan build_layer_plan(int layer, int M, const PlanOptions& opts) {
   b.add(Stage::aux_loss, -1, gate);
   // Backward: chunks in reverse order, three phases.
   const uint32_t aux_bwd = b.add(Stage::aux_loss_bwd, -1, {});
-  std::vector<uint32_t> ca_bwd(nM), d_bwd(nM), att_bwd;
+  std::vector<uint32_t> ca_bwd(nM), d_bwd(nM), att_bwd;  // att_bwd: chunks M-1 .. c so far
   for (int c = M - 1; c >= 0; --c) {
     const uint32_t cb = b.add(Stage::combine_bwd, c, {combine[size_t(c)]});
     ca_bwd[size_t(c)] = b.add(Stage::combine_a2a_bwd, c, {cb});
@@ -124,8 +127,9 @@ Plan build_layer_plan(int layer, int M, const PlanOptions& opts) {
     const uint32_t bb = b.add(Stage::bdal_bwd, c, {gb});
     const uint32_t pb = b.add(Stage::out_proj_bwd, c, {bb});
     att_bwd.push_back(b.add(Stage::attention_bwd, c, {pb}));
+    // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
+    b.add(Stage::ln1_qkv_bwd, c, att_bwd);
   }
-  b.add(Stage::ln1_qkv_bwd, -1, att_bwd);
   return std::move(b.plan);
 }
 

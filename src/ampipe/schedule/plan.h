@@ -4,13 +4,14 @@
 // shape and flags: no MPI, no clocks.
 //
 // Forward, degree M (DESIGN.md section 2; chunk c = sequence rows [c*s/M, (c+1)*s/M)):
-//   ln1_qkv (whole sequence: K and V must be complete)
-//   for c: attention(c) -> out_proj(c) -> bdal(c) -> gate(c) -> dispatch(c) issued on the ep lane
+//   for c: ln1_qkv(c) -> attention(c) (q rows of c, K and V of rows [0, (c+1)*s/M): all a causal chunk sees)
+//          -> out_proj(c) -> bdal(c) -> gate(c) -> dispatch(c) issued on the ep lane
 //   for c: experts(c) (waits for dispatch(c) only) -> combine_a2a(c) issued
 //   for c: combine(c) (waits for combine_a2a(c) only)
 //   aux_loss (the load-balancing loss from the chunks' summed gate statistics)
 // So dispatch(c) hides behind attention(c+1).., and combine_a2a(c) behind experts(c+1).
-// Backward runs the chunks in reverse order in the same three phases; attention_bwd(c) sums dK and dV.
+// Backward runs the chunks in reverse order in the same three phases; attention_bwd(c) sums dK and dV, and
+// ln1_qkv_bwd(c) runs as soon as chunk c's rows have every contribution (after attention_bwd(c)).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,7 @@ enum class Dir : uint8_t { fwd, bwd };
 
 enum class Stage : uint8_t {
   // forward
-  ln1_qkv,      // LN1 and the QKV projection over the whole local sequence
+  ln1_qkv,      // LN1 and the QKV projection of the chunk's rows
   attention,    // chunk's q rows against the full K, V
   out_proj,     // attention output projection
   bdal,         // dropout + residual add + LN2
