@@ -95,12 +95,9 @@ double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
   std::vector<comm::Event> evs;
   for (int i = 0; i < st.num_layers(); ++i)
     for (const schedule::Task& t : st.plan(i).tasks) {
-      if (t.lane != schedule::Lane::ep) continue;
-      const model::A2a which = t.stage == schedule::Stage::dispatch      ? model::A2a::dispatch
-                               : t.stage == schedule::Stage::combine_a2a ? model::A2a::combine
-                               : t.stage == schedule::Stage::combine_a2a_bwd ? model::A2a::combine_bwd
-                                                                              : model::A2a::dispatch_bwd;
-      const model::A2aBuffers b = st.mutable_step(i).a2a_buffers(which, t.chunk);
+      const std::optional<model::A2a> which = schedule::a2a_of(t.stage);
+      if (!which) continue;  // compute tasks, and the tiny capacity all-gathers of --moe-no-drop
+      const model::A2aBuffers b = st.mutable_step(i).a2a_buffers(*which, t.chunk);
       comm::SplitCounts counts;
       counts.send.assign(size_t(ep.size()), b.elems_per_peer);
       counts.recv = counts.send;

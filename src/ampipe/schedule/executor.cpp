@@ -35,13 +35,13 @@ void Executor::run_stage(const Task& t, model::LayerStep& step) {
   }
 }
 
-static model::A2a a2a_of(Stage s) {
+std::optional<model::A2a> a2a_of(Stage s) {
   switch (s) {
     case Stage::dispatch: return model::A2a::dispatch;
     case Stage::combine_a2a: return model::A2a::combine;
     case Stage::combine_a2a_bwd: return model::A2a::combine_bwd;
     case Stage::dispatch_bwd: return model::A2a::dispatch_bwd;
-    default: AMPIPE_CHECK(false, "stage {} has no all-to-all", stage_name(s));
+    default: return std::nullopt;
   }
 }
 
@@ -58,7 +58,9 @@ comm::Event Executor::issue_collective(const Task& t, model::LayerStep& step, st
     how.chunk = t.chunk;
     return comm::all_gather(*ep_, mine, all, t.name(), how);
   }
-  model::A2aBuffers buf = step.a2a_buffers(a2a_of(t.stage), t.chunk);
+  const std::optional<model::A2a> which = a2a_of(t.stage);
+  AMPIPE_CHECK(which.has_value(), "{} is not an all-to-all", t.name());
+  model::A2aBuffers buf = step.a2a_buffers(*which, t.chunk);
   if (ep_ == nullptr || ep_->size() == 1) {  // a single EP rank sends everything to itself
     AMPIPE_CHECK(buf.send.nbytes() == buf.recv.nbytes(), "{}: send {} recv {} bytes", t.name(), buf.send.nbytes(),
                  buf.recv.nbytes());

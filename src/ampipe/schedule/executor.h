@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "ampipe/comm/event.h"
@@ -14,6 +15,9 @@
 #include "ampipe/schedule/plan.h"
 
 namespace ampipe::schedule {
+
+// The all-to-all a Plan stage moves (dispatch, combine_a2a and their backward), or none for other stages.
+std::optional<model::A2a> a2a_of(Stage s);
 
 struct ExecStats {
   int64_t blocked_us = 0;  // compute blocked on communication (exposed communication)
