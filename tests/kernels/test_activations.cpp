@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "support/numeric.h"
 #include "ampipe/kernels/activations.h"
 
 using namespace ampipe;
@@ -13,6 +14,9 @@ using namespace ampipe::kernels;
 
 namespace {
 using Vec = std::vector<double>;
+using ampipe::testing::fd;
+using ampipe::testing::randn;
+using ampipe::testing::to_tensor;
 
 double ref_gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 double ref_gelu_grad(double x) {
@@ -40,21 +44,6 @@ Vec ref_swiglu_backward(const Vec& dy, const Vec& x, int64_t rows, int64_t f) {
   return dx;
 }
 
-// loss(x) = <r, f(x)>; step 1e-6 in double: error ~1e-10 (rounding / step), far below a 1e-6 tolerance
-double fd(const auto& loss, Vec x, size_t i, double step = 1e-6) {
-  x[i] += step;
-  const double up = loss(x);
-  x[i] -= 2 * step;
-  return (up - loss(x)) / (2 * step);
-}
-
-Vec randn(size_t n, std::mt19937& rng, double sd = 1.0) {
-  std::normal_distribution<float> nd{0.0f, float(sd)};
-  Vec v(n);
-  for (auto& e : v) e = nd(rng);  // fp32-representable
-  return v;
-}
-Tensor to_tensor(const Vec& v, Shape s) { return Tensor::from(std::vector<float>(v.begin(), v.end()), std::move(s)); }
 double dot(const Vec& a, const Vec& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
@@ -76,7 +65,7 @@ Vec with_extremes(Vec v) {
 
 TEST(Gelu, ReferenceBackwardMatchesFiniteDifferences) {
   std::mt19937 rng(21);
-  const Vec x = randn(48, rng, 2.0), r = randn(48, rng);
+  const Vec x = randn(48, rng, 0.0, 2.0), r = randn(48, rng);
   auto loss = [&](const Vec& v) {
     Vec y(v.size());
     for (size_t i = 0; i < v.size(); ++i) y[i] = ref_gelu(v[i]);
@@ -89,7 +78,7 @@ TEST(Gelu, ReferenceBackwardMatchesFiniteDifferences) {
 TEST(Gelu, ForwardAndBackwardMatchDoubleReference) {
   std::mt19937 rng(22);
   for (const auto& [rows, f] : {std::pair<int64_t, int64_t>{7, 13}, {1, 1}, {4, 1000}, {3, 33}}) {
-    const Vec x = with_extremes(randn(size_t(rows * f), rng, 3.0)), dy = randn(size_t(rows * f), rng);
+    const Vec x = with_extremes(randn(size_t(rows * f), rng, 0.0, 3.0)), dy = randn(size_t(rows * f), rng);
     const Tensor xt = to_tensor(x, {rows, f});
     Tensor y = Tensor::empty({rows, f}), dx = Tensor::empty({rows, f});
     gelu_forward(xt, y);
@@ -119,7 +108,7 @@ TEST(Gelu, InPlace) {
 TEST(Swiglu, ReferenceBackwardMatchesFiniteDifferences) {
   std::mt19937 rng(24);
   const int64_t rows = 6, f = 8;
-  const Vec x = randn(size_t(rows * 2 * f), rng, 2.0), r = randn(size_t(rows * f), rng);
+  const Vec x = randn(size_t(rows * 2 * f), rng, 0.0, 2.0), r = randn(size_t(rows * f), rng);
   const Vec dx = ref_swiglu_backward(r, x, rows, f);
   auto loss = [&](const Vec& v) { return dot(r, ref_swiglu(v, rows, f)); };
   // step 1e-6: error ~1e-9 (see Gelu); 1e-6 is safe.
@@ -129,7 +118,7 @@ TEST(Swiglu, ReferenceBackwardMatchesFiniteDifferences) {
 TEST(Swiglu, ForwardAndBackwardMatchDoubleReference) {
   std::mt19937 rng(25);
   for (const auto& [rows, f] : {std::pair<int64_t, int64_t>{7, 13}, {1, 1}, {4, 1000}, {3, 33}}) {
-    const Vec x = with_extremes(randn(size_t(rows * 2 * f), rng, 3.0)), dy = randn(size_t(rows * f), rng);
+    const Vec x = with_extremes(randn(size_t(rows * 2 * f), rng, 0.0, 3.0)), dy = randn(size_t(rows * f), rng);
     const Tensor xt = to_tensor(x, {rows, 2 * f});
     Tensor y = Tensor::empty({rows, f}), dx = Tensor::empty({rows, 2 * f});
     swiglu_forward(xt, y);

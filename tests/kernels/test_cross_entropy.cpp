@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "support/numeric.h"
 #include "ampipe/kernels/cross_entropy.h"
 
 using namespace ampipe;
@@ -14,6 +15,9 @@ using namespace ampipe::kernels;
 
 namespace {
 using Vec = std::vector<double>;
+using ampipe::testing::fd;
+using ampipe::testing::randn;
+using ampipe::testing::to_tensor;
 
 struct CeRef {
   Vec loss, lse;
@@ -41,20 +45,6 @@ Vec ref_backward(const Vec& dloss, const Vec& logits, const std::vector<int32_t>
   return d;
 }
 
-// loss(x) = <r, f(x)>; step 1e-6 in double: error ~1e-10 (rounding / step), far below a 1e-6 tolerance
-double fd(const auto& loss, Vec x, size_t i, double step = 1e-6) {
-  x[i] += step;
-  const double up = loss(x);
-  x[i] -= 2 * step;
-  return (up - loss(x)) / (2 * step);
-}
-Vec randn(size_t n, std::mt19937& rng, double mean = 0.0, double sd = 1.0) {
-  std::normal_distribution<float> nd{float(mean), float(sd)};
-  Vec v(n);
-  for (auto& e : v) e = nd(rng);  // fp32-representable
-  return v;
-}
-Tensor to_tensor(const Vec& v, Shape s) { return Tensor::from(std::vector<float>(v.begin(), v.end()), std::move(s)); }
 std::vector<int32_t> random_targets(int64_t rows, int64_t v, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> u(0, int32_t(v - 1));
   std::vector<int32_t> t(static_cast<size_t>(rows));

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "support/numeric.h"
 #include "ampipe/kernels/layernorm.h"
 
 using namespace ampipe;
@@ -13,6 +14,9 @@ using namespace ampipe::kernels;
 
 namespace {
 using Vec = std::vector<double>;
+using ampipe::testing::fd;
+using ampipe::testing::randn;
+using ampipe::testing::to_tensor;
 
 struct LnRef {
   Vec y, mean, rstd;
@@ -61,26 +65,6 @@ LnGrads ref_backward(const Vec& dy, const Vec& x, const Vec& gamma, double eps, 
     }
   }
   return g;
-}
-
-// loss(x) = <r, f(x)>; step 1e-6 in double: error ~1e-10 (rounding / step), far below a 1e-6 tolerance
-double fd(const auto& loss, Vec x, size_t i, double step = 1e-6) {
-  x[i] += step;
-  const double up = loss(x);
-  x[i] -= 2 * step;
-  return (up - loss(x)) / (2 * step);
-}
-
-Vec randn(size_t n, std::mt19937& rng, double mean = 0.0, double sd = 1.0) {
-  std::normal_distribution<float> nd{float(mean), float(sd)};
-  Vec v(n);
-  for (auto& e : v) e = nd(rng);  // fp32-representable, so the kernel sees exactly the reference's input
-  return v;
-}
-
-Tensor to_tensor(const Vec& v, Shape s) {
-  std::vector<float> f(v.begin(), v.end());
-  return Tensor::from(f, std::move(s));
 }
 
 double max_abs(const Vec& v) {

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "support/numeric.h"
 #include "ampipe/kernels/softmax.h"
 
 using namespace ampipe;
@@ -14,6 +15,9 @@ using namespace ampipe::kernels;
 
 namespace {
 using Vec = std::vector<double>;
+using ampipe::testing::fd;
+using ampipe::testing::randn;
+using ampipe::testing::to_tensor;
 
 Vec ref_softmax(const Vec& x, int64_t rows, int64_t n) {
   Vec y(x.size());
@@ -35,20 +39,6 @@ Vec ref_softmax_backward(const Vec& dy, const Vec& y, int64_t rows, int64_t n) {
   return dx;
 }
 
-// loss(x) = <r, f(x)>; step 1e-6 in double: error ~1e-10 (rounding / step), far below a 1e-6 tolerance
-double fd(const auto& loss, Vec x, size_t i, double step = 1e-6) {
-  x[i] += step;
-  const double up = loss(x);
-  x[i] -= 2 * step;
-  return (up - loss(x)) / (2 * step);
-}
-Vec randn(size_t n, std::mt19937& rng, double mean = 0.0, double sd = 1.0) {
-  std::normal_distribution<float> nd{float(mean), float(sd)};
-  Vec v(n);
-  for (auto& e : v) e = nd(rng);  // fp32-representable
-  return v;
-}
-Tensor to_tensor(const Vec& v, Shape s) { return Tensor::from(std::vector<float>(v.begin(), v.end()), std::move(s)); }
 // |got - ref| <= tol * max(1, max|ref|)
 void expect_close(const Tensor& got, const Vec& ref, double tol, const char* what) {
   ASSERT_EQ(got.numel(), int64_t(ref.size())) << what;
