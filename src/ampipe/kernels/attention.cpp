@@ -16,9 +16,9 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/kernels/gemm.h"
+#include "ampipe/kernels/simd_math.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#ifdef AMPIPE_SIMD_AVX2
 #define AMPIPE_ATTN_AVX2 1
 #endif
 
@@ -28,24 +28,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 #ifdef AMPIPE_ATTN_AVX2
-// exp(x) for 8 floats, Cephes polynomial (max rel. error ~2 ulp on [-87, 88]); inputs below -87.3 give
-// ~1e-38, not 0 (masked entries are zeroed by the callers, never exponentiated).
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
+using simd::exp8;  // masked entries are zeroed by the callers, never exponentiated
 
 // Round 16 floats to bf16 (nearest even) and store them. Finite inputs only (P in [0, 1], dS finite for
 // finite q, k, v, dout); unlike f32_to_bf16 a NaN is not preserved.
