@@ -37,13 +37,14 @@ const Tensor& LayerStack::forward(const Tensor& x, uint64_t token_base) {
   return *in;
 }
 
-const Tensor& LayerStack::backward(const Tensor& dy, float d_aux) {
+const Tensor& LayerStack::backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer) {
   const Tensor* g = &dy;
   for (size_t i = layers_.size(); i-- > 0;) {
     Layer& l = layers_[i];
     l.step->begin_backward(*g, d_aux);
     ex_.backward(l.plan, *l.step);
     g = &l.step->input_grad();
+    if (after_layer) after_layer(int(i));
   }
   return *g;
 }

@@ -3,6 +3,7 @@
 // the micro-batch in flight. Used by bench-layer and the trainer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,7 +30,9 @@ class LayerStack {
   // x: [s, b, h] fp32 -> output [s, b, h]. token_base: global index of the micro-batch's token 0.
   const Tensor& forward(const Tensor& x, uint64_t token_base);
   // dy: [s, b, h] -> dx [s, b, h]; d_aux: upstream gradient of each layer's aux loss. Gradients accumulate.
-  const Tensor& backward(const Tensor& dy, float d_aux);
+  // after_layer(i), if given, runs as soon as layer i's gradients are complete (layers L-1 .. 0), e.g. to start
+  // their data-parallel reduction while the layers below still compute.
+  const Tensor& backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer = nullptr);
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const;
   double flops() const;  // of the last step, forward + backward

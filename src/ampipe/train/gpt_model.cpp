@@ -133,7 +133,7 @@ double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32
   return loss;
 }
 
-void GptModel::backward(float loss_scale, float d_aux) {
+void GptModel::backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer) {
   auto t0 = Clock::now();
   // d(loss_scale * mean_t ce_t) / d ce_t = loss_scale / T
   dloss_.fill(loss_scale / float(T_));
@@ -148,7 +148,7 @@ void GptModel::backward(float loss_scale, float d_aux) {
   kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
   times_.head_us += us_since(t0);
   t0 = Clock::now();
-  const Tensor& dx0 = stack_.backward(dy_, d_aux);
+  const Tensor& dx0 = stack_.backward(dy_, d_aux, after_layer);
   times_.layers_us += us_since(t0);
   t0 = Clock::now();
   // Embedding backward: dwte[token[t]] += dx0[t], dwpe[t / b] += dx0[t].

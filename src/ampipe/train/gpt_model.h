@@ -16,6 +16,8 @@
 // word 1, position 2, output 3.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -49,8 +51,9 @@ class GptModel {
   double forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const { return stack_.aux_loss(); }
-  // Backward of loss_scale * mean cross-entropy + d_aux * aux loss; gradients accumulate (+=).
-  void backward(float loss_scale, float d_aux);
+  // Backward of loss_scale * mean cross-entropy + d_aux * aux loss; gradients accumulate (+=). after_layer(i):
+  // see schedule::LayerStack::backward (the gradients of "layers.{i}.*" are complete when it runs).
+  void backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer = nullptr);
   // Forward only (evaluation): mean cross-entropy; frees the layers' saved state.
   double evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
 

@@ -1,5 +1,9 @@
 #include "ampipe/train/trainer.h"
 
+#include <functional>
+
+#include <tuple>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -38,7 +42,12 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   auto& ps = model_.params();
   for (size_t i = 0; i < ps.size(); ++i) {
     (ps[i].expert ? expert_idx_ : dense_idx_).push_back(i);
-    (ps[i].expert ? expert_n : dense_n) += ps[i].grad.numel();
+    int64_t& n = ps[i].expert ? expert_n : dense_n;
+    offset_.push_back(n);
+    n += ps[i].grad.numel();
+    int layer = -1;
+    if (ps[i].name.rfind("layers.", 0) == 0) layer = std::stoi(ps[i].name.substr(7));
+    layer_of_.push_back(layer);
   }
   dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
   expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
@@ -75,34 +84,55 @@ double sum_squares(const float* x, int64_t n) {
 }
 }  // namespace
 
+// Packs the gradients of `layer`'s parameters (-1: those outside the blocks) into the flat buffers and starts
+// their all-reduce (dense over dp x cp, expert over the expert-data-parallel group). Every rank calls this for
+// the same layers in the same order, so the groups see identical collective sequences.
+void Trainer::start_reduce(int layer) {
+  auto& ps = model_.params();
+  for (const auto& [idx, buf, grp, tag] :
+       {std::tuple{&dense_idx_, &dense_buf_, &g_.dp_cp, "grad.dense"},
+        std::tuple{&expert_idx_, &expert_buf_, &g_.edp, "grad.expert"}}) {
+    if (grp->size() == 1) continue;
+    // One all-reduce per contiguous run of the buffer (a block's parameters are one run; the embedding and the
+    // final LayerNorm, at either end of the parameter list, are two).
+    int64_t begin = -1, end = -1;
+    auto flush = [&] {
+      if (begin >= 0)
+        pending_.push_back(comm::all_reduce(*grp, buf->rows(begin, end), comm::Reduce::sum,
+                                            fmt::format("{}.L{}.{}", tag, layer, begin)));
+      begin = end = -1;
+    };
+    for (size_t i : *idx) {
+      if (layer_of_[i] != layer) continue;
+      const int64_t n = ps[i].grad.numel();
+      std::memcpy(buf->data<float>() + offset_[i], ps[i].grad.data<float>(), size_t(n) * 4);
+      if (end != offset_[i]) flush();
+      if (begin < 0) begin = offset_[i];
+      end = offset_[i] + n;
+    }
+    flush();
+  }
+}
+
 void Trainer::reduce_gradients() {
+  start_reduce(-1);  // embedding, final LayerNorm, output layer: complete only now
+  comm::wait_all(pending_);
+  pending_.clear();
   const float inv = 1.0f / float(G_ / b_);
   auto& ps = model_.params();
-  auto reduce = [&](const std::vector<size_t>& idx, Tensor& buf, const comm::Group& grp, const char* tag) {
+  auto unpack = [&](const std::vector<size_t>& idx, const Tensor& buf, const comm::Group& grp) {
     double sq = 0;
-    if (idx.empty()) return sq;
-    if (grp.size() > 1) {
-      float* p = buf.data<float>();
-      for (size_t i : idx) {
-        const int64_t n = ps[i].grad.numel();
-        std::memcpy(p, ps[i].grad.data<float>(), size_t(n) * 4);
-        p += n;
-      }
-      comm::all_reduce_sync(grp, buf, comm::Reduce::sum, tag);
-    }
-    const float* q = buf.data<float>();
     for (size_t i : idx) {
       float* g = ps[i].grad.data<float>();
       const int64_t n = ps[i].grad.numel();
-      const float* src = grp.size() > 1 ? q : g;
+      const float* src = grp.size() > 1 ? buf.data<float>() + offset_[i] : g;
       for (int64_t k = 0; k < n; ++k) g[k] = src[k] * inv;
       sq += sum_squares(g, n);
-      q += n;
     }
     return sq;
   };
-  dense_sumsq_ = reduce(dense_idx_, dense_buf_, g_.dp_cp, "grad.dense");
-  expert_sumsq_ = reduce(expert_idx_, expert_buf_, g_.edp, "grad.expert");
+  dense_sumsq_ = unpack(dense_idx_, dense_buf_, g_.dp_cp);
+  expert_sumsq_ = unpack(expert_idx_, expert_buf_, g_.edp);
 }
 
 // Each parameter once: dense gradients are identical on every rank after the reduction; expert shards are summed
@@ -130,7 +160,10 @@ IterationStats Trainer::train_step() {
     fill_batch(first, false);
     loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
     aux_sum += model_.aux_loss();
-    model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff));
+    // The last micro-batch completes each layer's gradients: start its reduction while the layers below compute.
+    const bool last = j == K_ - 1;
+    model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff),
+                    last ? std::function<void(int)>([this](int layer) { start_reduce(layer); }) : nullptr);
     st.flops += model_.flops_per_micro_batch();
   }
   const auto t_opt = Clock::now();

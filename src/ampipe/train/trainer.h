@@ -11,6 +11,8 @@
 // identical on every rank, expert shards are summed over the EP group), clipping to --clip-grad, AdamW step.
 #pragma once
 
+#include "ampipe/comm/event.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -75,6 +77,9 @@ class Trainer {
  private:
   IterationStats train_step();
   void fill_batch(int64_t first_sample, bool valid);
+  // Data-parallel reduction of the gradients, started per layer during the last micro-batch's backward
+  // (start_reduce(layer)), finished by reduce_gradients() (the remaining parameters, wait, scale, norms).
+  void start_reduce(int layer);
   void reduce_gradients();
   double grad_norm();
 
@@ -88,6 +93,9 @@ class Trainer {
   std::vector<int32_t> tokens_, targets_;
   std::vector<size_t> dense_idx_, expert_idx_;
   Tensor dense_buf_, expert_buf_;
+  std::vector<int64_t> offset_;  // per parameter: its offset in dense_buf_ or expert_buf_
+  std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
+  std::vector<comm::Event> pending_;  // reductions in flight
   double dense_sumsq_ = 0, expert_sumsq_ = 0;
   SaveOptions save_opts_;
 };
