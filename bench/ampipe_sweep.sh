@@ -1,6 +1,6 @@
 #!/bin/bash
-# AMPipe speed sweep (DESIGN.md section 6): `ampipe bench-layer` on two ranks, one per network namespace, joined by a
-# veth pair shaped with tbf on both egresses (bench/netns/netns.sh; machine-facts section 3), expert-parallel 2, bf16,
+# AMPipe speed sweep (docs/design.md, "How we measure"): `ampipe bench-layer` on two ranks, one per network
+# namespace, joined by a veth pair shaped with tbf on both egresses (bench/netns/netns.sh), expert-parallel 2, bf16,
 # degrees 1,2,4,8 interleaved in one run per link rate. Loopback / shared memory cannot show overlap on these 2-core
 # machines (the copy is CPU work on the same cores), so only the netns+veth runs measure hiding.
 #

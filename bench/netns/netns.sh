@@ -1,5 +1,5 @@
 # Shared network-namespace setup for the benchmarks that need a real, rate-limited network stack between two MPI
-# ranks (DESIGN.md section 6; reference/machine-facts.md section 3). Source it, do not run it:
+# ranks (docs/design.md, "How we measure" and "The machines"). Source it, do not run it:
 #
 #   NETNS_PREFIX=ampipe_ov NETNS_SUBNET=10.77.0 NETNS_WHO=run_overlap.sh . bench/netns/netns.sh
 #   netns_require_root                 # skips (exit 0, one line saying why) when not root / no ip / no tc
@@ -9,7 +9,7 @@
 #   (teardown is automatic: netns_setup installs an EXIT/INT/TERM trap that calls netns_teardown)
 #
 # Set NETNS_PREFIX to something of your own so that two benchmarks can run at once without touching each
-# other's namespaces. NETNS_BURST / NETNS_LATENCY tune tbf (default 256kb / 50ms, as in machine-facts).
+# other's namespaces. NETNS_BURST / NETNS_LATENCY tune tbf (default 256kb / 50ms; 5ms / 64kb measured no different).
 # NETNS_MPI_EXTRA: extra mpirun arguments (word-split).
 
 NETNS_PREFIX=${NETNS_PREFIX:-ampipe_ns}
@@ -81,7 +81,7 @@ AGENT
 }
 
 # Two ranks, one per namespace, OpenMPI TCP BTL over the veth. btl_tcp_links 2: bidirectional traffic on one TCP
-# connection gets only half the link (machine-facts section 3).
+# connection gets only half the link (docs/design.md, "The machines").
 netns_mpirun() {
   # shellcheck disable=SC2086
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ip netns exec "$NS0" \

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Overlap benchmark across a real, rate-limited network stack (DESIGN.md section 6; machine-facts section 3):
+# Overlap benchmark across a real, rate-limited network stack (docs/design.md, "How we measure", "The machines"):
 # two network namespaces joined by a veth pair, tbf-shaped on both egresses, one MPI rank in each (OpenMPI TCP),
 # running build-dir/bench/overlap_bench. Needs root (ip netns, tc). Torn down on exit by a trap.
 #

@@ -1,4 +1,4 @@
-// Errors. Two kinds (DESIGN.md section 5):
+// Errors. Two kinds (docs/design.md, "Errors"):
 //  - ConfigError: something a user caused (a flag, a config, a file, a shape). The message names the flag or
 //    file, the value and the rule; the CLI prints it as one line and exits with code 2.
 //  - AMPIPE_CHECK: an internal invariant. Stays on in Release; aborts with file:line and the values.

@@ -1,7 +1,7 @@
 // Philox-4x32-10 counter-based random numbers (Salmon et al., SC'11), the generator of cuRAND and JAX.
 //
 // Every random draw in ampipe is keyed by position, never by call order, so chunking the sequence or
-// splitting work over ranks cannot change it (DESIGN.md section 4):
+// splitting work over ranks cannot change it (docs/design.md, "Numerics and determinism"):
 //   key     = (seed & 0xffffffff, seed >> 32)
 //   counter = (feature >> 2, token, (layer << 8) | purpose, 0)
 //   value   = output word (feature & 3) of philox4x32_10(counter, key)

@@ -1,9 +1,9 @@
-// The GPT-MoE model: token + learned position embedding, L MoE blocks (schedule::LayerStack, each block run
+// The GPT-MoE model: token + learned position embedding, num_layers MoE blocks (schedule::LayerStack, each block run
 // through its own AMPipe Plan), final LayerNorm, LM head (tied to the token embedding unless
 // --untie-embeddings-and-output-weights), softmax cross-entropy.
 //
 // Notation: s sequence, b micro-batch, T = s*b tokens (token t = s_index*b + b_index, the [s, b] layout), h hidden,
-// V vocabulary, L layers.
+// V vocabulary, num_layers blocks (--num-layers; not L, which is the local expert count in docs/design.md).
 //
 // Parameter names (independent of AMPipe degree and EP size; expert tensors are sharded over EP by rows of dim 0):
 //   embedding.word_embeddings.weight      [V, h]

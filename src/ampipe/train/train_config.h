@@ -1,10 +1,12 @@
 // Configuration of `ampipe train`: the model (one model::LayerConfig for every block plus the GPT parts), the
 // optimizer, the data, checkpoints, output, and the parallel layout. Field names are the Megatron / MindSpeed flag
-// names with underscores (STYLE.md 2.6), so grepping either finds the other; --config FILE uses the same keys.
+// names with underscores (docs/design.md, "Notation and names"), so grepping either finds the other; --config FILE
+// uses the same keys.
 //
-// validate(world) applies every rule before any rank starts work (DESIGN.md section 5): the seed's constraints
-// (reference/seed-ampipe-feature.txt, 限制条件), the sizes that must divide each other, and the features the parser
-// knows but this engine does not run yet. Each throws ConfigError naming the flag, the value and the rule.
+// validate(world) applies every rule before any rank starts work (docs/design.md, "Errors"): the constraints of
+// MindSpeed's --ampipe-degree feature (its 限制条件; the rule table in docs/training.md), the sizes that must divide
+// each other, and the features the parser knows but this engine does not run yet. Each throws ConfigError naming
+// the flag, the value and the rule.
 #pragma once
 
 #include <nlohmann/json.hpp>
