@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/core/tensor.h"
 #include "ampipe/kernels/attention.h"
 #include "ampipe/kernels/gemm.h"
 
@@ -39,6 +40,12 @@ struct Buffer {
   }
 };
 
+// A [rows, cols] tensor of random values in [-1, 1) (bf16: rounded from the fp32 draw).
+Tensor random_tensor(int64_t rows, int64_t cols, DType t, uint32_t seed) {
+  const Buffer buf(size_t(rows * cols), seed);
+  return Tensor::from(buf.f32, {rows, cols}, t);
+}
+
 DType dtype_arg(const benchmark::State& state) { return state.range(1) == 0 ? DType::f32 : DType::bf16; }
 
 void BM_AttentionForward(benchmark::State& state) {
@@ -46,12 +53,12 @@ void BM_AttentionForward(benchmark::State& state) {
   const int64_t s = state.range(0), h = kHeads * kHeadDim;
   const DType in = dtype_arg(state);
   const AttentionShape sh{s, s, kBatch, kHeads, kHeadDim, 0};
-  const Buffer qkv(size_t(s * kBatch * 3 * h), 1);  // [s*b, 3h]
-  std::vector<float> out(size_t(s * kBatch * h)), lse(size_t(kBatch * kHeads * s));
+  const Tensor qkv = random_tensor(s * kBatch, 3 * h, in, 1);  // [s*b, 3h]
+  const Tensor q = qkv.cols(0, h), k = qkv.cols(h, 2 * h), v = qkv.cols(2 * h, 3 * h);
+  Tensor out = Tensor::empty({s * kBatch, h}), lse = Tensor::empty({kBatch * kHeads * s});
   for (auto _ : state) {
-    attention_forward(sh, in, qkv.ptr(in, 0), 3 * h, qkv.ptr(in, size_t(h)), 3 * h, qkv.ptr(in, size_t(2 * h)),
-                      3 * h, out.data(), h, lse.data());
-    benchmark::DoNotOptimize(out.data());
+    attention_forward(sh, q, k, v, out, lse);
+    benchmark::DoNotOptimize(out.raw());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(causal_attention_flops(sh, false) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
@@ -63,16 +70,16 @@ void BM_AttentionBackward(benchmark::State& state) {
   const int64_t s = state.range(0), h = kHeads * kHeadDim;
   const DType in = dtype_arg(state);
   const AttentionShape sh{s, s, kBatch, kHeads, kHeadDim, 0};
-  const Buffer qkv(size_t(s * kBatch * 3 * h), 1);
-  const Buffer dout(size_t(s * kBatch * h), 2);
-  std::vector<float> out(size_t(s * kBatch * h)), lse(size_t(kBatch * kHeads * s));
-  const void *q = qkv.ptr(in, 0), *k = qkv.ptr(in, size_t(h)), *v = qkv.ptr(in, size_t(2 * h));
-  attention_forward(sh, in, q, 3 * h, k, 3 * h, v, 3 * h, out.data(), h, lse.data());
-  std::vector<float> dq(out.size()), dk(out.size()), dv(out.size());
+  const Tensor qkv = random_tensor(s * kBatch, 3 * h, in, 1);
+  const Tensor dout = random_tensor(s * kBatch, h, DType::f32, 2);
+  const Tensor q = qkv.cols(0, h), k = qkv.cols(h, 2 * h), v = qkv.cols(2 * h, 3 * h);
+  Tensor out = Tensor::empty({s * kBatch, h}), lse = Tensor::empty({kBatch * kHeads * s});
+  attention_forward(sh, q, k, v, out, lse);
+  Tensor dqkv = Tensor::zeros({s * kBatch, 3 * h});  // fused fp32 gradient, as the attention stage keeps it
+  Tensor dq = dqkv.cols(0, h), dk = dqkv.cols(h, 2 * h), dv = dqkv.cols(2 * h, 3 * h);
   for (auto _ : state) {
-    attention_backward(sh, in, dout.f32.data(), h, q, 3 * h, k, 3 * h, v, 3 * h, out.data(), h, lse.data(),
-                       dq.data(), h, dk.data(), h, dv.data(), h);
-    benchmark::DoNotOptimize(dk.data());
+    attention_backward(sh, dout, q, k, v, out, lse, dq, dk, dv);
+    benchmark::DoNotOptimize(dqkv.raw());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(causal_attention_flops(sh, true) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);

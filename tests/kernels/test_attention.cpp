@@ -354,3 +354,74 @@ TEST(Attention, Bf16MatchesDoubleReference) {
     EXPECT_GT(norm_err(got.out, ref.out), 1e-5);
   }
 }
+
+// The Tensor form on views of one fused qkv buffer [s*b, 3h] (q = a chunk's rows of qkv.cols(0, h), k, v =
+// qkv.cols(h, 2h), qkv.cols(2h, 3h)), with out a column range of a padded buffer and dq, dk, dv column ranges of
+// one fused dqkv buffer, gives bit for bit what the raw form gives (same kernel, same packed block GEMMs; only
+// the row strides differ), fp32 and bf16. Elements outside the output views are untouched.
+TEST(Attention, TensorFormMatchesRawForm) {
+  const Problem pb(29, 2, 3, 16, 17);
+  const int64_t s = pb.s, b = pb.b, h = pb.h;
+  std::mt19937 rng(4);
+  const Vec dk_base = randn(size_t(s * b * h), rng), dv_base = randn(dk_base.size(), rng);
+  const std::vector<float> dk0(dk_base.begin(), dk_base.end()), dv0(dv_base.begin(), dv_base.end());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType in : {DType::f32, DType::bf16})
+    for (auto [off, sq, blocks] : {std::tuple{int64_t(0), int64_t(29), AttentionBlocks{8, 8}},
+                                   std::tuple{int64_t(11), int64_t(9), AttentionBlocks{4, 8}},
+                                   std::tuple{int64_t(28), int64_t(1), AttentionBlocks{}}}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(in) << " q_offset=" << off << " sq=" << sq);
+      const AttentionShape sh = pb.chunk(off, sq);
+      const Result raw = run_chunk(pb, in, off, sq, blocks, dk0, dv0);
+
+      const Tensor qkv = Tensor::from(pb.qkv, {s * b, 3 * h}, in);  // bf16: the same rounding as qkv_bf16
+      const Tensor q = qkv.rows(off * b, (off + sq) * b).cols(0, h);
+      const Tensor k = qkv.cols(h, 2 * h), v = qkv.cols(2 * h, 3 * h);
+      Tensor out_buf = Tensor::empty({sq * b, h + 5});
+      out_buf.fill(-1.0f);
+      Tensor out = out_buf.cols(2, 2 + h);
+      Tensor lse = Tensor::empty({b, pb.n, sq});
+      attention_forward(sh, q, k, v, out, lse, blocks);
+      EXPECT_EQ(out.to_vector(), raw.out);
+      EXPECT_EQ(lse.to_vector(), raw.lse);
+      for (int64_t c : {int64_t(0), int64_t(1), h + 2, h + 3, h + 4})
+        for (int64_t r = 0; r < sq * b; ++r) ASSERT_EQ(out_buf.get(r * (h + 5) + c), -1.0f);
+
+      Tensor dqkv = Tensor::empty({s * b, 3 * h});
+      dqkv.cols(0, h).fill(nan);
+      dqkv.cols(h, 2 * h).copy_from(Tensor::from(dk0, {s * b, h}));
+      dqkv.cols(2 * h, 3 * h).copy_from(Tensor::from(dv0, {s * b, h}));
+      Tensor dq = dqkv.rows(off * b, (off + sq) * b).cols(0, h);
+      Tensor dk = dqkv.cols(h, 2 * h), dv = dqkv.cols(2 * h, 3 * h);
+      const Tensor dout = Tensor::from(pb.dout, {s * b, h}).rows(off * b, (off + sq) * b);
+      attention_backward(sh, dout, q, k, v, out, lse, dq, dk, dv, blocks);
+      EXPECT_EQ(dq.to_vector(), raw.dq);
+      EXPECT_EQ(dk.to_vector(), raw.dk);
+      EXPECT_EQ(dv.to_vector(), raw.dv);
+      for (int64_t r = 0; r < s * b; ++r) {  // dq of rows outside the chunk: untouched
+        if (r >= off * b && r < (off + sq) * b) continue;
+        for (int64_t c = 0; c < h; ++c) ASSERT_TRUE(std::isnan(dqkv.get(r * 3 * h + c))) << r << " " << c;
+      }
+    }
+}
+
+TEST(Attention, TensorFormChecksShapesAndDtypes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const int64_t s = 6, b = 2, n = 2, d = 4, h = n * d;
+  const AttentionShape sh{s, s, b, n, d, 0};
+  Tensor qkv = Tensor::zeros({s * b, 3 * h});
+  Tensor q = qkv.cols(0, h), k = qkv.cols(h, 2 * h), v = qkv.cols(2 * h, 3 * h);
+  Tensor out = Tensor::zeros({s * b, h}), lse = Tensor::zeros({b * n * s});
+  Tensor k16 = k.to(DType::bf16);
+  EXPECT_DEATH(attention_forward(sh, q, k16, v, out, lse), "attention_forward: k \\(dtype of q\\) must be a f32");
+  Tensor q_short = q.rows(0, s * b - 1);
+  EXPECT_DEATH(attention_forward(sh, q_short, k, v, out, lse),
+               "attention_forward: q must be a f32 tensor of shape \\[12, 8\\]");
+  Tensor out16 = out.to(DType::bf16);
+  EXPECT_DEATH(attention_forward(sh, q, k, v, out16, lse), "attention_forward: out must be a f32");
+  Tensor lse_short = Tensor::zeros({b * n * s - 1});
+  EXPECT_DEATH(attention_forward(sh, q, k, v, out, lse_short),
+               "lse must be a contiguous f32 tensor of b\\*n\\*sq = 24");
+  Tensor dq_wide = Tensor::zeros({s * b, h + 1});
+  EXPECT_DEATH(attention_backward(sh, out, q, k, v, out, lse, dq_wide, k, v), "attention_backward: dq must be");
+}

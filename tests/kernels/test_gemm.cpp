@@ -88,3 +88,58 @@ TEST(Gemm, Bf16UsesAmxWhereAvailable) {
   EXPECT_FALSE(impl.empty());
   std::printf("bf16 impl: %s\n", impl.c_str());
 }
+
+// The Tensor form with column-range views (row stride != columns) for A, B and C, e.g. q / k / v slices of a
+// fused [T, 3h] buffer: the product matches the double reference, and C's columns outside the view stay
+// untouched. (fp32 inputs with a bf16 C are not a oneDNN 2.6 matmul, so out = bf16 only with bf16 inputs.)
+TEST(Gemm, TensorFormTakesColumnViews) {
+  std::mt19937 rng(3);
+  for (auto [in, out] : {std::pair{DType::f32, DType::f32}, std::pair{DType::bf16, DType::f32},
+                         std::pair{DType::bf16, DType::bf16}})
+    for (Trans ta : {Trans::n, Trans::t})
+      for (Trans tb : {Trans::n, Trans::t})
+        for (bool acc : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "in=" << dtype_name(in) << " out=" << dtype_name(out)
+                                          << " ta=" << int(ta) << " tb=" << int(tb) << " acc=" << acc);
+          const int64_t m = 13, n = 11, k = 17, ldc = n + 7;
+          const Shape sa = ta == Trans::n ? Shape{m, k} : Shape{k, m};
+          const Shape sb = tb == Trans::n ? Shape{k, n} : Shape{n, k};
+          // A: columns [5, 5 + cols) of a wider buffer; B: the last columns of one; C: the middle of one.
+          Tensor big_a = random_tensor({sa[0], sa[1] + 9}, in, rng);
+          Tensor big_b = random_tensor({sb[0], sb[1] + 4}, in, rng);
+          Tensor big_c = random_tensor({m, ldc}, out, rng);
+          Tensor a = big_a.cols(5, 5 + sa[1]);
+          Tensor b = big_b.cols(4, 4 + sb[1]);
+          Tensor c = big_c.cols(3, 3 + n);
+          ASSERT_FALSE(a.is_contiguous());
+          ASSERT_FALSE(b.is_contiguous());
+          ASSERT_FALSE(c.is_contiguous());
+          const std::vector<float> before = big_c.to_vector();
+          gemm(a, ta, b, tb, c, acc, 0.75f);
+          const std::vector<float> after = big_c.to_vector();
+          const auto ref = ref_gemm(a, ta, b, tb, m, n, k, 0.75, nullptr);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t at = size_t(i * ldc + j);
+              if (j < 3 || j >= 3 + n) {  // outside the view
+                ASSERT_EQ(after[at], before[at]) << i << " " << j;
+                continue;
+              }
+              const double want = ref[size_t(i * n + j - 3)] + (acc ? double(before[at]) : 0.0);
+              // fp32 C: as in MatchesDoubleReferenceAllTranspositions; bf16 C: one rounding, 2^-9 relative.
+              const double tol = out == DType::f32 ? 1e-4 * std::sqrt(double(k)) : 1e-4 + std::abs(want) / 256;
+              ASSERT_NEAR(after[at], want, tol) << i << " " << j;
+            }
+        }
+}
+
+TEST(Gemm, TensorFormRejectsBadOperands) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Tensor a = Tensor::zeros({4, 6}), b = Tensor::zeros({6, 5}), c = Tensor::zeros({4, 5});
+  Tensor a3 = Tensor::zeros({4, 6, 1});
+  EXPECT_DEATH(gemm(a3, Trans::n, b, Trans::n, c), "gemm: A must be a defined 2-D tensor");
+  Tensor wrong_c = Tensor::zeros({4, 4});
+  EXPECT_DEATH(gemm(a, Trans::n, b, Trans::n, wrong_c), "gemm shapes");
+  Tensor b16 = b.to(DType::bf16);
+  EXPECT_DEATH(gemm(a, Trans::n, b16, Trans::n, c), "dtypes differ");
+}

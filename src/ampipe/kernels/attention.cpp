@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
+#include "ampipe/kernels/checks.h"
 #include "ampipe/kernels/gemm.h"
 #include "ampipe/kernels/simd_math.h"
 
@@ -159,17 +160,46 @@ void grad_row(float* s, float* dp, int64_t nv, int64_t n, float scale, float lse
   }
 }
 
-void check_args(const AttentionShape& sh, DType in, int64_t ldq, int64_t ldk, int64_t ldv,
-                const AttentionBlocks& blocks) {
-  const int64_t h = sh.n * sh.d;
+void check_shape(const AttentionShape& sh) {
   AMPIPE_CHECK(sh.sq >= 0 && sh.skv >= 0 && sh.b > 0 && sh.n > 0 && sh.d > 0 && sh.q_offset >= 0,
                "attention shape sq={} skv={} b={} n={} d={} q_offset={}", sh.sq, sh.skv, sh.b, sh.n, sh.d,
                sh.q_offset);
   AMPIPE_CHECK(sh.sq == 0 || sh.skv > 0, "attention: {} query rows but no keys", sh.sq);
+}
+
+void check_args(const AttentionShape& sh, DType in, int64_t ldq, int64_t ldk, int64_t ldv,
+                const AttentionBlocks& blocks) {
+  const int64_t h = sh.n * sh.d;
+  check_shape(sh);
   AMPIPE_CHECK(ldq >= h && ldk >= h && ldv >= h, "attention row strides q {} k {} v {} below n*d = {}", ldq, ldk,
                ldv, h);
   AMPIPE_CHECK(blocks.q > 0 && blocks.k > 0, "attention blocks q={} k={}", blocks.q, blocks.k);
   (void)in;
+}
+
+// Tensor-form operands: q, k, v (same dtype, [sq*b, h] and [skv*b, h]) and their row strides.
+struct QkvArgs {
+  DType in;
+  int64_t ldq, ldk, ldv;
+};
+QkvArgs check_qkv(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  check_shape(sh);
+  const int64_t h = sh.n * sh.d;
+  AMPIPE_CHECK(q.defined(), "{}: q is undefined", op);
+  const DType in = q.dtype();
+  return {in, detail::check_matrix(q, op, "q", in, sh.sq * sh.b, h),
+          detail::check_matrix(k, op, "k (dtype of q)", in, sh.skv * sh.b, h),
+          detail::check_matrix(v, op, "v (dtype of q)", in, sh.skv * sh.b, h)};
+}
+
+void check_lse(const AttentionShape& sh, const Tensor& lse, const char* op) {
+  AMPIPE_CHECK(lse.defined() && lse.dtype() == DType::f32 && lse.is_contiguous() &&
+                   lse.numel() == sh.b * sh.n * sh.sq,
+               "{}: lse must be a contiguous f32 tensor of b*n*sq = {} elements, got {} {}{}", op,
+               sh.b * sh.n * sh.sq, lse.defined() ? dtype_name(lse.dtype()) : "undefined", shape_str(lse.shape()),
+               lse.defined() && !lse.is_contiguous() ? " (non-contiguous)" : "");
+  AMPIPE_CHECK(lse.device() == Device::cpu, "{}: lse is on {}, this kernel runs on cpu", op,
+               device_name(lse.device()));
 }
 
 // Last visible key + 1 for a query block ending (exclusive) at local row i_end.
@@ -406,6 +436,33 @@ void attention_backward(const AttentionShape& sh, DType in, const float* dout, i
         }
       }
     }
+}
+
+void attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor& lse, const AttentionBlocks& blocks) {
+  constexpr const char* op = "attention_forward";
+  const QkvArgs a = check_qkv(sh, q, k, v, op);
+  const int64_t ldo = detail::check_matrix(out, op, "out", DType::f32, sh.sq * sh.b, sh.n * sh.d);
+  check_lse(sh, lse, op);
+  attention_forward(sh, a.in, q.raw(), a.ldq, k.raw(), a.ldk, v.raw(), a.ldv, out.data<float>(), ldo,
+                    lse.data<float>(), blocks);
+}
+
+void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk_accum,
+                        Tensor& dv_accum, const AttentionBlocks& blocks) {
+  constexpr const char* op = "attention_backward";
+  const QkvArgs a = check_qkv(sh, q, k, v, op);
+  const int64_t h = sh.n * sh.d, qrows = sh.sq * sh.b, kvrows = sh.skv * sh.b;
+  const int64_t lddo = detail::check_matrix(dout, op, "dout", DType::f32, qrows, h);
+  const int64_t ldo = detail::check_matrix(out, op, "out", DType::f32, qrows, h);
+  const int64_t lddq = detail::check_matrix(dq, op, "dq", DType::f32, qrows, h);
+  const int64_t lddk = detail::check_matrix(dk_accum, op, "dk_accum", DType::f32, kvrows, h);
+  const int64_t lddv = detail::check_matrix(dv_accum, op, "dv_accum", DType::f32, kvrows, h);
+  check_lse(sh, lse, op);
+  attention_backward(sh, a.in, dout.data<float>(), lddo, q.raw(), a.ldq, k.raw(), a.ldk, v.raw(), a.ldv,
+                     out.data<float>(), ldo, lse.data<float>(), dq.data<float>(), lddq, dk_accum.data<float>(),
+                     lddk, dv_accum.data<float>(), lddv, blocks);
 }
 
 }  // namespace ampipe::kernels

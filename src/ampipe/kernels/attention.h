@@ -1,9 +1,10 @@
 // Causal multi-head self-attention, flash-attention style, for one block of query rows (an AMPipe chunk)
-// against the FULL key/value sequence.
+// against the key/value rows [0, skv) of the sequence prefix.
 //
-// Notation (DESIGN.md): s sequence, b micro-batch, n heads, d head dim, h = n*d.
+// Notation (docs/design.md, "Notation and names"): s sequence, b micro-batch, n heads, d head dim, h = n*d.
 //   sq       query rows in this call (s/M for chunk c)
-//   skv      key/value rows (the whole sequence s)
+//   skv      key/value rows: the model passes (c+1)*s/M for chunk c, the rows its causal queries can see (their
+//            K, V come from the QKV of chunks 0..c, so chunk c's attention needs no later chunk); s for M = 1
 //   q_offset position of local query row 0 in the sequence (c*s/M); key j is visible to local query i
 //            iff j <= q_offset + i (and j < skv). Row 0 always sees key 0, so no row is empty.
 //
@@ -23,12 +24,13 @@
 #include <cstdint>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/core/tensor.h"
 
 namespace ampipe::kernels {
 
 struct AttentionShape {
   int64_t sq = 0;        // query rows in this chunk
-  int64_t skv = 0;       // key/value rows (full sequence)
+  int64_t skv = 0;       // key/value rows [0, skv): (c+1)*s/M for chunk c
   int64_t b = 0;         // micro-batch
   int64_t n = 0;         // heads
   int64_t d = 0;         // head dim
@@ -50,6 +52,25 @@ int64_t causal_attention_pairs(const AttentionShape& sh);
 // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q) = 10*d per pair (2.5x the forward).
 double causal_attention_flops(const AttentionShape& sh, bool backward);
 
+// ---- Tensor form (use this) ------------------------------------------------------------------------------
+// Operands are 2-D matrices [rows*b, n*d] with unit column stride and any row stride >= n*d, so they may be
+// views of a fused [s*b, 3h] qkv buffer: for chunk c (rows [q_offset, q_offset + sq), keys [0, skv))
+//   q = qkv.rows(q_offset*b, (q_offset+sq)*b).cols(0, h), k = qkv.rows(0, skv*b).cols(h, 2h), v likewise (2h, 3h).
+// Row counts must match `sh` exactly. Shapes, dtypes and strides are AMPIPE_CHECKed; then the raw form below
+// runs with the tensors' row strides.
+//   q [sq*b, h], k, v [skv*b, h]: fp32 or bf16, all three the same dtype (the `in` of the raw form).
+//   out [sq*b, h] fp32, overwritten. lse: fp32, contiguous, numel b*n*sq (any shape), overwritten.
+void attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor& lse, const AttentionBlocks& blocks = {});
+
+//   dout, out [sq*b, h] fp32; q, k, v, lse as in attention_forward.
+//   dq [sq*b, h] fp32, overwritten. dk_accum, dv_accum [skv*b, h] fp32, ACCUMULATED (+=), as in the raw form.
+// dq, dk_accum and dv_accum may be column ranges of one fused [s*b, 3h] fp32 gradient buffer.
+void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk_accum,
+                        Tensor& dv_accum, const AttentionBlocks& blocks = {});
+
+// ---- Raw form (pointers and row strides; the Tensor form calls these) ---------------------------------------
 // q: [sq, b, n*d] with row stride ldq; k, v: [skv, b, n*d] with row strides ldk, ldv; type `in`.
 // out: [sq, b, n*d] fp32, row stride ldo, overwritten.
 // lse: [b, n, sq] fp32 (packed), overwritten: log(sum_j exp(q_i.k_j / sqrt(d))) over visible j; read by

@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ampipe/kernels/checks.h"
+
 namespace ampipe::kernels {
 namespace {
 
@@ -169,10 +171,8 @@ void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
 }
 
 void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate, float alpha) {
-  AMPIPE_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm needs 2-d tensors, got {} {} {}",
-               shape_str(a.shape()), shape_str(b.shape()), shape_str(c.shape()));
-  AMPIPE_CHECK(a.strides()[1] == 1 && b.strides()[1] == 1 && c.strides()[1] == 1,
-               "gemm needs unit column stride");
+  const int64_t lda = detail::matrix_ld(a, "gemm", "A"), ldb = detail::matrix_ld(b, "gemm", "B"),
+                ldc = detail::matrix_ld(c, "gemm", "C");
   AMPIPE_CHECK(a.dtype() == b.dtype(), "gemm A {} and B {} dtypes differ", dtype_name(a.dtype()),
                dtype_name(b.dtype()));
   GemmDesc d;
@@ -184,9 +184,9 @@ void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool 
   const int64_t kb = tb == Trans::n ? b.size(0) : b.size(1);
   AMPIPE_CHECK(kb == d.k && c.size(0) == d.m && c.size(1) == d.n,
                "gemm shapes: op(A) [{}, {}], op(B) [{}, {}], C {}", d.m, d.k, kb, d.n, shape_str(c.shape()));
-  d.lda = a.strides()[0];
-  d.ldb = b.strides()[0];
-  d.ldc = c.strides()[0];
+  d.lda = lda;
+  d.ldb = ldb;
+  d.ldc = ldc;
   d.in = a.dtype();
   d.out = c.dtype();
   d.alpha = alpha;
@@ -197,6 +197,5 @@ void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool 
 std::string gemm_impl_name(const GemmDesc& d) { return lookup(normalised(d)).impl; }
 
 void set_num_threads(int n) { omp_set_num_threads(n); }
-int num_threads() { return omp_get_max_threads(); }
 
 }  // namespace ampipe::kernels

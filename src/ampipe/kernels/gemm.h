@@ -37,7 +37,8 @@ struct GemmDesc {
 // Raw form: pointers to the first element of each matrix.
 void gemm(const GemmDesc& d, const void* a, const void* b, void* c);
 
-// Tensor form: A, B, C are 2-D (use view() to flatten [s, b, h] to [s*b, h]); leading dimensions come from the
+// Tensor form: A, B, C are 2-D (use view() to flatten [s, b, h] to [s*b, h]) with unit column stride; each may
+// be a strided view (rows() of a bigger matrix, cols() of a fused buffer): leading dimensions come from the
 // tensors' row strides, dtypes from the tensors.
 void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate = false,
           float alpha = 1.0f);
@@ -45,8 +46,7 @@ void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool 
 // Name of the oneDNN implementation chosen for a descriptor (e.g. "brg:avx512_core_amx_bf16").
 std::string gemm_impl_name(const GemmDesc& d);
 
-// Number of OpenMP threads oneDNN uses on this rank.
+// Sets the number of OpenMP threads oneDNN uses on this rank.
 void set_num_threads(int n);
-int num_threads();
 
 }  // namespace ampipe::kernels
