@@ -77,8 +77,9 @@ TEST(Layout, GroupsPartitionTheWorld) {
           EXPECT_EQ(l.members(k, g[i]), g) << "membership is symmetric";
           EXPECT_EQ(l.position(k, g[i]), int(i));
           EXPECT_EQ(l.group_index(k, g[i]), l.group_index(k, g[0]));
-          if (k != GroupKind::tp && k != GroupKind::world)
+          if (k != GroupKind::tp && k != GroupKind::world) {
             EXPECT_EQ(g[i] % tp, g[0] % tp) << "same tp coordinate in " << group_kind_name(k);
+          }
         }
       }
       EXPECT_EQ(int(colours.size()), int(groups.size())) << "distinct split colours";

@@ -6,7 +6,7 @@
 #include <memory>
 #include <numeric>
 
-#include "ampipe/comm/engine.h"
+#include "ampipe/comm/mpi_detail.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 

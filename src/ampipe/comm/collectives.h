@@ -11,7 +11,7 @@
 //
 // dtypes: fp32 and bf16. Data movement (all_to_all, all_gather, send/recv) copies bf16 as 16-bit words.
 // Reductions of bf16 accumulate in fp32: the engine converts the input to an fp32 buffer, reduces it as
-// MPI_FLOAT (sum), divides by the group size for Reduce::avg, and rounds the result back to bf16 once (so a
+// fp32 (sum), divides by the group size for Reduce::avg, and rounds the result back to bf16 once (so a
 // bf16 sum has a single rounding, not one per hop). fp32 averages divide the fp32 sum by the group size.
 //
 // Seq and checking: each collective takes its group's next seq (group.h). Fingerprints cover (group, seq, op,
@@ -44,9 +44,11 @@ struct SplitCounts {
 enum class Reduce { sum, avg };
 
 struct Issue {
-  std::vector<Event> after;  // start only when these are done (a failed one fails this op)
-  std::optional<Lane> lane;  // default: the group's lane
-  int chunk = -1;            // for the trace
+  // (Every member has a default initializer, so a partial designated initializer such as {.lane = Lane::ep}
+  // does not trip -Wmissing-field-initializers.)
+  std::vector<Event> after{};  // start only when these are done (a failed one fails this op)
+  std::optional<Lane> lane{};  // default: the group's lane
+  int chunk = -1;              // for the trace
 };
 
 // send[sum(counts.send)] -> recv[sum(counts.recv)], packed in group-rank order (displacements are prefix sums).

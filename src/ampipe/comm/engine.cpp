@@ -1,4 +1,5 @@
-#include "ampipe/comm/engine.h"
+// The communication engine; declared in the private mpi_detail.h (see there for how it schedules lanes).
+#include "ampipe/comm/mpi_detail.h"
 
 #include <fmt/format.h>
 
@@ -121,7 +122,7 @@ void Engine::admit(std::unique_ptr<Op> op) {
                                            std::string(o.check_mine.tag));
     o.check_all.resize(o.group->members.size());
     mpi_check(MPI_Iallgather(&o.check_mine, int(sizeof(CheckRecord)), MPI_BYTE, o.check_all.data(),
-                             int(sizeof(CheckRecord)), MPI_BYTE, o.group->debug_comm, &o.check_req),
+                             int(sizeof(CheckRecord)), MPI_BYTE, o.group->comms->debug, &o.check_req),
               "MPI_Iallgather (check)", world_rank_);
     o.check_pending = true;
     o.ev->stage = int(OpStage::checking);
@@ -237,7 +238,7 @@ bool Engine::step() {
             op.after.clear();
             op.ev->started = std::chrono::steady_clock::now();
             op.ev->stage = int(OpStage::in_flight);
-            op.start(op, op.group->lane_comm[size_t(lane_index(op.ev->info.lane))]);
+            op.start(op, op.group->comms->lane[size_t(lane_index(op.ev->info.lane))]);
             op.started = true;
             progressed = true;
           }

@@ -1,6 +1,11 @@
 #include "ampipe/comm/group.h"
 
+#include "ampipe/comm/mpi_detail.h"
+
 namespace ampipe::comm {
+
+GroupState::GroupState() = default;
+GroupState::~GroupState() = default;
 
 const Group& Groups::get(GroupKind k) const {
   switch (k) {

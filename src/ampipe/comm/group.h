@@ -8,12 +8,12 @@
 // lanes they use. Point-to-point ops are not collectives: they have their own counter and are not checked.
 //
 // Groups are created by the main thread at start-up, before the first operation starts the engine
-// (MPI_Comm_split is a blocking collective and only the engine calls MPI afterwards).
+// (splitting the world communicator is a blocking collective and only the engine calls MPI afterwards).
+//
+// The communicators themselves are opaque here (GroupComms, defined in the private mpi_detail.h), so this header
+// and everything that includes it compile without MPI.
 #pragma once
 
-#include <mpi.h>
-
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -27,6 +27,7 @@
 namespace ampipe::comm {
 
 class Engine;
+struct GroupComms;  // mpi_detail.h (private to comm/*.cpp)
 
 struct GroupState {
   GroupKind kind = GroupKind::world;
@@ -34,8 +35,7 @@ struct GroupState {
   std::vector<int> members;      // world ranks, index = group rank
   int rank = 0;                  // this process's rank in the group
   Lane default_lane = Lane::dp;  // lane used when an op does not name one
-  std::array<MPI_Comm, kNumLanes> lane_comm{};  // [lane_index]; compute lane has none
-  MPI_Comm debug_comm = MPI_COMM_NULL;
+  std::unique_ptr<GroupComms> comms;  // one communicator per lane + the debug one; set by the runtime
   Engine* engine = nullptr;
 
   // Guarded by the engine's submit lock.
@@ -47,6 +47,11 @@ struct GroupState {
   uint64_t last_seq = 0;
   std::string last_tag;
   OpKind last_kind{};
+
+  GroupState();
+  ~GroupState();  // out of line: GroupComms is complete only in comm/*.cpp
+  GroupState(const GroupState&) = delete;
+  GroupState& operator=(const GroupState&) = delete;
 };
 
 class Group {

@@ -37,7 +37,7 @@ struct Layout {
 
   // World ranks of the group of `kind` that contains `rank`, ascending.
   std::vector<int> members(GroupKind kind, int rank) const;
-  // Which group of that kind `rank` belongs to (0-based; the MPI_Comm_split colour).
+  // Which group of that kind `rank` belongs to (0-based; the colour of the communicator split).
   int group_index(GroupKind kind, int rank) const;
   // Position of `rank` inside its group (its rank in the group communicator).
   int position(GroupKind kind, int rank) const;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "ampipe/comm/mpi_detail.h"
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/error.h"
 
@@ -20,6 +21,35 @@ Lane default_lane_for(GroupKind k) {
     case GroupKind::cp: return Lane::cp;
     default: return Lane::dp;
   }
+}
+
+// A group over `comm` (whose ranks are `members`, in order): duplicates one communicator per communication lane
+// and a debug one; `comm` itself stays the caller's.
+std::shared_ptr<GroupState> new_group(GroupKind kind, std::vector<int> members, MPI_Comm comm, int world_rank,
+                                      Engine* engine) {
+  AMPIPE_CHECK(!engine->running(),
+               "rank {}: groups must be created before the first communication op starts the engine", world_rank);
+  auto g = std::make_shared<GroupState>();
+  g->kind = kind;
+  g->label = group_label(kind, members);
+  g->members = std::move(members);
+  MPI_Comm_rank(comm, &g->rank);
+  int sz = 0;
+  MPI_Comm_size(comm, &sz);
+  AMPIPE_CHECK(sz == int(g->members.size()), "group {}: communicator size {} vs {} members", g->label, sz,
+               g->members.size());
+  AMPIPE_CHECK(g->members[size_t(g->rank)] == world_rank, "group {}: rank {} at position {}", g->label, world_rank,
+               g->rank);
+  g->default_lane = default_lane_for(kind);
+  g->comms = std::make_unique<GroupComms>();
+  for (Lane l : kCommLanes) {
+    MPI_Comm& c = g->comms->lane[size_t(lane_index(l))];
+    MPI_Comm_dup(comm, &c);
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  }
+  MPI_Comm_dup(comm, &g->comms->debug);
+  g->engine = engine;
+  return g;
 }
 }  // namespace
 
@@ -53,7 +83,8 @@ Runtime::Runtime(int* argc, char*** argv, RuntimeOptions opts) : opts_(opts) {
   engine_ = std::make_unique<Engine>(rank_, EngineOptions{opts_.poll_interval, opts_.lane_depth});
   std::vector<int> all(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) all[size_t(r)] = r;
-  world_ = Group(make_group(GroupKind::world, all, MPI_COMM_WORLD));
+  groups_.push_back(new_group(GroupKind::world, all, MPI_COMM_WORLD, rank_, engine_.get()));
+  world_ = Group(groups_.back());
   Trace::set_enabled(opts_.trace);
   MPI_Barrier(MPI_COMM_WORLD);
   Trace::set_origin(std::chrono::steady_clock::now());
@@ -70,9 +101,10 @@ Runtime::~Runtime() {
   }
   g_runtime = nullptr;
   for (auto& g : groups_) {
-    for (MPI_Comm& c : g->lane_comm)
+    if (!g->comms) continue;
+    for (MPI_Comm& c : g->comms->lane)
       if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
-    if (g->debug_comm != MPI_COMM_NULL) MPI_Comm_free(&g->debug_comm);
+    if (g->comms->debug != MPI_COMM_NULL) MPI_Comm_free(&g->comms->debug);
   }
   MPI_Finalize();
 }
@@ -80,30 +112,6 @@ Runtime::~Runtime() {
 void Runtime::set_poll_interval(std::chrono::microseconds us) {
   opts_.poll_interval = us;
   engine_->set_poll_interval(us);
-}
-
-std::shared_ptr<GroupState> Runtime::make_group(GroupKind kind, std::vector<int> members, MPI_Comm comm) {
-  AMPIPE_CHECK(!engine_ || !engine_->running(),
-               "rank {}: groups must be created before the first communication op starts the engine", rank_);
-  auto g = std::make_shared<GroupState>();
-  g->kind = kind;
-  g->label = group_label(kind, members);
-  g->members = std::move(members);
-  MPI_Comm_rank(comm, &g->rank);
-  int sz = 0;
-  MPI_Comm_size(comm, &sz);
-  AMPIPE_CHECK(sz == int(g->members.size()), "group {}: communicator size {} vs {} members", g->label, sz,
-               g->members.size());
-  AMPIPE_CHECK(g->members[size_t(g->rank)] == rank_, "group {}: rank {} at position {}", g->label, rank_, g->rank);
-  g->default_lane = default_lane_for(kind);
-  for (Lane l : kCommLanes) {
-    MPI_Comm_dup(comm, &g->lane_comm[size_t(lane_index(l))]);
-    MPI_Comm_set_errhandler(g->lane_comm[size_t(lane_index(l))], MPI_ERRORS_RETURN);
-  }
-  MPI_Comm_dup(comm, &g->debug_comm);
-  g->engine = engine_.get();
-  groups_.push_back(g);
-  return g;
 }
 
 Groups Runtime::make_groups(const Layout& layout) {
@@ -114,9 +122,9 @@ Groups Runtime::make_groups(const Layout& layout) {
   auto make = [&](GroupKind k) {
     MPI_Comm c;
     MPI_Comm_split(MPI_COMM_WORLD, layout.group_index(k, rank_), layout.position(k, rank_), &c);
-    auto g = make_group(k, layout.members(k, rank_), c);
+    groups_.push_back(new_group(k, layout.members(k, rank_), c, rank_, engine_.get()));
     MPI_Comm_free(&c);
-    return Group(g);
+    return Group(groups_.back());
   };
   out.tp = make(GroupKind::tp);
   out.cp = make(GroupKind::cp);

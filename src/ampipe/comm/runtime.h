@@ -1,4 +1,4 @@
-// Runtime: MPI initialisation (MPI_THREAD_MULTIPLE, or a clear failure), the world, the groups and the one
+// Runtime: MPI initialisation (full thread support, or a clear failure), the world, the groups and the one
 // communication engine of this rank. Construct one per process, in main, before anything else uses comm:
 //
 //   comm::Runtime rt(&argc, &argv, {.comm_timeout = 300s, .check_collectives = false});
@@ -6,10 +6,11 @@
 //   comm::Event e = comm::all_to_all(g.ep, send, recv, counts, "L0.fwd.dispatch.c0");
 //   ...
 //   e.wait();                       // throws CommError on timeout / mismatch
-//   ... catch (const CommError& e) { rt.abort(e.what()); }   // prints, MPI_Abort: the job ends on every rank
+//   ... catch (const CommError& e) { rt.abort(e.what()); }   // prints, aborts the MPI job on every rank
 //
-// The destructor drains the engine (up to comm_timeout) and calls MPI_Finalize; if ops are still unfinished it
-// prints them and calls MPI_Abort instead of hanging.
+// The destructor drains the engine (up to comm_timeout) and finalises MPI; if ops are still unfinished it
+// prints them and aborts the MPI job instead of hanging. This is the only way code outside comm/ reaches MPI:
+// no public header of comm/ includes the MPI header (the MPI-typed state lives in the private mpi_detail.h).
 #pragma once
 
 #include <chrono>
@@ -17,11 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "ampipe/comm/engine.h"
 #include "ampipe/comm/group.h"
 #include "ampipe/comm/layout.h"
 
 namespace ampipe::comm {
+
+class Engine;  // mpi_detail.h (private to comm/*.cpp)
 
 struct RuntimeOptions {
   std::chrono::milliseconds comm_timeout{300'000};  // --comm-timeout SECONDS: default for Event::wait()
@@ -45,7 +47,6 @@ class Runtime {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Group& world() const { return world_; }
-  Engine& engine() { return *engine_; }
 
   // Creates this rank's groups for `layout` (collective over the world; main thread; before the first op).
   Groups make_groups(const Layout& layout);
@@ -56,12 +57,11 @@ class Runtime {
   void set_comm_timeout(std::chrono::milliseconds t) { opts_.comm_timeout = t; }
   void set_poll_interval(std::chrono::microseconds us);
 
-  // Prints "rank R: <message>" to stderr and calls MPI_Abort(MPI_COMM_WORLD, code): every rank exits non-zero.
+  // Prints "rank R: <message>" to stderr and aborts the MPI job (the world communicator) with `code`: every rank
+  // exits non-zero.
   [[noreturn]] void abort(const std::string& message, int code = 1);
 
  private:
-  std::shared_ptr<GroupState> make_group(GroupKind kind, std::vector<int> members, MPI_Comm comm);
-
   RuntimeOptions opts_;
   int rank_ = 0, size_ = 1;
   Group world_;

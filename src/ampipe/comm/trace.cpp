@@ -57,14 +57,6 @@ void Trace::clear() {
   g_records.clear();
 }
 
-int64_t Trace::total_blocked_us() {
-  std::lock_guard lk(g_mu);
-  int64_t s = 0;
-  for (const auto& r : g_records)
-    if (r.cat == "wait") s += r.blocked_us;
-  return s;
-}
-
 namespace {
 nlohmann::json events_json(const std::vector<TraceRecord>& records, int rank) {
   auto ev = nlohmann::json::array();
@@ -87,10 +79,6 @@ nlohmann::json events_json(const std::vector<TraceRecord>& records, int rank) {
   return ev;
 }
 }  // namespace
-
-std::string Trace::to_chrome_json(const std::vector<TraceRecord>& records, int rank) {
-  return nlohmann::json{{"traceEvents", events_json(records, rank)}, {"displayTimeUnit", "ms"}}.dump();
-}
 
 size_t Trace::write_chrome_trace(const std::string& path) {
   Runtime& rt = Runtime::current();

@@ -3,7 +3,7 @@
 // "wait:<tag>" record on the compute lane whose duration is the exposed communication.
 //
 // Timestamps: microseconds of std::chrono::steady_clock since this rank's origin. The runtime sets the origin right
-// after an MPI_Barrier at start-up, so ranks agree to within the barrier's skew (tens of microseconds on shm).
+// after a world barrier at start-up, so ranks agree to within the barrier's skew (tens of microseconds on shm).
 //
 // write_chrome_trace(path) is collective over the world: every rank must call it (after its own last op); the
 // records are gathered to rank 0 through the engine and rank 0 writes Chrome trace JSON (traceEvents, ph "X",
@@ -48,14 +48,10 @@ class Trace {
   static void record(TraceRecord r);
   static std::vector<TraceRecord> snapshot();
   static void clear();
-  // Sum of blocked_us over "wait" records (the exposed communication so far).
-  static int64_t total_blocked_us();
 
   // Collective over the world group (see above). Rank 0 writes `path`; returns the number of records written
   // (on rank 0; other ranks return their own count).
   static size_t write_chrome_trace(const std::string& path);
-  // This rank's records as Chrome trace events (pid = rank), for tests and tools.
-  static std::string to_chrome_json(const std::vector<TraceRecord>& records, int rank);
 };
 
 // RAII: records [construction, destruction) as one task.

@@ -1,7 +1,14 @@
-// The communication engine: ONE thread per rank that alone calls MPI after initialisation (DESIGN.md section 3).
+// PRIVATE to src/ampipe/comm/*.cpp: no public header (and nothing outside comm/) may include this file.
 //
-// Submissions (from any thread) go into one FIFO. The engine moves them, in order, into per-lane queues. An op on a
-// lane starts (its non-blocking MPI call is posted on the group's communicator for that lane) when
+// Everything of the communication module that names MPI lives here, so the public headers (group.h, event.h,
+// collectives.h, runtime.h, ...) and every module above comm compile without <mpi.h>:
+//   - GroupComms: a group's duplicated communicators (one per communication lane, and the debug one);
+//   - Op and CheckRecord: an operation as the engine sees it (its start callback posts MPI calls);
+//   - Engine: the one thread per rank that alone calls MPI after initialisation.
+//
+// The engine (engine.cpp). Submissions (from any thread) go into one FIFO. The engine moves them, in order, into
+// per-lane queues. An op on a lane starts (its non-blocking MPI call is posted on the group's communicator for
+// that lane) when
 //   - it is among the first `lane_depth` (default 1) unfinished ops of its lane, so a lane starts ops in issue
 //     order and, with depth 1, runs one at a time (chunk 0's all-to-all gets the link before chunk 1's);
 //   - all its `after` events are done (a failed `after` fails the op without starting it);
@@ -16,12 +23,15 @@
 #include <mpi.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,6 +40,14 @@
 #include "ampipe/comm/lane.h"
 
 namespace ampipe::comm {
+
+// The communicators of one group (GroupState::comms). Created by the runtime (runtime.cpp) and freed by it before
+// MPI is finalised; the compute lane has none (MPI_COMM_NULL).
+struct GroupComms {
+  std::array<MPI_Comm, kNumLanes> lane;  // [lane_index]
+  MPI_Comm debug = MPI_COMM_NULL;        // --check-collectives fingerprint exchanges
+  GroupComms() { lane.fill(MPI_COMM_NULL); }
+};
 
 // One fingerprint record exchanged in --check-collectives mode (fixed size, sent as MPI_BYTE).
 struct CheckRecord {
