@@ -2,10 +2,9 @@
 //
 // Notation: s sequence, b = 1 micro-batch, h = 1024 hidden, n = 8 heads (d = 128), F = 4096 FFN hidden,
 // E = 4 experts, top-2, capacity factor 1, hidden dropout 0.1, GeLU experts, ep = 1, M the AMPipe degree.
-// One step = LayerStep::begin_forward + Executor::forward + begin_backward + Executor::backward over
-// schedule::build_layer_plan (as tests/schedule/layer_harness.h runs it; the all-to-alls are local copies).
-// TFLOP/s = LayerStep::flops() (causal attention FLOPs, GEMMs at the capacity-padded expert rows, gate) per
-// step time. BM_Gemm is C [4096, 4096] = A [4096, 1024] * B [1024, 4096], the reference rate for the ratio.
+// One step = schedule::LayerStack::forward + backward of a one-layer stack (the step driver every caller uses;
+// the all-to-alls are local copies). TFLOP/s = Layer::flops() (causal attention FLOPs, GEMMs at the
+// capacity-padded expert rows, gate) per step time. BM_Gemm is C [4096, 4096] = A [4096, 1024] * B [1024, 4096], the reference rate for the ratio.
 //
 //   ./bench_layer --benchmark_min_time=1
 // Target (one thread): bf16 layer fwd+bwd >= 45% of the bf16 GEMM rate.
@@ -23,10 +22,7 @@
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/gemm.h"
-#include "ampipe/model/layer_params.h"
-#include "ampipe/model/layer_step.h"
-#include "ampipe/schedule/executor.h"
-#include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/layer_stack.h"
 
 using namespace ampipe;
 
@@ -82,13 +78,9 @@ void BM_Layer(benchmark::State& state) {
   const bool bf16 = state.range(1) != 0;
   const int M = int(state.range(2));
   const model::LayerConfig cfg = layer_config(s, bf16);
-  model::LayerParams params = model::init_params(cfg, 0);
-  model::LayerParams grads = model::zeros_like_params(cfg);
   const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
   const Tensor x = seeded_normal(act, cfg.seed, 0), dy = seeded_normal(act, cfg.seed, 1);
-  const schedule::Plan plan = schedule::build_layer_plan(cfg.layer_index, M);
-  schedule::Executor ex;
-  model::LayerStep step(cfg, M, 0, params, grads);
+  schedule::LayerStack stack(cfg, 1, M, 0, nullptr, cfg.layer_index);
 
   std::map<std::string, int64_t> us;
   int64_t wall_us = 0, steps = 0;
@@ -97,27 +89,20 @@ void BM_Layer(benchmark::State& state) {
   for (auto _ : state) {
     comm::Trace::clear();
     const int64_t t0 = comm::Trace::now_us();
-    step.begin_forward(x);
-    const int64_t t1 = comm::Trace::now_us();
-    ex.forward(plan, step);
-    const int64_t t2 = comm::Trace::now_us();
-    step.begin_backward(dy, 0.01f);
-    const int64_t t3 = comm::Trace::now_us();
-    ex.backward(plan, step);
+    stack.forward(x, 0);
+    const Tensor dx = stack.backward(dy, 0.01f);
     const int64_t t4 = comm::Trace::now_us();
-    benchmark::DoNotOptimize(step.input_grad().raw());
-    flops = step.flops();
+    benchmark::DoNotOptimize(dx.raw());
+    flops = stack.flops();
     wall_us += t4 - t0;
     ++steps;
-    us["fwd.begin_forward (bf16 weight copies)"] += t1 - t0;
-    us["bwd.begin_backward (grad buffers)"] += t3 - t2;
     int64_t compute = 0;
     for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
       if (r.cat != "compute") continue;
       us[stage_key(r.name)] += r.end_us - r.start_us;
       compute += r.end_us - r.start_us;
     }
-    us["(a2a local copies, executor)"] += (t4 - t0) - (t1 - t0) - (t3 - t2) - compute;
+    us["(a2a local copies, zeroing, executor)"] += (t4 - t0) - compute;
   }
   comm::Trace::set_enabled(false);
   comm::Trace::clear();

@@ -1,7 +1,7 @@
 // overlap_bench: does the communication engine hide an all-to-all behind GEMMs? Run on 2 ranks, ideally across a
 // rate-limited link (bench/overlap/run_overlap.sh); on shared memory the copy is CPU work and cannot hide.
 //
-// Per trial (all in one run, DESIGN.md section 6):
+// Per trial (all in one run, docs/design.md "How we measure"):
 //   a2a alone      R all_to_alls (uneven counts, half the payload to the peer) issued on the ep lane, then waited
 //   gemm alone     the GEMM loop with the engine idle
 //   gemm + poll    the GEMM loop while the engine polls an outstanding recv (cost of MPI_Test + sleep polling)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: expect_error.sh REGEX COMMAND...
 # Passes when COMMAND exits with code 2 and prints exactly one line on stderr that matches REGEX (bad user input
-# gets one clear line naming the flag or file, the value and the rule; DESIGN.md section 5).
+# gets one clear line naming the flag or file, the value and the rule; docs/design.md, "Errors").
 set -u
 regex=$1
 shift

@@ -319,7 +319,7 @@ TEST(Attention, ChunksEqualWholeSequence) {
     }
     ASSERT_EQ(off, c.s);
     // fp32 both ways; only GEMM shapes (hence summation order) and the order dk, dv are summed differ:
-    // 1e-5 relative to the tensor's scale (DESIGN.md §4).
+    // 1e-5 relative to the tensor's scale (docs/design.md, "Numerics and determinism").
     EXPECT_LT(scaled_err(out, to_double(whole.out)), 1e-5);
     EXPECT_LT(scaled_err(lse, to_double(whole.lse)), 1e-5);
     EXPECT_LT(scaled_err(dq, to_double(whole.dq)), 1e-5);

@@ -1,5 +1,6 @@
-// Test harness: runs one layer forward + backward through the Plan executor and returns every output and
-// gradient by name ("y", "aux_loss", "grad.x", "grad.<parameter>").
+// Test harness: runs one layer forward + backward through the step driver (a one-layer schedule::LayerStack, the
+// Plan executor inside) and returns every output and gradient by name ("y", "aux_loss", "grad.x",
+// "grad.<parameter>").
 #pragma once
 
 #include <map>
@@ -7,9 +8,7 @@
 
 #include "ampipe/core/philox.h"
 #include "ampipe/model/layer_params.h"
-#include "ampipe/model/layer_step.h"
-#include "ampipe/schedule/executor.h"
-#include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/layer_stack.h"
 
 namespace ampipe::testing {
 
@@ -30,22 +29,15 @@ struct LayerRun {
 // dy_scale scales the upstream gradient of y (0: the loss is the aux loss alone).
 inline LayerRun run_layer(const model::LayerConfig& cfg, int M, float aux_coeff = 0.01f,
                           const model::LayerParams* given = nullptr, float dy_scale = 1.0f) {
-  model::LayerParams params = given ? *given : model::init_params(cfg, 0);
-  model::LayerParams grads = model::zeros_like_params(cfg);
+  schedule::LayerStack stack(cfg, 1, M, 0, nullptr, cfg.layer_index);
+  if (given) stack.params(0) = *given;
   const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
   const Tensor x = seeded_normal(act, cfg.seed, 0), dy = seeded_normal(act, cfg.seed, 1, dy_scale);
-  model::LayerStep step(cfg, M, 0, params, grads);
-  const schedule::Plan plan = schedule::build_layer_plan(cfg.layer_index, M);
-  schedule::Executor ex;
-  step.begin_forward(x);
-  ex.forward(plan, step);
-  step.begin_backward(dy, aux_coeff);
-  ex.backward(plan, step);
   LayerRun r;
-  r.aux = step.aux_loss_value();
-  r.tensors["y"] = step.output().clone();
-  r.tensors["grad.x"] = step.input_grad().clone();
-  for (auto& [name, g] : grads.named()) r.tensors["grad." + name] = g;
+  r.tensors["y"] = stack.forward(x, 0).clone();
+  r.aux = stack.aux_loss();
+  r.tensors["grad.x"] = stack.backward(dy, aux_coeff).clone();
+  for (auto& [name, g] : stack.grads(0).named()) r.tensors["grad." + name] = g.clone();
   return r;
 }
 

@@ -38,19 +38,16 @@ struct Result {
 };
 
 // Micro-batch m of a run: x and dy drawn with ids (2m, 2m+1); token_base m * s * b.
-Result run_micro_batch(const model::LayerConfig& cfg, int M, int ep_rank, const comm::Group* ep, int64_t m,
-                       model::LayerParams& params, model::LayerParams& grads) {
+// Gradients accumulate in the stack's grads(0).
+Result run_micro_batch(schedule::LayerStack& stack, int64_t m) {
+  const model::LayerConfig& cfg = stack.layer(0).config();
   const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
   const Tensor x = seeded_normal(act, cfg.seed, uint64_t(2 * m)), dy = seeded_normal(act, cfg.seed, uint64_t(2 * m + 1));
-  model::LayerStep step(cfg, M, ep_rank, params, grads, uint64_t(m * cfg.tokens()));
-  const schedule::Plan plan = schedule::build_layer_plan(
-      0, M, schedule::plan_options({cfg.moe_no_drop, cfg.expert_model_parallel_size}));
-  schedule::Executor ex(ep);
-  step.begin_forward(x);
-  ex.forward(plan, step);
-  step.begin_backward(dy, 0.05f);
-  ex.backward(plan, step);
-  return {step.output().clone(), step.input_grad().clone(), step.aux_loss_value(), {}};
+  Result r;
+  r.y = stack.forward(x, uint64_t(m * cfg.tokens())).clone();
+  r.aux = stack.aux_loss();
+  r.dx = stack.backward(dy, 0.05f).clone();
+  return r;
 }
 
 // Groups for every EP size are created together, before the first operation starts the engine.
@@ -69,10 +66,11 @@ void check_parallel(model::LayerConfig cfg, int M, int ep) {
   // Reference: every micro-batch on this rank alone, experts all local, degree 1.
   model::LayerConfig ref_cfg = cfg;
   ref_cfg.expert_model_parallel_size = 1;
-  model::LayerParams ref_p = model::init_params(ref_cfg, 0), ref_g = model::zeros_like_params(ref_cfg);
+  schedule::LayerStack ref(ref_cfg, 1, 1, 0, nullptr);
+  model::LayerParams& ref_g = ref.grads(0);
   Result mine_ref;
   for (int m = 0; m < world; ++m) {
-    Result r = run_micro_batch(ref_cfg, 1, 0, nullptr, m, ref_p, ref_g);
+    Result r = run_micro_batch(ref, m);
     if (m == rank) mine_ref = r;
   }
   // Parallel run.
@@ -80,15 +78,16 @@ void check_parallel(model::LayerConfig cfg, int M, int ep) {
   const comm::Layout layout = comm::Layout::make(world, 1, 1, ep);
   const comm::Groups& groups = groups_for(ep);
   const int ep_rank = layout.coord(rank).ep;
-  model::LayerParams p = model::init_params(cfg, ep_rank), g = model::zeros_like_params(cfg);
-  Result got = run_micro_batch(cfg, M, ep_rank, &groups.ep, rank, p, g);
+  schedule::LayerStack stack(cfg, 1, M, ep_rank, &groups);
+  model::LayerParams& g = stack.grads(0);
+  Result got = run_micro_batch(stack, rank);
   for (auto& [name, t] : g.named()) {
     const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
     if (grp.size() > 1) comm::all_reduce_sync(grp, t, comm::Reduce::sum, "grad." + name);
   }
   const std::string what = fmt::format("k={} cf={} p={} M={} ep={} world={}", cfg.moe_router_topk,
                                        cfg.moe_train_capacity_factor, cfg.hidden_dropout, M, ep, world);
-  // fp32: only summation orders differ (chunks, the all-reduce), so 1e-5 relative (DESIGN.md section 4).
+  // fp32: only summation orders differ (chunks, the all-reduce), so 1e-5 relative (docs/design.md, "Numerics and determinism").
   EXPECT_LE(rel_err(got.y, mine_ref.y), 1e-5) << "y " << what;
   EXPECT_LE(rel_err(got.dx, mine_ref.dx), 1e-5) << "dx " << what;
   EXPECT_NEAR(got.aux, mine_ref.aux, 1e-6 * std::abs(mine_ref.aux)) << "aux " << what;

@@ -1,4 +1,4 @@
-// The schedule as it actually ran, read back from the op trace (DESIGN.md section 6): in the forward, dispatch(c)
+// The schedule as it actually ran, read back from the op trace (docs/design.md, "How we measure"): in the forward, dispatch(c)
 // is in flight while attention(c+1) computes and combine(c) while experts(c+1) compute; in the backward, the
 // reverse dispatch of chunk c-1 is in flight during the attention-side backward of chunk c; and every rank of the
 // EP group issued the identical collective sequence (also fingerprint-checked with --check-collectives on).
@@ -28,7 +28,9 @@ void expect_in_flight_during(const std::map<std::string, Span>& rec, const std::
   ASSERT_TRUE(rec.count(task)) << task;
   EXPECT_LE(rec.at(coll).issued, rec.at(task).start) << coll << " issued after " << task << " started";
   const auto w = rec.find("wait:" + coll);
-  if (w != rec.end()) EXPECT_GE(w->second.start, rec.at(task).end) << "compute waited for " << coll << " before " << task;
+  if (w != rec.end()) {
+    EXPECT_GE(w->second.start, rec.at(task).end) << "compute waited for " << coll << " before " << task;
+  }
 }
 
 }  // namespace
@@ -48,21 +50,15 @@ TEST(ScheduleTrace, CollectivesOverlapTheComputeThePlanSays) {
     cfg.num_experts = 4;
     cfg.moe_router_topk = 2;
     cfg.expert_model_parallel_size = world;
-    model::LayerParams p = model::init_params(cfg, groups.layout.coord(rt.rank()).ep);
-    model::LayerParams g = model::zeros_like_params(cfg);
+    schedule::LayerStack stack(cfg, 1, M, groups.layout.coord(rt.rank()).ep, &groups);
     const Shape act{cfg.seq_length, 1, cfg.hidden_size};
     const Tensor x = ampipe::testing::seeded_normal(act, 3, uint64_t(2 * rt.rank()));
     const Tensor dy = ampipe::testing::seeded_normal(act, 3, uint64_t(2 * rt.rank() + 1));
-    model::LayerStep step(cfg, M, groups.layout.coord(rt.rank()).ep, p, g, uint64_t(rt.rank() * cfg.tokens()));
-    const schedule::Plan plan = schedule::build_layer_plan(0, M);
-    schedule::Executor ex(&groups.ep);
     comm::barrier_sync(groups.world, "trace_test.start");
     comm::Trace::clear();
     comm::Trace::set_enabled(true);
-    step.begin_forward(x);
-    ex.forward(plan, step);
-    step.begin_backward(dy, 0.01f);
-    ex.backward(plan, step);
+    stack.forward(x, uint64_t(rt.rank() * cfg.tokens()));
+    stack.backward(dy, 0.01f);
     comm::barrier_sync(groups.world, "trace_test.end");
     comm::Trace::set_enabled(false);
     std::map<std::string, Span> rec;
@@ -73,7 +69,7 @@ TEST(ScheduleTrace, CollectivesOverlapTheComputeThePlanSays) {
     }
     for (int c = 0; c + 1 < M; ++c) {
       expect_in_flight_during(rec, fmt::format("L0.fwd.dispatch.c{}", c), fmt::format("L0.fwd.attention.c{}", c + 1));
-      expect_in_flight_during(rec, fmt::format("L0.fwd.combine_a2a.c{}", c), fmt::format("L0.fwd.experts.c{}", c + 1));
+      expect_in_flight_during(rec, fmt::format("L0.fwd.combine.c{}", c), fmt::format("L0.fwd.experts.c{}", c + 1));
       expect_in_flight_during(rec, fmt::format("L0.bwd.dispatch.c{}", c), fmt::format("L0.bwd.attention.c{}", c + 1));
     }
     // Identical collective sequences on every rank of the EP group.

@@ -1,4 +1,4 @@
-// With token dropping, AMPipe's capacity is per chunk (DESIGN.md section 4): chunk c routes its S_c = s/M * b
+// With token dropping, AMPipe's capacity is per chunk (docs/design.md, "Numerics and determinism"): chunk c routes its S_c = s/M * b
 // tokens with C_c = gate_capacity(S_c, ...), exactly as a gate call on those tokens alone would, so M > 1 may drop
 // other tokens than M = 1. These tests pin that rule.
 #include <gtest/gtest.h>
@@ -29,12 +29,12 @@ TEST(ChunkCapacity, EachChunkRoutesItsOwnTokensWithItsOwnCapacity) {
   for (int k : {1, 2})
     for (int M : {1, 2, 3, 4}) {
       const model::LayerConfig cfg = dropping(k);
-      model::LayerParams p = model::init_params(cfg, 0), g = model::zeros_like_params(cfg);
       const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
-      model::LayerStep step(cfg, M, 0, p, g, /*token_base=*/96);
-      schedule::Executor ex;
-      step.begin_forward(ampipe::testing::seeded_normal(act, 1, 0));
-      ex.forward(schedule::build_layer_plan(0, M), step);
+      schedule::LayerStack stack(cfg, 1, M, 0, nullptr);
+      const model::LayerParams& p = std::as_const(stack).params(0);
+      const model::Layer& step = stack.layer(0);
+      const Tensor x = ampipe::testing::seeded_normal(act, 1, 0);
+      stack.forward(x, /*token_base=*/96);
       const int64_t Sc = cfg.tokens() / M;
       int64_t dropped = 0;
       for (int c = 0; c < M; ++c) {

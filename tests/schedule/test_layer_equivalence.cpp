@@ -17,7 +17,7 @@ model::LayerConfig tiny(int k, double dropout, int64_t s = 24) {
   c.num_attention_heads = 4;
   c.num_experts = 4;
   c.moe_router_topk = k;
-  c.moe_train_capacity_factor = 4.0;  // C = S for every chunk: nothing is dropped (DESIGN.md section 4)
+  c.moe_train_capacity_factor = 4.0;  // C = S for every chunk: nothing is dropped (docs/design.md, "Numerics and determinism")
   c.hidden_dropout = dropout;
   c.init_method_std = 0.2;  // keeps the attention and MoE branches O(1) next to the residual
   c.seed = 99;
@@ -33,7 +33,7 @@ TEST(LayerEquivalence, DegreeMEqualsDegreeOne) {
       for (int M : {2, 3, 4, 8}) {
         const auto got = run_layer(cfg, M);
         // fp32: only the summation order differs between degrees (dK/dV and weight gradients are summed
-        // over chunks), so 1e-5 relative (DESIGN.md section 4).
+        // over chunks), so 1e-5 relative (docs/design.md, "Numerics and determinism").
         EXPECT_NEAR(got.aux, ref.aux, 1e-6 * std::abs(ref.aux)) << "k=" << k << " M=" << M;
         for (const auto& [name, t] : ref.tensors)
           EXPECT_LE(rel_err(got.tensors.at(name), t), 1e-5) << name << " k=" << k << " p=" << p << " M=" << M;

@@ -28,15 +28,10 @@ model::LayerConfig tiny(int k, model::ExpertKind expert) {
 // loss = <dy, y> + coeff * l_aux, accumulated in double.
 double loss_of(const model::LayerConfig& cfg, const model::LayerParams& p, const Tensor& x, const Tensor& dy,
                float coeff) {
-  model::LayerParams params = p;  // shallow: the step only reads parameters
-  model::LayerParams grads = model::zeros_like_params(cfg);
-  model::LayerStep step(cfg, 1, 0, params, grads);
-  const schedule::Plan plan = schedule::build_layer_plan(0, 1);
-  schedule::Executor ex;
-  step.begin_forward(x);
-  ex.forward(plan, step);
-  double l = coeff * step.aux_loss_value();
-  const Tensor& y = step.output();
+  schedule::LayerStack stack(cfg, 1, 1, 0, nullptr);
+  stack.params(0) = p;  // shallow: the step only reads parameters
+  const Tensor y = stack.forward(x, 0);
+  double l = coeff * stack.aux_loss();
   for (int64_t i = 0; i < y.numel(); ++i) l += double(dy.get(i)) * y.get(i);
   return l;
 }

@@ -1,4 +1,4 @@
-// Helpers for numerical tests against double-precision references (STYLE.md 2.8).
+// Helpers for numerical tests against double-precision references (docs/design.md, "Tests").
 #pragma once
 
 #include <random>

@@ -70,7 +70,7 @@ TEST(Trainer, LossFallsOnTheCorpus) {
   EXPECT_LT(r.evals[0].lm_loss, before - 1.5) << "validation loss " << before << " -> " << r.evals[0].lm_loss;
 }
 
-// fp32; only the summation order inside the chunked layers differs, so 1e-5 relative (DESIGN.md section 4), also
+// fp32; only the summation order inside the chunked layers differs, so 1e-5 relative (docs/design.md, "Numerics and determinism"), also
 // after 20 AdamW steps (tensor-norm relative error).
 TEST(Trainer, AmpipeDegreesEqualDegreeOne) {
   train::TrainConfig c = tiny_config();

@@ -16,7 +16,7 @@
 namespace ampipe::testing {
 
 // Tiny model; capacity factor 4 with top-2 of 4 experts: capacity >= all tokens, nothing is dropped, so every
-// AMPipe degree and EP size must give the same result (DESIGN.md section 4). Dropout on: its random numbers are
+// AMPipe degree and EP size must give the same result (docs/design.md, "Numerics and determinism"). Dropout on: its random numbers are
 // keyed by position, so it must not change that either.
 inline train::TrainConfig tiny_config() {
   train::TrainConfig c;

@@ -2,7 +2,7 @@
 //
 // Repetitions are interleaved (rep 0 of every degree, then rep 1, ...) so that the machine's drift hits every
 // configuration alike, and each rank starts every repetition after a barrier. Per configuration it reports
-// (DESIGN.md section 6):
+// (docs/design.md, "How we measure"):
 //   step     wall time of forward + backward (median, and min..max over the repetitions)
 //   compute  time inside compute stages (executor)
 //   comm     the step's all-to-alls run alone, back to back on the ep lane, with nothing else running
@@ -10,8 +10,9 @@
 //   hidden   (serial - step) / min(compute, comm), serial = compute + comm
 //   speed-up step(degree 1) / step(this degree), TFLOP/s (causal attention counted as such), and memory: the
 //   step's peak growth (peak RSS during the step minus RSS when it started: what the step's activations,
-//   contexts and buffers need) next to the absolute peak RSS (which, with several degrees in one process,
-//   includes what the allocator kept from the others; run one degree per process for absolute peaks).
+//   contexts and buffers need) next to the absolute peak RSS, and the planned memory of the stack (its Plans'
+//   buffers, docs/plan.md). The degrees' stacks share one arena (they never run at the same time), so the absolute
+//   peak is that of the largest plan, not the sum.
 #include "ampipe/cli/bench_layer.h"
 
 #include <algorithm>
@@ -87,7 +88,7 @@ struct ConfigResult {
   int64_t peak_growth = 0;  // max over repetitions of (peak RSS during the step - RSS at its start)
 };
 
-// The step's all-to-alls alone: the same buffers, in Plan order, back to back on the ep lane.
+// The step's all-to-alls alone: the same Plan tasks and buffers, in Plan order, back to back on their lane.
 double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
   if (ep.size() == 1) return 0.0;
   comm::barrier_sync(ep, "comm_alone.start");
@@ -95,13 +96,9 @@ double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
   std::vector<comm::Event> evs;
   for (int i = 0; i < st.num_layers(); ++i)
     for (const schedule::Task& t : st.plan(i).tasks) {
-      const std::optional<model::A2a> which = schedule::a2a_of(t.stage);
-      if (!which) continue;  // compute tasks, and the tiny capacity all-gathers of --moe-no-drop
-      const model::A2aBuffers b = st.mutable_step(i).a2a_buffers(*which, t.chunk);
-      comm::SplitCounts counts;
-      counts.send.assign(size_t(ep.size()), b.elems_per_peer);
-      counts.recv = counts.send;
-      evs.push_back(comm::all_to_all(ep, b.send, b.recv, counts, "alone." + t.name()));
+      // compute tasks are skipped, and so are the tiny capacity all-gathers of --moe-no-drop
+      if (!t.is_collective() || t.collective->kind != schedule::CollKind::all_to_all) continue;
+      evs.push_back(st.executor().issue(t, st.layer(i), {}, "alone." + t.name()));
     }
   comm::wait_all(evs);
   return seconds_since(t0);
@@ -142,8 +139,10 @@ int run_bench_layer(BenchLayerArgs& a) {
 
   std::vector<std::unique_ptr<schedule::LayerStack>> stacks;
   std::vector<ConfigResult> res(a.degrees.size());
+  const auto arena = std::make_shared<model::Arena>();  // one memory for all degrees: they run one at a time
   for (size_t c = 0; c < a.degrees.size(); ++c) {
-    stacks.push_back(std::make_unique<schedule::LayerStack>(cfg, a.num_layers, a.degrees[c], me.ep, &groups.ep));
+    stacks.push_back(std::make_unique<schedule::LayerStack>(cfg, a.num_layers, a.degrees[c], me.ep, &groups, 0,
+                                                            arena));
     res[c].degree = a.degrees[c];
   }
   const bool tracing = !a.trace_file.empty();
@@ -176,7 +175,6 @@ int run_bench_layer(BenchLayerArgs& a) {
         r.peak_rss = std::max(r.peak_rss, peak_rss());
         r.peak_growth = std::max(r.peak_growth, peak_rss() - rss0);
       }
-      st.release_steps();
     }
   if (tracing) comm::Trace::write_chrome_trace(a.trace_file);
 

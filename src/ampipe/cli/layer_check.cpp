@@ -21,8 +21,8 @@
 #include "ampipe/core/philox.h"
 #include "ampipe/core/safetensors.h"
 #include "ampipe/model/layer_params.h"
-#include "ampipe/model/layer_step.h"
-#include "ampipe/schedule/executor.h"
+#include "ampipe/model/layer.h"
+#include "ampipe/schedule/layer_stack.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/train/checkpoint.h"
 
@@ -108,11 +108,10 @@ int run_layer_check(LayerCheckArgs& a) {
   const int64_t K = G / (b * dp);
   comm::Trace::set_enabled(!a.trace_file.empty());
 
-  model::LayerParams params = model::init_params(cfg, me.ep);
-  model::LayerParams grads = model::zeros_like_params(cfg);
-  const schedule::Plan plan = schedule::build_layer_plan(
-      cfg.layer_index, M, schedule::plan_options({cfg.moe_no_drop, cfg.expert_model_parallel_size}));
-  schedule::Executor ex(&groups.ep);
+  schedule::LayerStack stack(cfg, 1, M, me.ep, &groups, cfg.layer_index);
+  model::LayerParams& params = stack.params(0);
+  model::LayerParams& grads = stack.grads(0);
+  const model::Layer& layer = stack.layer(0);
   std::vector<Tensor> xs, dys, ys, dxs;
   std::vector<float> aux;
   int64_t dropped = 0, choices = 0;
@@ -121,19 +120,14 @@ int run_layer_check(LayerCheckArgs& a) {
     const int64_t m = me.dp * K + j;
     xs.push_back(micro_batch_slice(cfg, G, m, 0));
     dys.push_back(micro_batch_slice(cfg, G, m, 1));
-    model::LayerStep step(cfg, M, me.ep, params, grads, uint64_t(m * cfg.tokens()));
     const auto t0 = Clock::now();
-    step.begin_forward(xs.back());
-    ex.forward(plan, step);
-    step.begin_backward(dys.back(), float(a.layer.moe_aux_loss_coeff));
-    ex.backward(plan, step);
+    ys.push_back(stack.forward(xs.back(), uint64_t(m * cfg.tokens())).clone());
+    dxs.push_back(stack.backward(dys.back(), float(a.layer.moe_aux_loss_coeff)).clone());
     step_s += std::chrono::duration<double>(Clock::now() - t0).count();
-    flops += step.flops();
-    ys.push_back(step.output().clone());
-    dxs.push_back(step.input_grad().clone());
-    aux.push_back(float(step.aux_loss_value()));
+    flops += layer.flops();
+    aux.push_back(float(layer.aux_loss_value()));
     for (int c = 0; c < M; ++c)
-      for (int32_t sl : step.gate_ctx(c).routing.slot) {
+      for (int32_t sl : layer.gate_ctx(c).routing.slot) {
         dropped += sl < 0;
         ++choices;
       }
@@ -188,7 +182,7 @@ int run_layer_check(LayerCheckArgs& a) {
                cfg.seq_length, b, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, cfg.num_experts,
                cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", rt.size(), layout.ep, dp, K, M);
     fmt::print("  forward+backward: {:.1f} ms per micro-batch, {:.3f} TFLOP/s per rank, exposed comm {:.1f} ms\n",
-               1e3 * step_s / double(K), flops / step_s / 1e12, ex.stats().blocked_us / 1e3 / double(K));
+               1e3 * step_s / double(K), flops / step_s / 1e12, stack.executor().stats().blocked_us / 1e3 / double(K));
     fmt::print("  |y| = {:.6g}   aux loss = {:.6g}   |dx| = {:.6g}   tokens dropped (max over ranks) = {} of {} "
                "choices\n",
                norm(ys[0]), aux[0], norm(dxs[0]), total_dropped, choices);

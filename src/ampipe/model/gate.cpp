@@ -108,7 +108,10 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
   if (x.dtype() == DType::f32 && !jitter && x.strides()[1] == 1) {
     ctx.x_gate = x;  // a view: the layer keeps x alive until the backward
   } else {
-    ctx.x_gate = Tensor::empty({S, h});
+    // A buffer the caller planned for it is reused (it must not be x itself).
+    if (!ctx.x_gate.defined() || ctx.x_gate.shape() != Shape{S, h} || !ctx.x_gate.is_contiguous() ||
+        ctx.x_gate.dtype() != DType::f32 || ctx.x_gate.raw() == x.raw())
+      ctx.x_gate = Tensor::empty({S, h});
     ctx.x_gate.copy_from(x);
     if (jitter) {
       const core::PhiloxKey key = key_of(cfg, core::RngPurpose::gate_jitter);

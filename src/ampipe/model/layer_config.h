@@ -1,6 +1,6 @@
 // Shape and options of one pre-LN GPT block with an MoE FFN (docs/layer.md has every rule).
 //
-// Notation (STYLE.md 2.6): s sequence length, b micro-batch, h hidden, F FFN hidden, n heads, d = h/n head dim,
+// Notation (docs/design.md, "Notation and names"): s sequence length, b micro-batch, h hidden, F FFN hidden, n heads, d = h/n head dim,
 // E experts, k router top-k, ep expert-parallel size, L = E/ep local experts, M AMPipe degree,
 // S_c = s/M * b tokens of one chunk, C_c the chunk's expert capacity.
 #pragma once

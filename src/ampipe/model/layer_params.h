@@ -38,7 +38,7 @@ struct LayerParams {
 // Zero-filled parameters (or gradients) of the local shapes for `cfg` on EP rank `ep_rank`.
 LayerParams zeros_like_params(const LayerConfig& cfg);
 
-// Initialises the full weights from the seed and keeps EP rank `ep_rank`'s shard (DESIGN.md section 4: same
+// Initialises the full weights from the seed and keeps EP rank `ep_rank`'s shard (docs/design.md, "Numerics and determinism": same
 // seed, same weights, whatever the layout). LayerNorm weights 1, biases 0; every matrix element
 // init_method_std * philox_normal(key = (seed, layer, init), token = parameter id, feature = flat index in the
 // FULL tensor), parameter ids in the order of named(): qkv 2, proj 3, gate 6, fc1 7, fc2 8.

@@ -1,23 +1,20 @@
-// The executor: runs a Plan's tasks against one model::LayerStep (STYLE.md 2.4). Compute tasks run in Plan
-// order on the calling (main) thread; a communication task is issued on its lane as soon as the compute task
-// before it in the Plan has run, carrying its producers as `after` events, and compute waits on an Event only
-// where a task depends on it. No barrier or global synchronisation inside a layer step.
+// The executor: runs a Plan's tasks against one model::Layer. Compute tasks run in Plan order on the calling (main)
+// thread through Layer::run; a communication task is issued on its lane as soon as the compute task before it in
+// the Plan has run, carrying its producers as `after` events, and compute waits on an Event only where a task
+// depends on it. No barrier or global synchronisation inside a layer step. The executor knows no stage by name: a
+// collective is whatever its CollectiveSpec says (kind, group, buffers), run through comm/ on the task's lane.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
+#include "ampipe/comm/collectives.h"
 #include "ampipe/comm/event.h"
 #include "ampipe/comm/group.h"
-#include "ampipe/model/layer_step.h"
+#include "ampipe/model/layer.h"
 #include "ampipe/schedule/plan.h"
 
 namespace ampipe::schedule {
-
-// The all-to-all a Plan stage moves (dispatch, combine_a2a and their backward), or none for other stages.
-std::optional<model::A2a> a2a_of(Stage s);
 
 struct ExecStats {
   int64_t blocked_us = 0;  // compute blocked on communication (exposed communication)
@@ -26,23 +23,23 @@ struct ExecStats {
 
 class Executor {
  public:
-  // ep: the expert-parallel group; null or size 1 runs the all-to-alls as local copies (no MPI).
-  explicit Executor(const comm::Group* ep = nullptr) : ep_(ep) {}
+  // groups: this rank's process groups; null runs every collective as a one-rank group (local copies, no MPI),
+  // as does a group of size 1.
+  explicit Executor(const comm::Groups* groups = nullptr) : groups_(groups) {}
 
-  // Runs the forward (or backward) tasks of `plan` on `step`. begin_forward / begin_backward must have been
-  // called on the step.
-  void forward(const Plan& plan, model::LayerStep& step) { run(plan, step, Dir::fwd); }
-  void backward(const Plan& plan, model::LayerStep& step) { run(plan, step, Dir::bwd); }
+  // Runs the tasks of direction `dir` of `plan` on `layer` (Layer::begin_forward / begin_backward first). Returns
+  // when every compute task has run and every collective of this direction has completed.
+  void run(const Plan& plan, Dir dir, model::Layer& layer);
 
   const ExecStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
- private:
-  void run(const Plan& plan, model::LayerStep& step, Dir dir);
-  void run_stage(const Task& t, model::LayerStep& step);
-  comm::Event issue_collective(const Task& t, model::LayerStep& step, std::vector<comm::Event> after);
+  // Issues one collective task on its group and lane, reading and writing the layer's buffers (also used by
+  // bench-layer to time the communication alone).
+  comm::Event issue(const Task& t, model::Layer& layer, std::vector<comm::Event> after, const std::string& tag);
 
-  const comm::Group* ep_;
+ private:
+  const comm::Groups* groups_;
   std::vector<comm::Event> done_;  // per task id
   ExecStats stats_;
 };

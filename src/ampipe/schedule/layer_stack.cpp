@@ -2,72 +2,104 @@
 
 namespace ampipe::schedule {
 
-LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Group* ep,
-                       int first_layer)
-    : M_(M), ep_rank_(ep_rank), ex_(ep) {
+LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
+                       int first_layer, std::shared_ptr<model::Arena> arena)
+    : M_(M), ep_rank_(ep_rank), arena_(arena ? std::move(arena) : std::make_shared<model::Arena>()), ex_(groups) {
   for (int i = 0; i < num_layers; ++i) {
-    Layer l;
-    l.cfg = cfg;
-    l.cfg.layer_index = first_layer + i;
-    l.params = model::init_params(l.cfg, ep_rank);
-    l.grads = model::zeros_like_params(l.cfg);
-    l.plan = build_layer_plan(l.cfg.layer_index, M, plan_options({cfg.moe_no_drop, cfg.expert_model_parallel_size}));
-    layers_.push_back(std::move(l));
+    auto e = std::make_unique<Entry>();
+    e->cfg = cfg;
+    e->cfg.layer_index = first_layer + i;
+    e->params = model::init_params(e->cfg, ep_rank);
+    e->grads = model::zeros_like_params(e->cfg);
+    layers_.push_back(std::move(e));
+  }
+  build(M);
+}
+
+void LayerStack::build(int M) {
+  M_ = M;
+  size_t saved = 0, shared = 0;
+  for (auto& e : layers_) {
+    e->layer.reset();
+    e->plan = build_layer_plan(e->cfg, M);
+    saved += e->plan.memory.saved_bytes;
+    shared = std::max(shared, e->plan.memory.shared_bytes);
+  }
+  arena_->reserve(saved + shared);
+  size_t base = 0;
+  for (auto& e : layers_) {
+    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, e->params, e->grads, e->plan.memory, *arena_,
+                                              base, saved);
+    base += e->plan.memory.saved_bytes;
   }
 }
 
 void LayerStack::set_degree(int M) {
-  M_ = M;
-  for (Layer& l : layers_)
-    l.plan = build_layer_plan(l.cfg.layer_index, M, plan_options({l.cfg.moe_no_drop, l.cfg.expert_model_parallel_size}));
+  if (M != M_) build(M);
 }
 
 void LayerStack::set_training(bool on) {
-  for (Layer& l : layers_) l.cfg.training = on;
-}
-
-const Tensor& LayerStack::forward(const Tensor& x, uint64_t token_base) {
-  const Tensor* in = &x;
-  for (Layer& l : layers_) {
-    l.step = std::make_unique<model::LayerStep>(l.cfg, M_, ep_rank_, l.params, l.grads, token_base);
-    l.step->begin_forward(*in);
-    ex_.forward(l.plan, *l.step);
-    in = &l.step->output();
+  for (auto& e : layers_) {
+    e->cfg.training = on;
+    e->layer->set_training(on);
   }
-  return *in;
 }
 
-const Tensor& LayerStack::backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer) {
-  const Tensor* g = &dy;
+void LayerStack::weights_changed() {
+  for (auto& e : layers_) e->layer->weights_changed();
+}
+
+model::LayerParams& LayerStack::params(int i) {
+  layers_[size_t(i)]->layer->weights_changed();  // the caller may write them
+  return layers_[size_t(i)]->params;
+}
+
+Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
+  Tensor in = x;
+  for (auto& e : layers_) {
+    e->layer->begin_forward(in, token_base);
+    ex_.run(e->plan, Dir::fwd, *e->layer);
+    in = e->layer->output();
+  }
+  return in;
+}
+
+Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer) {
+  Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
-    Layer& l = layers_[i];
-    l.step->begin_backward(*g, d_aux);
-    ex_.backward(l.plan, *l.step);
-    g = &l.step->input_grad();
+    Entry& e = *layers_[i];
+    e.layer->begin_backward(g, d_aux);
+    ex_.run(e.plan, Dir::bwd, *e.layer);
+    g = e.layer->input_grad();
     if (after_layer) after_layer(int(i));
   }
-  return *g;
+  return g;
 }
 
 double LayerStack::aux_loss() const {
   double a = 0;
-  for (const Layer& l : layers_) a += l.step ? l.step->aux_loss_value() : 0.0;
+  for (const auto& e : layers_) a += e->layer->aux_loss_value();
   return a;
 }
 
 double LayerStack::flops() const {
   double f = 0;
-  for (const Layer& l : layers_) f += l.step ? l.step->flops() : 0.0;
+  for (const auto& e : layers_) f += e->layer->flops();
   return f;
 }
 
-void LayerStack::release_steps() {
-  for (Layer& l : layers_) l.step.reset();
+size_t LayerStack::planned_bytes() const {
+  size_t saved = 0, shared = 0;
+  for (const auto& e : layers_) {
+    saved += e->plan.memory.saved_bytes;
+    shared = std::max(shared, e->plan.memory.shared_bytes);
+  }
+  return saved + shared;
 }
 
 void LayerStack::zero_grads() {
-  for (Layer& l : layers_)
-    for (auto& [name, g] : l.grads.named()) g.zero();
+  for (auto& e : layers_)
+    for (auto& [name, g] : e->grads.named()) g.zero();
 }
 
 }  // namespace ampipe::schedule

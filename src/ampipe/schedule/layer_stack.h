@@ -1,6 +1,10 @@
-// A stack of MoE blocks, each run through its own Plan in turn: forward layer 0..L-1, backward L-1..0. Holds
-// the parameters and gradients of this rank (expert tensors: the local experts) and one LayerStep per layer for
-// the micro-batch in flight. Used by bench-layer and the trainer.
+// The step driver: a stack of MoE blocks, each run through its own Plan in turn (forward layer 0..L-1, backward
+// L-1..0). It is the one place that sequences begin_forward / run / begin_backward / run; the model (train/),
+// layer-check, bench-layer, the benchmarks and the tests all go through it (a single layer is a stack of one).
+//
+// It owns this rank's parameters and gradients (expert tensors: the local experts), one model::Layer per layer and
+// the memory they use: the Plan's buffers are carved once from an Arena ([layer 0 saved | ... | shared]) and reused
+// by every micro-batch and step, so a steady-state step allocates no tensor storage.
 #pragma once
 
 #include <functional>
@@ -8,8 +12,9 @@
 #include <vector>
 
 #include "ampipe/comm/group.h"
+#include "ampipe/model/buffers.h"
+#include "ampipe/model/layer.h"
 #include "ampipe/model/layer_params.h"
-#include "ampipe/model/layer_step.h"
 #include "ampipe/schedule/executor.h"
 #include "ampipe/schedule/plan.h"
 
@@ -17,45 +22,55 @@ namespace ampipe::schedule {
 
 class LayerStack {
  public:
-  // cfg.layer_index is ignored: layer i gets index first_layer + i (it keys its random numbers).
-  LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Group* ep,
-             int first_layer = 0);
+  // cfg.layer_index is ignored: layer i gets index first_layer + i (it keys its random numbers and names its tasks).
+  // groups: this rank's process groups (null: one rank). arena: memory shared with other stacks that never run at
+  // the same time (null: a private one).
+  LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
+             int first_layer = 0, std::shared_ptr<model::Arena> arena = nullptr);
 
   int num_layers() const { return int(layers_.size()); }
   int degree() const { return M_; }
+  // Re-plans every layer for degree M (between steps; parameters and gradients are kept).
   void set_degree(int M);
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
+  // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
+  // refreshed once before the next forward. params() (non-const) calls it too.
+  void weights_changed();
 
-  // x: [s, b, h] fp32 -> output [s, b, h]. token_base: global index of the micro-batch's token 0.
-  const Tensor& forward(const Tensor& x, uint64_t token_base);
+  // x: [s, b, h] fp32 -> output [s, b, h] (valid until the next forward). token_base: global index of token 0.
+  Tensor forward(const Tensor& x, uint64_t token_base);
   // dy: [s, b, h] -> dx [s, b, h]; d_aux: upstream gradient of each layer's aux loss. Gradients accumulate.
   // after_layer(i), if given, runs as soon as layer i's gradients are complete (layers L-1 .. 0), e.g. to start
   // their data-parallel reduction while the layers below still compute.
-  const Tensor& backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer = nullptr);
+  Tensor backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer = nullptr);
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const;
   double flops() const;  // of the last step, forward + backward
 
-  model::LayerParams& params(int i) { return layers_[size_t(i)].params; }
-  model::LayerParams& grads(int i) { return layers_[size_t(i)].grads; }
-  const model::LayerStep& step(int i) const { return *layers_[size_t(i)].step; }
-  const Plan& plan(int i) const { return layers_[size_t(i)].plan; }
+  model::LayerParams& params(int i);
+  const model::LayerParams& params(int i) const { return layers_[size_t(i)]->params; }
+  model::LayerParams& grads(int i) { return layers_[size_t(i)]->grads; }
+  const model::Layer& layer(int i) const { return *layers_[size_t(i)]->layer; }
+  model::Layer& layer(int i) { return *layers_[size_t(i)]->layer; }
+  const Plan& plan(int i) const { return layers_[size_t(i)]->plan; }
   Executor& executor() { return ex_; }
   void zero_grads();
-  // Frees the saved activations of the last step (the per-layer LayerSteps).
-  void release_steps();
-  model::LayerStep& mutable_step(int i) { return *layers_[size_t(i)].step; }
+  // Bytes of the stack's planned memory (its share of the arena).
+  size_t planned_bytes() const;
 
  private:
-  struct Layer {
+  struct Entry {
     model::LayerConfig cfg;
     model::LayerParams params, grads;
     Plan plan;
-    std::unique_ptr<model::LayerStep> step;
+    std::unique_ptr<model::Layer> layer;
   };
+  void build(int M);
+
   int M_, ep_rank_;
-  std::vector<Layer> layers_;
+  std::vector<std::unique_ptr<Entry>> layers_;
+  std::shared_ptr<model::Arena> arena_;
   Executor ex_;
 };
 

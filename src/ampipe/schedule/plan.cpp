@@ -2,133 +2,158 @@
 
 #include <fmt/format.h>
 
+#include <array>
+
 #include "ampipe/core/error.h"
 
 namespace ampipe::schedule {
 
-const char* stage_name(Stage s) {
-  switch (s) {
-    case Stage::ln1_qkv: return "ln1_qkv";
-    case Stage::attention: return "attention";
-    case Stage::out_proj: return "out_proj";
-    case Stage::bdal: return "bdal";
-    case Stage::gate: return "gate";
-    case Stage::capacity: return "capacity";
-    case Stage::gate_assign: return "gate_assign";
-    case Stage::dispatch: return "dispatch";
-    case Stage::experts: return "experts";
-    case Stage::combine_a2a: return "combine_a2a";
-    case Stage::combine: return "combine";
-    case Stage::aux_loss: return "aux_loss";
-    case Stage::aux_loss_bwd: return "aux_loss";
-    case Stage::combine_bwd: return "combine";
-    case Stage::combine_a2a_bwd: return "combine_a2a";
-    case Stage::experts_bwd: return "experts";
-    case Stage::dispatch_bwd: return "dispatch";
-    case Stage::gate_bwd: return "gate";
-    case Stage::bdal_bwd: return "bdal";
-    case Stage::out_proj_bwd: return "out_proj";
-    case Stage::attention_bwd: return "attention";
-    case Stage::ln1_qkv_bwd: return "ln1_qkv";
+const char* coll_kind_name(CollKind k) {
+  switch (k) {
+    case CollKind::all_to_all: return "all_to_all";
+    case CollKind::all_gather: return "all_gather";
+    case CollKind::reduce_scatter: return "reduce_scatter";
+    case CollKind::all_reduce: return "all_reduce";
+    case CollKind::send_recv: return "send_recv";
   }
   return "?";
 }
 
-bool is_collective(Stage s) {
-  switch (s) {
-    case Stage::dispatch:
-    case Stage::capacity:
-    case Stage::combine_a2a:
-    case Stage::combine_a2a_bwd:
-    case Stage::dispatch_bwd: return true;
-    default: return false;
-  }
-}
+namespace {
+// The stage-to-lane table, in Stage order.
+constexpr std::array<Lane, model::kNumStages> kLane = {
+    Lane::compute,  // ln1_qkv
+    Lane::compute,  // attention
+    Lane::compute,  // out_proj
+    Lane::compute,  // residual_ln2
+    Lane::compute,  // gate
+    Lane::ep,       // capacity
+    Lane::compute,  // gate_assign
+    Lane::ep,       // dispatch
+    Lane::compute,  // experts
+    Lane::ep,       // combine
+    Lane::compute,  // weighted_sum
+    Lane::compute,  // aux_loss
+};
+}  // namespace
 
-Dir stage_dir(Stage s) { return s >= Stage::aux_loss_bwd ? Dir::bwd : Dir::fwd; }
+Lane lane_of(Stage s) { return kLane[size_t(s)]; }
 
 std::string Task::name() const {
-  std::string n = fmt::format("L{}.{}.{}", layer, stage_dir(stage) == Dir::fwd ? "fwd" : "bwd", stage_name(stage));
+  std::string n = fmt::format("L{}.{}.{}", layer, model::dir_name(dir), model::stage_name(stage));
   if (chunk >= 0) n += fmt::format(".c{}", chunk);
+  if (piece >= 0) n += fmt::format(".p{}", piece);
   return n;
 }
 
-int Plan::index_of(Stage s, int chunk) const {
+int Plan::index_of(Dir d, Stage s, int chunk) const {
   for (size_t i = 0; i < tasks.size(); ++i)
-    if (tasks[i].stage == s && tasks[i].chunk == chunk) return int(i);
+    if (tasks[i].dir == d && tasks[i].stage == s && tasks[i].chunk == chunk) return int(i);
   return -1;
 }
 
-const Task& Plan::find(Stage s, int chunk) const {
-  const int i = index_of(s, chunk);
-  AMPIPE_CHECK(i >= 0, "plan has no task {} chunk {}", stage_name(s), chunk);
+const Task& Plan::find(Dir d, Stage s, int chunk) const {
+  const int i = index_of(d, s, chunk);
+  AMPIPE_CHECK(i >= 0, "plan has no task {}.{} chunk {}", model::dir_name(d), model::stage_name(s), chunk);
   return tasks[size_t(i)];
+}
+
+double Plan::flops() const {
+  double f = 0;
+  for (const Task& t : tasks) f += t.flops;
+  return f;
+}
+
+double Plan::collective_bytes(CollKind k) const {
+  double b = 0;
+  for (const Task& t : tasks)
+    if (t.is_collective() && t.collective->kind == k) b += t.bytes;
+  return b;
 }
 
 namespace {
 struct Builder {
   Plan plan;
   int layer;
-  uint32_t add(Stage s, int chunk, std::vector<uint32_t> deps) {
+  uint32_t add(Dir d, Stage s, int chunk, std::vector<uint32_t> deps) {
     Task t;
     t.id = uint32_t(plan.tasks.size());
+    t.dir = d;
     t.stage = s;
     t.layer = layer;
     t.chunk = chunk;
-    t.lane = is_collective(s) ? Lane::ep : Lane::compute;
+    t.lane = lane_of(s);
     t.deps = std::move(deps);
+    t.flops = model::stage_flops(plan.dims, s, d, chunk);
+    t.bytes = model::stage_bytes(plan.dims, s, d, chunk);
     plan.tasks.push_back(std::move(t));
     return plan.tasks.back().id;
+  }
+  uint32_t collective(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, CollKind kind, Buf send, Buf recv) {
+    const uint32_t id = add(d, s, chunk, std::move(deps));
+    Task& t = plan.tasks.back();
+    t.collective = CollectiveSpec{kind, comm::GroupKind::ep, send, recv, model::collective_bytes(plan.dims, s, d)};
+    t.bytes = t.collective->bytes;
+    return id;
   }
 };
 }  // namespace
 
-Plan build_layer_plan(int layer, int M, const PlanOptions& opts) {
-  AMPIPE_CHECK(M >= 1, "degree {}", M);
-  Builder b{{}, layer};
-  b.plan.degree = M;
+Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
+  Builder b{{}, cfg.layer_index};
+  b.plan.dims = model::LayerDims::make(cfg, M);
+  b.plan.memory = model::BufferLayout::make(b.plan.dims);
+  const model::LayerDims& d = b.plan.dims;
   const size_t nM = static_cast<size_t>(M);
-  std::vector<uint32_t> dispatch(nM), combine_a2a(nM), combine(nM), gate(nM);
-  // Forward.
-  // LN1 + QKV per chunk: chunk c's attention needs K and V of rows [0, (c+1)*s/M) only (causality), so chunk
-  // 0's dispatch is issued after one chunk's QKV, not the whole sequence's.
+  // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 lands in a staging buffer.
+  const Buf combine_recv = d.cd == DType::f32 ? Buf::expert_y : Buf::combine_recv;
+  std::vector<uint32_t> dispatch(nM), combine(nM), weighted(nM), gate(nM);
+  // Forward. LN1 + QKV per chunk: chunk c's attention needs K and V of rows [0, (c+1)*s/M) only (causality), so
+  // chunk 0's dispatch is issued after one chunk's QKV, not the whole sequence's.
   std::vector<uint32_t> qkv;
   for (int c = 0; c < M; ++c) {
-    qkv.push_back(b.add(Stage::ln1_qkv, c, {}));
-    const uint32_t att = b.add(Stage::attention, c, qkv);
-    const uint32_t proj = b.add(Stage::out_proj, c, {att});
-    const uint32_t bdal = b.add(Stage::bdal, c, {proj});
-    gate[size_t(c)] = b.add(Stage::gate, c, {bdal});
-    if (opts.agree_capacity) {
-      const uint32_t cap = b.add(Stage::capacity, c, {gate[size_t(c)]});
-      gate[size_t(c)] = b.add(Stage::gate_assign, c, {cap});
+    const size_t i = size_t(c);
+    qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
+    const uint32_t att = b.add(Dir::fwd, Stage::attention, c, qkv);
+    const uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
+    const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
+    gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
+    if (d.agree_capacity) {
+      const uint32_t cap = b.collective(Dir::fwd, Stage::capacity, c, {gate[i]}, CollKind::all_gather,
+                                        Buf::capacity_need, Buf::capacity_all);
+      gate[i] = b.add(Dir::fwd, Stage::gate_assign, c, {cap});
     }
-    dispatch[size_t(c)] = b.add(Stage::dispatch, c, {gate[size_t(c)]});
+    dispatch[i] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all, Buf::dispatch_send,
+                               Buf::dispatch_recv);
   }
   for (int c = 0; c < M; ++c) {
-    const uint32_t ex = b.add(Stage::experts, c, {dispatch[size_t(c)]});
-    combine_a2a[size_t(c)] = b.add(Stage::combine_a2a, c, {ex});
+    const uint32_t ex = b.add(Dir::fwd, Stage::experts, c, {dispatch[size_t(c)]});
+    combine[size_t(c)] =
+        b.collective(Dir::fwd, Stage::combine, c, {ex}, CollKind::all_to_all, Buf::combine_send, combine_recv);
   }
-  for (int c = 0; c < M; ++c) combine[size_t(c)] = b.add(Stage::combine, c, {combine_a2a[size_t(c)], gate[size_t(c)]});
-  b.add(Stage::aux_loss, -1, gate);
-  // Backward: chunks in reverse order, three phases.
-  const uint32_t aux_bwd = b.add(Stage::aux_loss_bwd, -1, {});
-  std::vector<uint32_t> ca_bwd(nM), d_bwd(nM), att_bwd;  // att_bwd: chunks M-1 .. c so far
+  for (int c = 0; c < M; ++c)
+    weighted[size_t(c)] = b.add(Dir::fwd, Stage::weighted_sum, c, {combine[size_t(c)], gate[size_t(c)]});
+  b.add(Dir::fwd, Stage::aux_loss, -1, gate);
+  // Backward: chunks in reverse order, three phases. (The aux loss has no backward task: each chunk's gate
+  // backward adds its gradient from the forward's totals.)
+  std::vector<uint32_t> combine_bwd(nM), dispatch_bwd(nM), attention_bwd;  // attention_bwd: chunks M-1 .. c so far
   for (int c = M - 1; c >= 0; --c) {
-    const uint32_t cb = b.add(Stage::combine_bwd, c, {combine[size_t(c)]});
-    ca_bwd[size_t(c)] = b.add(Stage::combine_a2a_bwd, c, {cb});
+    const uint32_t ws = b.add(Dir::bwd, Stage::weighted_sum, c, {weighted[size_t(c)]});
+    combine_bwd[size_t(c)] = b.collective(Dir::bwd, Stage::combine, c, {ws}, CollKind::all_to_all,
+                                          Buf::combine_bwd_send, Buf::combine_bwd_recv);
   }
   for (int c = M - 1; c >= 0; --c) {
-    const uint32_t eb = b.add(Stage::experts_bwd, c, {ca_bwd[size_t(c)]});
-    d_bwd[size_t(c)] = b.add(Stage::dispatch_bwd, c, {eb});
+    const uint32_t ex = b.add(Dir::bwd, Stage::experts, c, {combine_bwd[size_t(c)]});
+    dispatch_bwd[size_t(c)] = b.collective(Dir::bwd, Stage::dispatch, c, {ex}, CollKind::all_to_all,
+                                           Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv);
   }
   for (int c = M - 1; c >= 0; --c) {
-    const uint32_t gb = b.add(Stage::gate_bwd, c, {d_bwd[size_t(c)], aux_bwd});
-    const uint32_t bb = b.add(Stage::bdal_bwd, c, {gb});
-    const uint32_t pb = b.add(Stage::out_proj_bwd, c, {bb});
-    att_bwd.push_back(b.add(Stage::attention_bwd, c, {pb}));
+    const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, {dispatch_bwd[size_t(c)]});
+    const uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
+    const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
+    attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
     // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
-    b.add(Stage::ln1_qkv_bwd, c, att_bwd);
+    b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd);
   }
   return std::move(b.plan);
 }

@@ -31,14 +31,14 @@ Tensor normal_init(const Shape& shape, const TrainConfig& cfg, uint64_t id) {
 
 }  // namespace
 
-GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Group* ep)
+GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* groups)
     : cfg_(cfg),
       s_(cfg.layer.seq_length),
       b_(cfg.layer.micro_batch_size),
       T_(s_ * b_),
       h_(cfg.layer.hidden_size),
       V_(cfg.vocab_size),
-      stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, ep) {
+      stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups) {
   wte_ = normal_init({V_, h_}, cfg, 1);
   wpe_ = normal_init({s_, h_}, cfg, 2);
   lnf_w_ = Tensor::empty({h_});
@@ -97,7 +97,7 @@ void GptModel::embed(std::span<const int32_t> tokens) {
 
 // y [T, h] -> LN -> xn -> logits [T, V] = xn W^T -> per-token cross-entropy; returns the mean.
 double GptModel::head_forward(std::span<const int32_t> targets) {
-  const Tensor y = stack_.step(stack_.num_layers() - 1).output().view({T_, h_});
+  const Tensor y = stack_.layer(stack_.num_layers() - 1).output().view({T_, h_});
   kernels::layernorm_forward(y, lnf_w_, lnf_b_, cfg_.layer.layernorm_epsilon, xn_, lnf_mean_, lnf_rstd_);
   const Tensor& w = wout_.defined() ? wout_ : wte_;
   kernels::gemm(xn_, kernels::Trans::n, w, kernels::Trans::t, logits_);
@@ -128,9 +128,7 @@ double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32
   stack_.set_training(false);  // validation: no dropout, no gate noise
   stack_.forward(x0_, token_base);
   stack_.set_training(true);
-  const double loss = head_forward(targets);
-  stack_.release_steps();
-  return loss;
+  return head_forward(targets);
 }
 
 void GptModel::backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer) {
@@ -143,7 +141,7 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   Tensor& dw = dwout_.defined() ? dwout_ : dwte_;
   kernels::gemm(dlogits, kernels::Trans::t, xn_, kernels::Trans::n, dw, /*accumulate=*/true);  // [V, h] +=
   kernels::gemm(dlogits, kernels::Trans::n, w, kernels::Trans::n, dxn_);                       // [T, h]
-  const Tensor y = stack_.step(stack_.num_layers() - 1).output().view({T_, h_});
+  const Tensor y = stack_.layer(stack_.num_layers() - 1).output().view({T_, h_});
   Tensor dy2 = dy_.view({T_, h_});
   kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
   times_.head_us += us_since(t0);
@@ -165,7 +163,6 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
     }
   }
   last_flops_ = stack_.flops() + 3.0 * 2.0 * double(T_) * double(h_) * double(V_);
-  stack_.release_steps();
   times_.head_us += us_since(t0);
 }
 

@@ -44,7 +44,7 @@ struct StepTimes {  // microseconds, accumulated over calls
 
 class GptModel {
  public:
-  GptModel(const TrainConfig& cfg, int ep_rank, const comm::Group* ep);
+  GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* groups);
 
   // tokens, targets: [s, b] int32 (T each). Runs the forward and returns the mean cross-entropy over the T
   // tokens. token_base: global index of token 0 (keys dropout and gate noise).

@@ -27,7 +27,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
     : cfg_(cfg),
       g_(groups),
       data_(std::move(data)),
-      model_(cfg, groups.layout.coord(groups.world.rank()).ep, &groups.ep),
+      model_(cfg, groups.layout.coord(groups.world.rank()).ep, &groups),
       opt_(model_.params()) {
   AMPIPE_CHECK(groups.layout.ep == cfg.layer.expert_model_parallel_size, "layout ep {} vs config ep {}",
                groups.layout.ep, cfg.layer.expert_model_parallel_size);
@@ -177,6 +177,7 @@ IterationStats Trainer::train_step() {
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && st.grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (st.grad_norm + 1e-6));
   opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
+  model_.stack().weights_changed();  // the bf16 weight copies: once per optimizer step
   st.optim_ms = ms_since(t_opt);
   consumed_ += G_;
   ++iteration_;
@@ -225,6 +226,7 @@ std::map<std::string, Tensor> Trainer::full_params() {
 int64_t Trainer::maybe_load() {
   if (cfg_.load.empty()) return 0;
   const CheckpointMeta meta = load_checkpoint(cfg_.load, cfg_, model_, opt_, g_);
+  model_.stack().weights_changed();
   iteration_ = meta.iteration;
   consumed_ = meta.consumed_samples;
   return iteration_;

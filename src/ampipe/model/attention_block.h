@@ -1,0 +1,36 @@
+// The attention half of the block, per AMPipe chunk c (rows [c*s/M, (c+1)*s/M) of the sequence), forward and
+// backward side by side (docs/layer.md):
+//   ln1_qkv(c)       xn = LN1(x); qkv = xn Wqkv^T                        the chunk's rows
+//   attention(c)     the chunk's q rows against K, V of rows [0, (c+1)*s/M) (causal with offset c*s/M: later keys
+//                    are invisible, so ln1_qkv(c') for c' <= c is all it needs)
+//   out_proj(c)      proj = attn Wproj^T
+//   residual_ln2(c)  ln_in = x + dropout(proj); ln2_out = LN2(ln_in)
+// Backward: residual_ln2 -> out_proj -> attention (dq of the chunk; dK, dV ACCUMULATE into the rows of earlier
+// chunks) -> ln1_qkv (once dK, dV of the chunk's rows are complete, i.e. after attention(c') for all c' >= c).
+// Parameter gradients accumulate (+=), so chunks and micro-batches sum.
+#pragma once
+
+#include "ampipe/model/layer_state.h"
+
+namespace ampipe::model {
+
+class AttentionBlock {
+ public:
+  explicit AttentionBlock(LayerState& st) : st_(st) {}
+
+  void ln1_qkv(int c);
+  void attention(int c);
+  void out_proj(int c);
+  void residual_ln2(int c);
+
+  void begin_backward();  // zeroes the dK, dV accumulators
+  void residual_ln2_backward(int c);
+  void out_proj_backward(int c);
+  void attention_backward(int c);
+  void ln1_qkv_backward(int c);
+
+ private:
+  LayerState& st_;
+};
+
+}  // namespace ampipe::model

@@ -1,0 +1,228 @@
+#include "ampipe/model/buffers.h"
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::model {
+
+namespace {
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct BufInfo {
+  const char* name;
+  bool per_chunk;
+};
+// Names and whether a buffer has one slot per chunk, in Buf order.
+constexpr BufInfo kInfo[kNumBufs] = {
+    {"ln1_mean", false},        {"ln1_rstd", false},        {"ln1_out", false},         {"ln1_out_cd", false},
+    {"qkv", false},             {"qkv_cd", false},          {"attn", false},            {"attn_cd", false},
+    {"lse", false},             {"proj", false},            {"ln_in", false},           {"ln2_mean", false},
+    {"ln2_rstd", false},        {"ln2_out", false},         {"gate_probs", true},       {"gate_input", true},
+    {"capacity_need", true},    {"capacity_all", true},     {"dispatch_send", true},    {"dispatch_recv", true},
+    {"expert_in", true},        {"fc1_out", true},          {"act", true},              {"act_cd", true},
+    {"expert_out", false},      {"expert_out_cd", false},   {"combine_send", true},     {"combine_recv", true},
+    {"expert_y", true},         {"moe_out", false},         {"y", false},               {"d_moe", false},
+    {"d_expert_y", false},      {"d_weight", true},         {"combine_bwd_send", true}, {"combine_bwd_recv", true},
+    {"d_expert_out", false},    {"d_expert_in", false},     {"d_expert_in_cd", false},  {"d_act", false},
+    {"d_fc1", false},           {"d_fc1_cd", false},        {"dispatch_bwd_send", true}, {"dispatch_bwd_recv", true},
+    {"d_dispatch", false},      {"d_logits", false},        {"d_ln_in", false},         {"d_ln2", false},
+    {"d_proj", false},          {"d_attn", false},          {"d_proj_cd", false},       {"dqkv", false},
+    {"dqkv_cd", false},         {"d_ln1_out", false},       {"dx", false},
+};
+static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
+
+bool is_bf16_copy(Buf b) {
+  switch (b) {
+    case Buf::ln1_out_cd:
+    case Buf::qkv_cd:
+    case Buf::attn_cd:
+    case Buf::act_cd:
+    case Buf::expert_out_cd:
+    case Buf::combine_recv:
+    case Buf::d_expert_y:
+    case Buf::d_expert_in_cd:
+    case Buf::d_fc1_cd:
+    case Buf::d_dispatch:
+    case Buf::d_proj_cd:
+    case Buf::dqkv_cd: return true;
+    default: return false;
+  }
+}
+
+// Buffers in the compute dtype (bf16 copies and all-to-all payloads); everything else is fp32.
+bool in_compute_dtype(Buf b) {
+  switch (b) {
+    case Buf::ln1_out_cd:
+    case Buf::qkv_cd:
+    case Buf::attn_cd:
+    case Buf::act_cd:
+    case Buf::expert_out_cd:
+    case Buf::combine_recv:
+    case Buf::d_expert_in_cd:
+    case Buf::d_fc1_cd:
+    case Buf::d_proj_cd:
+    case Buf::dqkv_cd:
+    case Buf::dispatch_send:
+    case Buf::dispatch_recv:
+    case Buf::expert_in:
+    case Buf::combine_send:
+    case Buf::combine_bwd_send:
+    case Buf::combine_bwd_recv:
+    case Buf::d_expert_out:
+    case Buf::dispatch_bwd_send:
+    case Buf::dispatch_bwd_recv: return true;
+    default: return false;
+  }
+}
+
+Scope scope_of(const LayerDims& d, Buf b) {
+  const bool f32 = d.cd == DType::f32;
+  switch (b) {
+    // read by the backward (the fp32 originals only where they are not also the compute-dtype copy)
+    case Buf::ln1_mean:
+    case Buf::ln1_rstd:
+    case Buf::ln1_out_cd:
+    case Buf::qkv_cd:
+    case Buf::attn:
+    case Buf::attn_cd:
+    case Buf::lse:
+    case Buf::ln_in:
+    case Buf::ln2_mean:
+    case Buf::ln2_rstd:
+    case Buf::ln2_out:
+    case Buf::gate_probs:
+    case Buf::gate_input:
+    case Buf::expert_in:
+    case Buf::fc1_out:
+    case Buf::act_cd:
+    case Buf::expert_y:
+    case Buf::y:
+    case Buf::dx: return Scope::saved;
+    case Buf::ln1_out:
+    case Buf::qkv:
+    case Buf::act: return f32 ? Scope::saved : Scope::shared;
+    default: return Scope::shared;
+  }
+}
+}  // namespace
+
+const char* buf_name(Buf b) { return kInfo[int(b)].name; }
+
+size_t BufferSpec::slot_bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }
+
+Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
+  const int64_t T = d.T, h = d.h, Sc = d.Sc, E = d.E, L = d.L, R = d.ep * C;
+  switch (b) {
+    case Buf::ln1_mean:
+    case Buf::ln1_rstd:
+    case Buf::ln2_mean:
+    case Buf::ln2_rstd: return {T};
+    case Buf::ln1_out:
+    case Buf::ln1_out_cd:
+    case Buf::attn:
+    case Buf::attn_cd:
+    case Buf::proj:
+    case Buf::ln_in:
+    case Buf::ln2_out:
+    case Buf::moe_out:
+    case Buf::d_ln_in:
+    case Buf::d_ln2:
+    case Buf::d_proj:
+    case Buf::d_attn: return {T, h};
+    case Buf::qkv:
+    case Buf::qkv_cd:
+    case Buf::dqkv: return {T, 3 * h};
+    case Buf::lse: return {d.M, d.b * d.n * d.sq};
+    case Buf::gate_probs: return {Sc, E};
+    case Buf::gate_input: return {Sc, h};
+    case Buf::capacity_need: return {1};
+    case Buf::capacity_all: return {d.ep};
+    case Buf::dispatch_send:
+    case Buf::combine_recv:
+    case Buf::expert_y:
+    case Buf::d_expert_y:
+    case Buf::combine_bwd_send:
+    case Buf::dispatch_bwd_recv:
+    case Buf::d_dispatch: return {E, C, h};
+    case Buf::dispatch_recv:
+    case Buf::combine_send:
+    case Buf::combine_bwd_recv:
+    case Buf::dispatch_bwd_send: return {d.ep, L, C, h};
+    case Buf::expert_in:
+    case Buf::expert_out:
+    case Buf::expert_out_cd:
+    case Buf::d_expert_out:
+    case Buf::d_expert_in:
+    case Buf::d_expert_in_cd: return {L, R, h};
+    case Buf::fc1_out: return {L, R, d.F1};
+    case Buf::act:
+    case Buf::act_cd: return {L, R, d.F};
+    case Buf::y:
+    case Buf::dx: return {d.s, d.b, h};
+    case Buf::d_moe:
+    case Buf::d_proj_cd:
+    case Buf::d_ln1_out: return {Sc, h};
+    case Buf::d_weight: return {Sc, d.k};
+    case Buf::d_act: return {R, d.F};
+    case Buf::d_fc1:
+    case Buf::d_fc1_cd: return {R, d.F1};
+    case Buf::d_logits: return {Sc, E};
+    case Buf::dqkv_cd: return {Sc, 3 * h};
+  }
+  return {};
+}
+
+std::vector<BufferSpec> layer_buffers(const LayerDims& d) {
+  std::vector<BufferSpec> out;
+  for (int i = 0; i < kNumBufs; ++i) {
+    const Buf b = Buf(i);
+    if (is_bf16_copy(b) && d.cd == DType::f32) continue;
+    if (b == Buf::gate_input && !d.jitter) continue;
+    if ((b == Buf::capacity_need || b == Buf::capacity_all) && !d.agree_capacity) continue;
+    BufferSpec s;
+    s.id = b;
+    s.name = buf_name(b);
+    s.dtype = in_compute_dtype(b) ? d.cd : DType::f32;
+    s.shape = buffer_shape(d, b, d.C);
+    s.chunks = kInfo[i].per_chunk ? d.M : 1;
+    s.scope = scope_of(d, b);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+BufferLayout BufferLayout::make(const LayerDims& d) {
+  BufferLayout l;
+  l.specs = layer_buffers(d);
+  l.offset.assign(size_t(kNumBufs), {});
+  for (const BufferSpec& s : l.specs) {
+    size_t& end = s.scope == Scope::saved ? l.saved_bytes : l.shared_bytes;
+    std::vector<size_t>& off = l.offset[size_t(s.id)];
+    for (int c = 0; c < s.chunks; ++c) {
+      off.push_back(end);
+      end += align_up(s.slot_bytes());
+    }
+  }
+  return l;
+}
+
+const BufferSpec* BufferLayout::spec(Buf b) const {
+  for (const BufferSpec& s : specs)
+    if (s.id == b) return &s;
+  return nullptr;
+}
+
+void Arena::reserve(size_t bytes) {
+  if (bytes <= capacity_) return;
+  capacity_ = align_up(bytes);
+  storage_ = Tensor();  // reallocated on the next view()
+}
+
+Tensor Arena::view(size_t offset, const Shape& shape, DType dtype) {
+  const size_t n = size_t(shape_numel(shape)) * dtype_size(dtype);
+  AMPIPE_CHECK(offset + n <= capacity_, "arena view [{}, {}) beyond its {} bytes", offset, offset + n, capacity_);
+  if (!storage_.defined()) storage_ = Tensor::empty({int64_t(capacity_ / 4)});
+  return storage_.view_bytes(offset, shape, dtype);
+}
+
+}  // namespace ampipe::model

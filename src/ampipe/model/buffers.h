@@ -1,0 +1,128 @@
+// The memory of a layer step, planned once (docs/plan.md, "Memory"). Every tensor a stage writes is one of the
+// named buffers below; its shape, dtype, chunk count and scope are functions of LayerDims, so the whole plan is
+// known before the first step and the bytes are carved from one Arena.
+//
+// Scopes:
+//   saved    one copy per layer: what the forward leaves for the backward (and the layer's output y and input
+//            gradient dx, which the neighbouring layers read).
+//   shared   one copy for every layer of a stack: transient values that live inside one layer's forward or one
+//            layer's backward (communication buffers, the backward's gradients, bf16 staging copies). A layer's
+//            forward (or backward) waits for all its collectives before the next layer starts, so reuse is safe.
+// Per-chunk buffers (chunks = M) have one slot per chunk, so a chunk's all-to-all buffers stay untouched while
+// later chunks compute. Shapes that depend on the capacity are planned at LayerDims::C; at run time a chunk uses
+// the leading part of its slot for its actual capacity (only --moe-no-drop uses less than planned).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampipe/core/tensor.h"
+#include "ampipe/model/layer_dims.h"
+
+namespace ampipe::model {
+
+enum class Buf : uint8_t {
+  // attention block
+  ln1_mean, ln1_rstd,  // [T]
+  ln1_out,             // [T, h] fp32 LN1 output
+  ln1_out_cd,          // [T, h] its bf16 copy (bf16 only)
+  qkv,                 // [T, 3h] fp32 QKV projection, columns [q | k | v]
+  qkv_cd,              // [T, 3h] its bf16 copy (bf16 only); attention reads it
+  attn,                // [T, h] fp32 attention output
+  attn_cd,             // [T, h] its bf16 copy (bf16 only)
+  lse,                 // [M, b*n*sq] log-sum-exp of every chunk's attention rows
+  proj,                // [T, h] output projection
+  ln_in,               // [T, h] x + dropout(proj): the residual stream entering the MoE half
+  ln2_mean, ln2_rstd,  // [T]
+  ln2_out,             // [T, h] LN2 output, the MoE input
+  // MoE block, per chunk unless noted
+  gate_probs,          // [S_c, E] clean softmax of the router
+  gate_input,          // [S_c, h] jittered router input (Jitter only)
+  capacity_need,       // [1] this rank's required capacity (--moe-no-drop with ep > 1)
+  capacity_all,        // [ep] every EP rank's
+  dispatch_send,       // [E, C, h] slots in expert order: block j (experts [j*L, (j+1)*L)) goes to EP rank j
+  dispatch_recv,       // [ep, L, C, h] the slots of this rank's experts, from every EP rank
+  expert_in,           // [L, ep*C, h] the same, grouped by local expert
+  fc1_out,             // [L, ep*C, F1]
+  act,                 // [L, ep*C, F] activation (GeLU or SwiGLU)
+  act_cd,              // its bf16 copy (bf16 only)
+  expert_out,          // [L, ep*C, h] fp32 expert output (one slot, reused by every chunk)
+  expert_out_cd,       // its bf16 copy (bf16 only; one slot)
+  combine_send,        // [ep, L, C, h] expert outputs back to their tokens' ranks
+  combine_recv,        // [E, C, h] received expert outputs (bf16 only; in fp32 they land in expert_y directly)
+  expert_y,            // [E, C, h] fp32 expert outputs of this rank's tokens (the weighted sum's backward reads it)
+  moe_out,             // [T, h] weighted sum of the expert outputs
+  y,                   // [s, b, h] the layer output
+  // backward
+  d_moe,               // [S_c, h] one slot: dropout backward of the weighted sum
+  d_expert_y,          // [E, C, h] fp32 gradient of expert_y (bf16 only; in fp32 it is combine_bwd_send)
+  d_weight,            // [S_c, k] gradient of the gate weights
+  combine_bwd_send,    // [E, C, h] the reverse of combine
+  combine_bwd_recv,    // [ep, L, C, h]
+  d_expert_out,        // [L, ep*C, h] one slot, grouped by local expert
+  d_expert_in,         // [L, ep*C, h] fp32, one slot
+  d_expert_in_cd,      // its bf16 copy (bf16 only)
+  d_act,               // [ep*C, F] one slot, one expert at a time
+  d_fc1,               // [ep*C, F1] one slot
+  d_fc1_cd,            // its bf16 copy (bf16 only)
+  dispatch_bwd_send,   // [ep, L, C, h] the reverse of dispatch
+  dispatch_bwd_recv,   // [E, C, h]
+  d_dispatch,          // [E, C, h] fp32 copy of dispatch_bwd_recv (bf16 only), one slot
+  d_logits,            // [S_c, E] one slot
+  d_ln_in, d_ln2,      // [T, h]
+  d_proj, d_attn,      // [T, h]
+  d_proj_cd,           // [S_c, h] bf16 staging (bf16 only), one slot
+  dqkv,                // [T, 3h] fp32; the K and V columns accumulate over chunks
+  dqkv_cd,             // [S_c, 3h] bf16 staging (bf16 only), one slot
+  d_ln1_out,           // [S_c, h] one slot
+  dx,                  // [s, b, h] the layer's input gradient
+};
+inline constexpr int kNumBufs = int(Buf::dx) + 1;
+
+enum class Scope : uint8_t { saved, shared };
+
+struct BufferSpec {
+  Buf id{};
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;     // of one chunk slot, at the planned capacity
+  int chunks = 1;  // slots (1, or M for per-chunk buffers)
+  Scope scope = Scope::saved;
+  size_t slot_bytes() const;
+  size_t bytes() const { return slot_bytes() * size_t(chunks); }
+};
+
+const char* buf_name(Buf b);
+// Shape of one slot of `b` for expert capacity C (the planned one, or a chunk's actual one).
+Shape buffer_shape(const LayerDims& d, Buf b, int64_t C);
+// The buffers a layer with these dims uses (buffers not needed, e.g. bf16 copies in fp32 mode, are left out).
+std::vector<BufferSpec> layer_buffers(const LayerDims& d);
+
+// Byte offsets of every (buffer, slot) of one scope, each 64-byte aligned.
+struct BufferLayout {
+  std::vector<BufferSpec> specs;                      // in Buf order, needed buffers only
+  std::vector<std::vector<size_t>> offset;            // [Buf][slot]; empty for a buffer not needed
+  size_t saved_bytes = 0, shared_bytes = 0;           // one layer's saved region, the shared region
+  static BufferLayout make(const LayerDims& d);
+  const BufferSpec* spec(Buf b) const;
+};
+
+// One allocation that the buffers of a stack are carved from: [layer 0 saved | layer 1 saved | ... | shared].
+// Several stacks that never run at the same time (bench-layer's degrees) may share one Arena: it is sized for the
+// largest. reserve() before the first step; growing later reallocates (views taken earlier keep the old storage
+// alive but are no longer the arena's).
+class Arena {
+ public:
+  void reserve(size_t bytes);
+  size_t capacity() const { return capacity_; }
+  // A view of `shape` elements of `dtype` starting at byte `offset` (allocates on first use).
+  Tensor view(size_t offset, const Shape& shape, DType dtype);
+
+ private:
+  size_t capacity_ = 0;
+  Tensor storage_;  // fp32 elements, 64-byte aligned
+};
+
+}  // namespace ampipe::model

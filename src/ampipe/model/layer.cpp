@@ -1,0 +1,115 @@
+#include "ampipe/model/layer.h"
+
+namespace ampipe::model {
+
+// ---------------------------------------------------------------------------------------------- LayerMemory
+
+LayerMemory::LayerMemory(const LayerDims& dims, const BufferLayout& layout, Arena& arena, size_t saved_base,
+                         size_t shared_base)
+    : dims_(&dims), layout_(&layout), arena_(&arena), saved_base_(saved_base), shared_base_(shared_base),
+      C_(size_t(dims.M), dims.C) {}
+
+Tensor LayerMemory::get(Buf b, int c) const {
+  const BufferSpec* spec = layout_->spec(b);
+  AMPIPE_CHECK(spec != nullptr, "buffer {} is not planned for this layer", buf_name(b));
+  const size_t slot = spec->chunks > 1 ? size_t(c) : 0;
+  AMPIPE_CHECK(spec->chunks == 1 || (c >= 0 && c < spec->chunks), "buffer {} has no chunk {}", buf_name(b), c);
+  const int64_t C = c >= 0 ? C_[size_t(c)] : dims_->C;
+  const size_t base = spec->scope == Scope::saved ? saved_base_ : shared_base_;
+  return arena_->view(base + layout_->offset[size_t(b)][slot], buffer_shape(*dims_, b, C), spec->dtype);
+}
+
+void LayerMemory::set_capacity(int c, int64_t C) {
+  AMPIPE_CHECK(C >= 1 && C <= dims_->C, "chunk {} capacity {} outside the planned [1, {}]", c, C, dims_->C);
+  C_[size_t(c)] = C;
+}
+
+// ---------------------------------------------------------------------------------------------------- Layer
+
+Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads,
+             const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base)
+    : st_{cfg, LayerDims::make(cfg, M), params, grads, {}, LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
+          ep_rank, 0, Tensor(), Tensor(), 0.0f},
+      attn_(st_),
+      moe_(st_) {
+  if (st_.bf16()) {  // allocated once; refreshed when the weights change
+    st_.w.qkv = Tensor::empty(params.qkv_w.shape(), DType::bf16);
+    st_.w.proj = Tensor::empty(params.proj_w.shape(), DType::bf16);
+    st_.w.fc1 = Tensor::empty({st_.dims.L * st_.dims.F1, st_.dims.h}, DType::bf16);
+    st_.w.fc2 = Tensor::empty({st_.dims.L * st_.dims.h, st_.dims.F}, DType::bf16);
+  }
+}
+
+void Layer::set_training(bool on) { st_.cfg.training = on; }
+
+void Layer::refresh_weights() {
+  LayerState& s = st_;
+  const Tensor fc1 = s.p.fc1_w.view({s.dims.L * s.dims.F1, s.dims.h});
+  const Tensor fc2 = s.p.fc2_w.view({s.dims.L * s.dims.h, s.dims.F});
+  if (!s.bf16()) {  // views: nothing to copy, and a replaced parameter tensor is picked up
+    s.w = {s.p.qkv_w, s.p.proj_w, fc1, fc2};
+    return;
+  }
+  if (!weights_stale_) return;
+  s.w.qkv.copy_from(s.p.qkv_w);
+  s.w.proj.copy_from(s.p.proj_w);
+  s.w.fc1.copy_from(fc1);
+  s.w.fc2.copy_from(fc2);
+  weights_stale_ = false;
+}
+
+void Layer::begin_forward(const Tensor& x, uint64_t token_base) {
+  const LayerDims& d = st_.dims;
+  AMPIPE_CHECK(x.shape() == (Shape{d.s, d.b, d.h}) && x.dtype() == DType::f32 && x.is_contiguous(),
+               "layer input {} expected [{}, {}, {}] fp32", shape_str(x.shape()), d.s, d.b, d.h);
+  refresh_weights();
+  st_.x = x.view({d.T, d.h});
+  st_.token_base = token_base;
+  moe_.begin_forward();
+}
+
+void Layer::begin_backward(const Tensor& dy, float d_aux) {
+  const LayerDims& d = st_.dims;
+  AMPIPE_CHECK(dy.shape() == (Shape{d.s, d.b, d.h}) && dy.dtype() == DType::f32 && dy.is_contiguous(),
+               "output gradient {} expected [{}, {}, {}] fp32", shape_str(dy.shape()), d.s, d.b, d.h);
+  st_.dy = dy.view({d.T, d.h});
+  st_.d_aux = d_aux;
+  st_.mem.get(Buf::d_ln2).zero();  // the dispatch and router backward accumulate into it
+  attn_.begin_backward();
+}
+
+void Layer::run(Stage s, Dir d, int c) {
+  const bool fwd = d == Dir::fwd;
+  switch (s) {
+    case Stage::ln1_qkv: return fwd ? attn_.ln1_qkv(c) : attn_.ln1_qkv_backward(c);
+    case Stage::attention: return fwd ? attn_.attention(c) : attn_.attention_backward(c);
+    case Stage::out_proj: return fwd ? attn_.out_proj(c) : attn_.out_proj_backward(c);
+    case Stage::residual_ln2: return fwd ? attn_.residual_ln2(c) : attn_.residual_ln2_backward(c);
+    case Stage::gate: return fwd ? moe_.gate(c) : moe_.gate_backward(c);
+    case Stage::gate_assign:
+      if (fwd) return moe_.gate_assign(c);
+      break;
+    case Stage::experts: return fwd ? moe_.experts(c) : moe_.experts_backward(c);
+    case Stage::weighted_sum: return fwd ? moe_.weighted_sum(c) : moe_.weighted_sum_backward(c);
+    case Stage::aux_loss:
+      if (fwd) return moe_.aux_loss();
+      break;
+    case Stage::capacity:
+    case Stage::dispatch:
+    case Stage::combine: break;
+  }
+  AMPIPE_CHECK(false, "stage {}.{} is not a compute stage of the layer", stage_name(s), dir_name(d));
+}
+
+double Layer::flops() const {
+  double f = 0;
+  for (Stage s : {Stage::ln1_qkv, Stage::attention, Stage::out_proj, Stage::gate, Stage::experts})
+    for (int c = 0; c < st_.dims.M; ++c) {
+      LayerDims d = st_.dims;
+      d.C = st_.mem.capacity(c);
+      f += stage_flops(d, s, Dir::fwd, c) + stage_flops(d, s, Dir::bwd, c);
+    }
+  return f;
+}
+
+}  // namespace ampipe::model

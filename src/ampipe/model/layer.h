@@ -1,0 +1,62 @@
+// One MoE block as a set of stages over planned memory: an AttentionBlock and a MoeBlock sharing a LayerState. The
+// layer knows nothing about the order its stages run in, or about communication: a schedule::Plan decides the
+// order, and the executor calls run(stage, dir, chunk) for compute tasks and moves the bytes of collective tasks
+// between the buffers a Plan names (buffer()). One Layer lives as long as its stack and is reused for every
+// micro-batch and step; its memory is carved from an Arena when the plan is made (buffers.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ampipe/model/attention_block.h"
+#include "ampipe/model/buffers.h"
+#include "ampipe/model/layer_state.h"
+#include "ampipe/model/moe_block.h"
+#include "ampipe/model/stage.h"
+
+namespace ampipe::model {
+
+class Layer {
+ public:
+  // params: this rank's parameters (expert tensors hold the local experts); grads: same shapes, accumulated.
+  // layout: BufferLayout::make(LayerDims::make(cfg, M)); the layer's saved region starts at saved_base of the
+  // arena, the shared region at shared_base. The arena must be reserved to cover both.
+  Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads,
+        const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base);
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const LayerDims& dims() const { return st_.dims; }
+  const LayerConfig& config() const { return st_.cfg; }
+  void set_training(bool on);
+
+  // The weights changed (optimizer step, load, a test's edit): bf16 copies are refreshed before the next forward.
+  void weights_changed() { weights_stale_ = true; }
+
+  // x: [s, b, h] fp32, kept by reference until the backward ends. token_base: global index of token 0.
+  void begin_forward(const Tensor& x, uint64_t token_base);
+  // dy: [s, b, h] fp32; d_aux: upstream gradient of l_aux (the aux-loss coefficient).
+  void begin_backward(const Tensor& dy, float d_aux);
+  // Runs one compute stage (the executor's only way in).
+  void run(Stage s, Dir d, int chunk);
+  // A buffer a collective reads or writes, shaped for chunk c's run-time capacity.
+  Tensor buffer(Buf b, int chunk) const { return st_.mem.get(b, chunk); }
+
+  Tensor output() const { return st_.mem.get(Buf::y); }      // [s, b, h]
+  Tensor input_grad() const { return st_.mem.get(Buf::dx); }  // [s, b, h]
+  double aux_loss_value() const { return moe_.aux_loss_value(); }
+  const GateCtx& gate_ctx(int c) const { return moe_.gate_ctx(c); }
+  int64_t capacity(int c) const { return st_.mem.capacity(c); }
+  // FLOPs of the last step, forward + backward, at the chunks' run-time capacities.
+  double flops() const;
+
+ private:
+  void refresh_weights();
+
+  LayerState st_;
+  AttentionBlock attn_;
+  MoeBlock moe_;
+  bool weights_stale_ = true;
+};
+
+}  // namespace ampipe::model

@@ -1,0 +1,92 @@
+#include "ampipe/model/layer_dims.h"
+
+#include "ampipe/core/error.h"
+#include "ampipe/kernels/attention.h"
+#include "ampipe/model/gate.h"
+
+namespace ampipe::model {
+
+LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
+  AMPIPE_CHECK(M >= 1 && cfg.seq_length % M == 0, "degree {} must divide the sequence {}", M, cfg.seq_length);
+  LayerDims d;
+  d.s = cfg.seq_length;
+  d.b = cfg.micro_batch_size;
+  d.h = cfg.hidden_size;
+  d.F = cfg.ffn_hidden_size;
+  d.F1 = cfg.expert == ExpertKind::swiglu ? 2 * d.F : d.F;
+  d.n = cfg.num_attention_heads;
+  d.d = cfg.head_dim();
+  d.E = cfg.num_experts;
+  d.k = cfg.moe_router_topk;
+  d.ep = cfg.expert_model_parallel_size;
+  d.L = cfg.local_experts();
+  d.T = cfg.tokens();
+  d.M = M;
+  d.sq = d.s / M;
+  d.Sc = d.sq * d.b;
+  d.capacity_is_bound = cfg.moe_no_drop;
+  d.agree_capacity = cfg.moe_no_drop && d.ep > 1;
+  d.C = cfg.moe_no_drop ? d.Sc
+                        : gate_capacity(d.Sc, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
+  d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
+  d.cd = cfg.compute_dtype();
+  return d;
+}
+
+namespace {
+kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
+  return {d.sq, (c + 1) * d.sq, d.b, d.n, d.d, c * d.sq};
+}
+}  // namespace
+
+double stage_flops(const LayerDims& d, Stage s, Dir dir, int c) {
+  const double gemms = dir == Dir::fwd ? 1 : 2;  // backward: the input gradient and the weight gradient
+  const double Sc = double(d.Sc), h = double(d.h);
+  switch (s) {
+    case Stage::ln1_qkv: return gemms * 2 * Sc * h * 3 * h;
+    case Stage::attention: return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
+    case Stage::out_proj: return gemms * 2 * Sc * h * h;
+    case Stage::gate: return gemms * 2 * Sc * h * double(d.E);  // fp32 logits; backward: dx and dWg
+    case Stage::experts: return gemms * 2 * double(d.L * d.R()) * h * double(d.F1 + d.F);
+    default: return 0;  // element-wise stages and collectives
+  }
+}
+
+double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c) {
+  const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), h = double(d.h);
+  const double act = Sc * h;  // one [S_c, h] activation
+  const double io = dir == Dir::fwd ? 1 : 2;
+  switch (s) {
+    case Stage::ln1_qkv: return io * (act * f + act * (f + e) + Sc * 3 * h * (f + e)) + 3 * h * h * e;
+    case Stage::attention: {
+      const double kv = double((c + 1) * d.sq * d.b) * 2 * h * e;  // K and V of the visible rows
+      return io * (act * e + kv + act * f);
+    }
+    case Stage::out_proj: return io * (act * (f + e) + act * f) + h * h * e;
+    case Stage::residual_ln2: return io * 4 * act * f;
+    case Stage::gate: return io * (act * f + Sc * double(d.E) * f) + double(d.E * d.C) * h * e;
+    case Stage::gate_assign: return double(d.E * d.C) * h * e + act * f;
+    case Stage::experts: {
+      const double rows = double(d.L * d.R());
+      return io * (rows * h * e * 2 + rows * double(d.F1 + d.F) * (f + e)) +
+             double(d.L) * h * double(d.F1 + d.F) * e;
+    }
+    case Stage::weighted_sum: return io * (double(d.E * d.C) * h * f + 3 * act * f);
+    case Stage::aux_loss: return 0;
+    case Stage::capacity:
+    case Stage::dispatch:
+    case Stage::combine: return 0;
+  }
+  return 0;
+}
+
+double collective_bytes(const LayerDims& d, Stage s, Dir dir) {
+  switch (s) {
+    case Stage::dispatch:
+    case Stage::combine: return double(d.E * d.C * d.h) * double(dtype_size(d.cd));
+    case Stage::capacity: return dir == Dir::fwd ? 4 : 0;
+    default: return 0;
+  }
+}
+
+}  // namespace ampipe::model

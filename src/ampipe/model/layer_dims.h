@@ -1,0 +1,45 @@
+// The sizes of one layer step, derived once from a LayerConfig and the AMPipe degree M: everything the Plan, the
+// memory plan and the cost counts need, without parameters, data or MPI.
+//
+// Notation (docs/design.md): s sequence, b micro-batch, h hidden, F FFN hidden (F1 = F, or 2F for SwiGLU's fused
+// up-projection), n heads, d head dim, E experts, k top-k, ep expert-parallel size, L = E/ep local experts,
+// T = s*b tokens, M degree, sq = s/M rows of a chunk, S_c = sq*b tokens of a chunk, C the planned expert capacity of
+// a chunk, R = ep*C slots one local expert processes per chunk.
+#pragma once
+
+#include <cstdint>
+
+#include "ampipe/core/dtype.h"
+#include "ampipe/model/layer_config.h"
+#include "ampipe/model/stage.h"
+
+namespace ampipe::model {
+
+struct LayerDims {
+  int64_t s = 0, b = 0, h = 0, F = 0, F1 = 0, n = 0, d = 0, E = 0, k = 0, ep = 1, L = 0, T = 0;
+  int M = 1;
+  int64_t sq = 0, Sc = 0;
+  // Expert capacity per chunk the buffers are planned for. With token drops this is the capacity every chunk uses
+  // (gate_capacity(S_c, E, k, factor, min)); with --moe-no-drop the capacity is data-dependent, and C is its bound
+  // S_c (an expert receives each token at most once), so nothing is ever reallocated.
+  int64_t C = 0;
+  bool capacity_is_bound = false;  // --moe-no-drop: the run-time capacity is <= C
+  bool agree_capacity = false;     // --moe-no-drop with ep > 1: the EP ranks all-gather their needs first
+  bool jitter = false;             // Jitter: in training the gate input is a noisy copy (planned either way)
+  DType cd = DType::f32;           // compute dtype of GEMM inputs and all-to-all payloads
+
+  static LayerDims make(const LayerConfig& cfg, int M);
+  int64_t R() const { return ep * C; }
+};
+
+// FLOPs of one stage for chunk c (chunk -1: the whole-sequence stages), closed form (docs/plan.md): GEMMs count
+// 2mnk, attention its visible causal pairs (kernels::causal_attention_flops), element-wise work 0.
+double stage_flops(const LayerDims& d, Stage s, Dir dir, int c);
+// Bytes a compute stage reads and writes in memory (activations and weights, once each): an estimate for the cost
+// model, not a measurement.
+double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c);
+// Bytes one rank sends in a collective stage of chunk c at the planned capacity (all-to-all: all ep blocks,
+// including the one it keeps; capacity all-gather: its one float).
+double collective_bytes(const LayerDims& d, Stage s, Dir dir);
+
+}  // namespace ampipe::model

@@ -1,0 +1,64 @@
+// What the stages of one layer share: the config and dims, the parameters and their gradients, the weights in the
+// compute dtype, the layer's view of the planned memory, and the step's inputs (x, dy). The blocks
+// (attention_block.h, moe_block.h) read and write only through it; model/layer.h owns it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ampipe/core/tensor.h"
+#include "ampipe/model/buffers.h"
+#include "ampipe/model/layer_config.h"
+#include "ampipe/model/layer_dims.h"
+#include "ampipe/model/layer_params.h"
+
+namespace ampipe::model {
+
+// The GEMM weights in the compute dtype: views of the fp32 parameters, or bf16 copies refreshed once per optimizer
+// step (Layer::weights_changed), never per layer step. Expert weights are flattened to one row block per expert.
+struct ComputeWeights {
+  Tensor qkv;   // [3h, h]
+  Tensor proj;  // [h, h]
+  Tensor fc1;   // [L*F1, h]
+  Tensor fc2;   // [L*h, F]
+};
+
+// One layer's buffers: its saved region and the stack's shared region of one Arena (buffers.h).
+class LayerMemory {
+ public:
+  LayerMemory(const LayerDims& dims, const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base);
+  // Buffer `b` for chunk c: slot c of a per-chunk buffer (the only slot otherwise), shaped for chunk c's capacity
+  // (c = -1: the planned capacity). No allocation; a view into the arena.
+  Tensor get(Buf b, int c = -1) const;
+  void set_capacity(int c, int64_t C);
+  int64_t capacity(int c) const { return C_[size_t(c)]; }
+
+ private:
+  const LayerDims* dims_;
+  const BufferLayout* layout_;
+  Arena* arena_;
+  size_t saved_base_, shared_base_;
+  std::vector<int64_t> C_;  // run-time capacity per chunk
+};
+
+struct LayerState {
+  LayerConfig cfg;
+  LayerDims dims;
+  LayerParams& p;
+  LayerParams& g;
+  ComputeWeights w;
+  LayerMemory mem;
+  int ep_rank = 0;
+  uint64_t token_base = 0;  // global index of the micro-batch's token 0 (keys dropout and gate noise)
+  Tensor x;                 // [T, h] the layer input (the caller keeps it alive until the backward ends)
+  Tensor dy;                // [T, h] gradient of the output, during the backward
+  float d_aux = 0;          // upstream gradient of the aux loss (its coefficient)
+
+  bool bf16() const { return dims.cd != DType::f32; }
+  // Rows of chunk c of a [T, *] tensor (tokens [c*S_c, (c+1)*S_c), contiguous in the [s, b, h] layout).
+  Tensor rows(const Tensor& t, int c) const { return t.rows(int64_t(c) * dims.Sc, int64_t(c + 1) * dims.Sc); }
+  Tensor rows(Buf b, int c) const { return rows(mem.get(b), c); }
+  uint64_t chunk_token0(int c) const { return token_base + uint64_t(c) * uint64_t(dims.Sc); }
+};
+
+}  // namespace ampipe::model

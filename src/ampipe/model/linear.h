@@ -1,0 +1,35 @@
+// The GEMM forms the blocks use, and the one way a value reaches the compute dtype.
+#pragma once
+
+#include "ampipe/kernels/gemm.h"
+#include "ampipe/model/layer_state.h"
+
+namespace ampipe::model {
+
+// y = x W^T for x [rows, in] and W [out, in] (overwritten).
+inline void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
+  kernels::gemm(x, kernels::Trans::n, w, kernels::Trans::t, y);
+}
+// dx = dy W (overwritten, when dx is given); dW += dy^T x.
+inline void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw_accum) {
+  if (dx) kernels::gemm(dy, kernels::Trans::n, w, kernels::Trans::n, *dx);
+  kernels::gemm(dy, kernels::Trans::t, x, kernels::Trans::n, dw_accum, /*accumulate=*/true);
+}
+
+// `src` itself in fp32 mode; in bf16 mode its copy, converted (bf16 rounds to nearest even, fp32 widens exactly),
+// in buffer `copy`: the whole buffer for chunk c (converted), or rows of chunk c of a [T, *] buffer
+// (converted_rows).
+inline Tensor converted(const LayerState& s, const Tensor& src, Buf copy, int c) {
+  if (!s.bf16()) return src;
+  Tensor dst = s.mem.get(copy, c);
+  dst.copy_from(src);
+  return dst;
+}
+inline Tensor converted_rows(const LayerState& s, const Tensor& src, Buf copy, int c) {
+  if (!s.bf16()) return src;
+  Tensor dst = s.rows(copy, c);
+  dst.copy_from(src);
+  return dst;
+}
+
+}  // namespace ampipe::model

@@ -1,0 +1,50 @@
+// The stages of one MoE block (docs/layer.md): what a schedule::Plan task runs, named once here so that the Plan,
+// the executor, the trace and the tests use the same names. A stage runs forward or backward (Dir); the backward of
+// a stage is the same Stage with Dir::bwd. Which stages move bytes between ranks, on which lane, is the Plan's
+// business (schedule/plan.h holds the stage-to-lane table); the block code only computes.
+#pragma once
+
+#include <cstdint>
+
+namespace ampipe::model {
+
+enum class Dir : uint8_t { fwd, bwd };
+
+enum class Stage : uint8_t {
+  // attention block (model/attention_block.h)
+  ln1_qkv,       // LN1 and the QKV projection of the chunk's rows
+  attention,     // the chunk's query rows against the keys and values of rows [0, (c+1)*s/M)
+  out_proj,      // attention output projection
+  residual_ln2,  // dropout + residual add, then LN2
+  // MoE block (model/moe_block.h)
+  gate,          // router; with a fixed capacity also the slots and the dispatch layout [E, C_c, h]
+  capacity,      // collective: --moe-no-drop with ep > 1, all-gather of each EP rank's required capacity
+  gate_assign,   // --moe-no-drop with ep > 1: slots for the agreed (largest) capacity, dispatch layout
+  dispatch,      // collective: all-to-all of the capacity slots to the experts' owners
+  experts,       // local experts on the received slots
+  combine,       // collective: all-to-all of the expert outputs back to the tokens' owners
+  weighted_sum,  // sum of the token's expert outputs times its gate weights, then dropout + residual add
+  aux_loss,      // load-balancing loss from the gate statistics summed over the chunks
+};
+inline constexpr int kNumStages = int(Stage::aux_loss) + 1;
+
+constexpr const char* stage_name(Stage s) {
+  switch (s) {
+    case Stage::ln1_qkv: return "ln1_qkv";
+    case Stage::attention: return "attention";
+    case Stage::out_proj: return "out_proj";
+    case Stage::residual_ln2: return "residual_ln2";
+    case Stage::gate: return "gate";
+    case Stage::capacity: return "capacity";
+    case Stage::gate_assign: return "gate_assign";
+    case Stage::dispatch: return "dispatch";
+    case Stage::experts: return "experts";
+    case Stage::combine: return "combine";
+    case Stage::weighted_sum: return "weighted_sum";
+    case Stage::aux_loss: return "aux_loss";
+  }
+  return "?";
+}
+constexpr const char* dir_name(Dir d) { return d == Dir::fwd ? "fwd" : "bwd"; }
+
+}  // namespace ampipe::model
