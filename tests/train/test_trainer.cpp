@@ -202,3 +202,22 @@ TEST(Trainer, LoadErrorsNameTheFile) {
   EXPECT_THAT(load_msg(lc), ::testing::HasSubstr("no checkpoint there"));
   fs::remove_all(dir);
 }
+
+// Memory is planned once: after the first iterations, further training iterations (micro-batches through the
+// layer stack, head, gradient reduction, AdamW) allocate no tensor storage.
+TEST(Trainer, SteadyStateIterationsAllocateNoTensorStorage) {
+  for (bool bf16 : {false, true}) {
+    train::TrainConfig c = ampipe::testing::tiny_config();
+    c.ampipe_degree = 2;
+    c.eval_iters = 1;
+    c.layer.bf16 = bf16;
+    c.validate(1);
+    train::Trainer t(c, *g_groups, ampipe::testing::corpus_data(c));
+    t.train({}, 2);
+    const TensorAllocStats before = tensor_alloc_stats();
+    t.train({}, 3);
+    const TensorAllocStats after = tensor_alloc_stats();
+    EXPECT_EQ(t.iteration(), 5);
+    EXPECT_EQ(after.count - before.count, 0u) << (after.bytes - before.bytes) << " bytes in 3 iterations, bf16 " << bf16;
+  }
+}

@@ -50,6 +50,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
     layer_of_.push_back(layer);
   }
   dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
+  scalars_ = Tensor::empty({2});
   expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
 }
 
@@ -140,7 +141,8 @@ void Trainer::reduce_gradients() {
 double Trainer::grad_norm() {
   double expert = expert_sumsq_;
   if (g_.ep.size() > 1) {
-    Tensor t = Tensor::from({float(expert)}, {1});
+    Tensor t = scalars_.rows(0, 1);
+    t.fill(float(expert));
     comm::all_reduce_sync(g_.ep, t, comm::Reduce::sum, "grad.norm");
     expert = t.get(0);
   }
@@ -168,7 +170,9 @@ IterationStats Trainer::train_step() {
   }
   const auto t_opt = Clock::now();
   reduce_gradients();
-  Tensor losses = Tensor::from({float(loss_sum), float(aux_sum)}, {2});
+  Tensor losses = scalars_;
+  losses.set(0, float(loss_sum));
+  losses.set(1, float(aux_sum));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
   st.lm_loss = losses.get(0) / double(G_ / b_);
   st.aux_loss = losses.get(1) / double(G_ / b_);
@@ -202,7 +206,8 @@ double Trainer::evaluate() {
       fill_batch(first, true);
       sum += model_.evaluate(tokens_, targets_, uint64_t(first * s_));
     }
-  Tensor t = Tensor::from({float(sum)}, {1});
+  Tensor t = scalars_.rows(0, 1);
+  t.fill(float(sum));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, "eval.loss");
   return t.get(0) / double(cfg_.eval_iters * (G_ / b_));
 }

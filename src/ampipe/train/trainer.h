@@ -93,6 +93,7 @@ class Trainer {
   std::vector<int32_t> tokens_, targets_;
   std::vector<size_t> dense_idx_, expert_idx_;
   Tensor dense_buf_, expert_buf_;
+  Tensor scalars_;  // [2] the step's few all-reduced scalars (losses, norms), allocated once
   std::vector<int64_t> offset_;  // per parameter: its offset in dense_buf_ or expert_buf_
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
