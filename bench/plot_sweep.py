@@ -81,17 +81,23 @@ def plot_sweep(runs, cfg, path):
     plt.close(fig)
 
 
-STAGE_COLORS = [("wait", "#d62728"), ("attention", "#1f77b4"), ("qkv", "#17becf"), ("proj", "#9467bd"), ("bdal", "#c5b0d5"),
-                ("expert", "#2ca02c"), ("gate", "#bcbd22"), ("ln", "#7f7f7f"), ("combine", "#8c564b"),
-                ("dispatch", "#e377c2")]
+# Compute-lane colours: (legend label, colour, substrings of the task name), first match wins. Stage names as
+# since Plan v2 (src/ampipe/model/stage.h) and as in the traces recorded before it (bench/results/): there the
+# residual_ln2 stage had an older name (the second key below) and the weighted sum was "combine". On the compute
+# lane "combine" is therefore always the weighted sum: since Plan v2 combine is the all-to-all, which runs on the
+# ep lane (coloured by chunk, not by this table). Waits are coloured by category.
+STAGE_COLORS = [("wait", "#d62728", ()), ("attention", "#1f77b4", ("attention",)), ("ln1_qkv", "#17becf", ("qkv",)),
+                ("out_proj", "#9467bd", ("proj",)), ("residual_ln2", "#c5b0d5", ("residual_ln2", "bdal")),
+                ("experts", "#2ca02c", ("expert",)), ("gate", "#bcbd22", ("gate",)),
+                ("weighted_sum", "#8c564b", ("weighted_sum", "combine")), ("dispatch", "#e377c2", ("dispatch",))]
 
 
 def color_for(ev):
     if ev.get("cat") == "wait":
         return "#d62728"
     n = ev["name"].lower()
-    for key, col in STAGE_COLORS[1:]:
-        if key in n:
+    for _, col, keys in STAGE_COLORS[1:]:
+        if any(k in n for k in keys):
             return col
     return "#aaaaaa"
 
@@ -144,7 +150,7 @@ def plot_timeline(trace_path, path, degrees=(1, 2)):
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlim(0, span * 1.01)
     axes[-1].set_xlabel("seconds since the step's start (forward then backward)")
-    handles = [matplotlib.patches.Patch(color=c, label=k) for k, c in STAGE_COLORS] + \
+    handles = [matplotlib.patches.Patch(color=c, label=k) for k, c, _ in STAGE_COLORS] + \
               [matplotlib.patches.Patch(color=plt.cm.Oranges(0.7), label="ep all-to-all (shade = chunk)")]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))

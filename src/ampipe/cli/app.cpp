@@ -6,6 +6,7 @@
 
 #include "ampipe/cli/bench_layer.h"
 #include "ampipe/cli/layer_check.h"
+#include "ampipe/cli/plan.h"
 #include "ampipe/cli/train.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
@@ -38,6 +39,10 @@ int main(int argc, char** argv) {
   TrainFlags tr;
   CLI::App* tr_cmd = app.add_subcommand("train", "train a GPT-MoE with AMPipe (Megatron / MindSpeed flags)");
   tr.add_to(*tr_cmd);
+  PlanArgs pl;
+  CLI::App* pl_cmd = app.add_subcommand(
+      "plan", "print the Plan of one layer step from shapes alone: tasks, FLOPs, bytes, memory, overlap");
+  pl.add_to(*pl_cmd);
 
   try {
     app.parse(argc, argv);
@@ -61,6 +66,7 @@ int main(int argc, char** argv) {
     if (lc_cmd->parsed()) return run_layer_check(lc);
     if (bl_cmd->parsed()) return run_bench_layer(bl);
     if (tr_cmd->parsed()) return run_train(tr);
+    if (pl_cmd->parsed()) return run_plan(pl);
   } catch (const ConfigError& e) {
     print_error(e.what());
     return 2;

@@ -60,7 +60,7 @@ class GptModel {
   std::vector<NamedParam>& params() { return params_; }
   void zero_grads();
   void set_degree(int M) { stack_.set_degree(M); }
-  // FLOPs of the last micro-batch's forward + backward: LayerStep::flops of every layer + the LM head's three
+  // FLOPs of the last micro-batch's forward + backward: model::Layer::flops of every layer + the LM head's three
   // GEMMs 3 x 2 T h V (docs/training.md).
   double flops_per_micro_batch() const { return last_flops_; }
   StepTimes& times() { return times_; }

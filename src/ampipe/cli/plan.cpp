@@ -1,0 +1,302 @@
+// `ampipe plan`: the Plan of one layer step, printed (docs/plan.md has the format and an example).
+//
+// Everything here is derived from schedule::build_layer_plan(cfg, M): the task table in issue order, the closed-form
+// FLOPs and collective bytes the tasks carry, the planned buffers (model::BufferLayout) and, from the dependencies
+// alone, which compute each collective can hide behind: the compute tasks issued after it and before the first task
+// that depends on it. The plan is built for --expert-model-parallel-size without launching ranks, so one process
+// prints the plan of any ep; under mpirun every rank builds it and rank 0 prints it.
+#include "ampipe/cli/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ampipe/comm/runtime.h"
+#include "ampipe/core/error.h"
+#include "ampipe/schedule/plan.h"
+
+namespace ampipe::cli {
+
+void PlanArgs::add_to(CLI::App& app) {
+  layer.add_to(app);
+  app.add_option("--ampipe-degree", ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
+      ->capture_default_str();
+  app.add_option("--num-layers", num_layers, "layers of the stack, for the planned memory")->capture_default_str();
+  app.add_option("--json", json_file, "also write the tasks, the buffers and the summary as JSON to this file");
+}
+
+namespace {
+
+using schedule::CollKind;
+using schedule::Plan;
+using schedule::Task;
+
+// 3 significant digits with a decimal prefix: "12.9 GF", "805 MF", "0 F".
+std::string si(double v, const char* unit) {
+  static constexpr const char* kPrefix[] = {"", "K", "M", "G", "T", "P", "E"};
+  size_t i = 0;
+  while (std::fabs(v) >= 999.5 && i + 1 < std::size(kPrefix)) {
+    v /= 1000;
+    ++i;
+  }
+  const double a = std::fabs(v);
+  const int prec = i == 0 || a >= 99.95 ? 0 : a >= 9.995 ? 1 : 2;
+  return fmt::format("{:.{}f} {}{}", v, prec, kPrefix[i], unit);
+}
+
+// Bytes with a binary prefix, 3 significant digits: "16.0 KiB", "1.50 MiB", "4 B".
+std::string bytes_str(double v) {
+  static constexpr const char* kPrefix[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  size_t i = 0;
+  while (v >= 999.5 && i + 1 < std::size(kPrefix)) {
+    v /= 1024;
+    ++i;
+  }
+  const int prec = i == 0 || v >= 99.95 ? 0 : v >= 9.995 ? 1 : 2;
+  return fmt::format("{:.{}f} {}", v, prec, kPrefix[i]);
+}
+
+const char* scope_name(model::Scope s) { return s == model::Scope::saved ? "saved" : "shared"; }
+
+std::string deps_str(const Task& t) {
+  if (t.deps.empty()) return "-";
+  std::string s;
+  for (uint32_t d : t.deps) s += (s.empty() ? "" : ",") + std::to_string(d);
+  return s;
+}
+
+// The compute a collective can hide behind: the compute tasks issued after it and before the first compute task
+// that waits for it. A task waits for collective t when it depends on t, or on a collective issued after t on the
+// same lane (a lane is an ordered queue: that one completes after t), or on a collective that depends on one of
+// those. None of the compute tasks in between depends on t, directly or not.
+struct Overlap {
+  uint32_t coll = 0;
+  std::vector<uint32_t> compute;
+  double flops = 0;
+  int waiter = -1;   // the first compute task that waits for it; -1: none in this Plan
+  int through = -1;  // the task of `waiter`'s deps that it waits on (coll itself, or a later collective)
+};
+
+std::vector<Overlap> overlaps(const Plan& p) {
+  std::vector<Overlap> out;
+  for (const Task& t : p.tasks) {
+    if (!t.is_collective()) continue;
+    Overlap o;
+    o.coll = t.id;
+    std::vector<bool> after_t(p.tasks.size(), false);  // tasks that cannot finish before t does
+    after_t[t.id] = true;
+    for (size_t i = size_t(t.id) + 1; i < p.tasks.size() && o.waiter < 0; ++i) {
+      const Task& c = p.tasks[i];
+      int via = -1;
+      for (uint32_t d : c.deps)
+        if (after_t[d] && (via < 0 || d == t.id)) via = int(d);
+      if (c.is_collective()) {
+        after_t[i] = via >= 0 || c.lane == t.lane;
+      } else if (via >= 0) {
+        o.waiter = int(i);
+        o.through = via;
+      } else {
+        o.compute.push_back(c.id);
+        o.flops += c.flops;
+      }
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+std::string overlap_line(const Plan& p, const Overlap& o) {
+  std::string s = p.tasks[o.coll].name();
+  if (o.compute.empty())
+    s += " overlaps no compute (exposed)";
+  else if (o.compute.size() == 1)
+    s += fmt::format(" overlaps {} (1 task, {})", p.tasks[o.compute[0]].name(), si(o.flops, "FLOP"));
+  else
+    s += fmt::format(" overlaps {} .. {} ({} tasks, {})", p.tasks[o.compute.front()].name(),
+                     p.tasks[o.compute.back()].name(), o.compute.size(), si(o.flops, "FLOP"));
+  if (o.waiter < 0) return s + "; waited by nothing in this Plan";
+  s += "; waited by " + p.tasks[size_t(o.waiter)].name();
+  if (o.through != int(o.coll))
+    s += fmt::format(" (through {}, queued behind it on the {} lane)", p.tasks[size_t(o.through)].name(),
+                     comm::lane_name(p.tasks[o.coll].lane));
+  return s;
+}
+
+std::string work_str(const Task& t) {
+  if (!t.is_collective()) return si(t.flops, "F");
+  const schedule::CollectiveSpec& c = *t.collective;
+  return fmt::format("{} {} {} {} -> {}", schedule::coll_kind_name(c.kind), comm::group_kind_name(c.group),
+                     bytes_str(c.bytes), model::buf_name(c.send), model::buf_name(c.recv));
+}
+
+constexpr CollKind kKinds[] = {CollKind::all_to_all, CollKind::all_gather, CollKind::reduce_scatter,
+                               CollKind::all_reduce, CollKind::send_recv};
+
+nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const Plan& p,
+                       const std::vector<Overlap>& ov, double fwd, double bwd) {
+  using nlohmann::json;
+  const model::LayerDims& d = p.dims;
+  json doc;
+  doc["format"] = "ampipe plan";
+  doc["config"] = {{"seq_length", cfg.seq_length},
+                   {"micro_batch_size", cfg.micro_batch_size},
+                   {"hidden_size", cfg.hidden_size},
+                   {"ffn_hidden_size", cfg.ffn_hidden_size},
+                   {"num_attention_heads", cfg.num_attention_heads},
+                   {"num_experts", cfg.num_experts},
+                   {"moe_router_topk", cfg.moe_router_topk},
+                   {"moe_train_capacity_factor", cfg.moe_train_capacity_factor},
+                   {"moe_min_capacity", cfg.moe_min_capacity},
+                   {"moe_no_drop", cfg.moe_no_drop},
+                   {"noisy_gate_policy", a.layer.noisy_gate_policy},
+                   {"swiglu", cfg.expert == model::ExpertKind::swiglu},
+                   {"bf16", cfg.bf16},
+                   {"expert_model_parallel_size", cfg.expert_model_parallel_size},
+                   {"ampipe_degree", a.ampipe_degree},
+                   {"num_layers", a.num_layers}};
+  doc["dims"] = {{"s", d.s},   {"b", d.b},   {"h", d.h},   {"F", d.F},   {"F1", d.F1},
+                 {"n", d.n},   {"d", d.d},   {"E", d.E},   {"k", d.k},   {"ep", d.ep},
+                 {"L", d.L},   {"T", d.T},   {"M", d.M},   {"sq", d.sq}, {"Sc", d.Sc},
+                 {"C", d.C},   {"R", d.R()}, {"capacity_is_bound", d.capacity_is_bound},
+                 {"agree_capacity", d.agree_capacity}, {"jitter", d.jitter},
+                 {"compute_dtype", std::string(dtype_name(d.cd))}};
+  json tasks = json::array();
+  for (const Task& t : p.tasks) {
+    json j{{"id", t.id},
+           {"name", t.name()},
+           {"dir", model::dir_name(t.dir)},
+           {"stage", model::stage_name(t.stage)},
+           {"layer", t.layer},
+           {"chunk", t.chunk},
+           {"piece", t.piece},
+           {"lane", std::string(comm::lane_name(t.lane))},
+           {"deps", t.deps},
+           {"flops", t.flops},
+           {"bytes", t.bytes},
+           {"collective", nullptr}};
+    if (t.is_collective()) {
+      const schedule::CollectiveSpec& c = *t.collective;
+      j["collective"] = {{"kind", schedule::coll_kind_name(c.kind)},
+                         {"group", std::string(comm::group_kind_name(c.group))},
+                         {"send", model::buf_name(c.send)},
+                         {"recv", model::buf_name(c.recv)},
+                         {"bytes", c.bytes}};
+    }
+    tasks.push_back(std::move(j));
+  }
+  doc["tasks"] = std::move(tasks);
+  json bufs = json::array();
+  for (const model::BufferSpec& s : p.memory.specs)
+    bufs.push_back({{"name", s.name},
+                    {"dtype", std::string(dtype_name(s.dtype))},
+                    {"shape", s.shape},
+                    {"chunks", s.chunks},
+                    {"scope", scope_name(s.scope)},
+                    {"slot_bytes", s.slot_bytes()},
+                    {"bytes", s.bytes()},
+                    {"offsets", p.memory.offset[size_t(s.id)]}});
+  doc["buffers"] = std::move(bufs);
+  json coll = json::object();
+  for (CollKind k : kKinds) {
+    int n = 0;
+    for (const Task& t : p.tasks) n += t.is_collective() && t.collective->kind == k;
+    if (n > 0) coll[schedule::coll_kind_name(k)] = {{"tasks", n}, {"bytes", p.collective_bytes(k)}};
+  }
+  json ovj = json::array();
+  for (const Overlap& o : ov) {
+    std::vector<std::string> names;
+    for (uint32_t i : o.compute) names.push_back(p.tasks[i].name());
+    ovj.push_back({{"collective", p.tasks[o.coll].name()},
+                   {"overlaps", names},
+                   {"flops", o.flops},
+                   {"waited_by", o.waiter < 0 ? json(nullptr) : json(p.tasks[size_t(o.waiter)].name())},
+                   {"through", o.through < 0 ? json(nullptr) : json(p.tasks[size_t(o.through)].name())}});
+  }
+  doc["summary"] = {{"flops", {{"forward", fwd}, {"backward", bwd}, {"total", p.flops()}}},
+                    {"collectives", std::move(coll)},
+                    {"memory",
+                     {{"saved_bytes_per_layer", p.memory.saved_bytes},
+                      {"shared_bytes", p.memory.shared_bytes},
+                      {"num_layers", a.num_layers},
+                      {"planned_bytes", p.planned_bytes(a.num_layers)}}},
+                    {"overlap", std::move(ovj)}};
+  return doc;
+}
+
+}  // namespace
+
+int run_plan(PlanArgs& a) {
+  const model::LayerConfig cfg = a.layer.finish();
+  const int M = a.ampipe_degree;
+  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
+  if (cfg.seq_length % M != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
+                                  "the same number of rows",
+                                  cfg.seq_length, M));
+  if (a.num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", a.num_layers));
+  const bool rank0 = !comm::Runtime::exists() || comm::Runtime::current().rank() == 0;
+  std::ofstream json_out;
+  if (!a.json_file.empty() && rank0) {  // before any output, so a bad path fails with nothing else printed
+    json_out.open(a.json_file);
+    if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
+  }
+  const Plan p = schedule::build_layer_plan(cfg, M);
+  const std::vector<Overlap> ov = overlaps(p);
+  double fwd = 0, bwd = 0;
+  for (const Task& t : p.tasks) (t.dir == model::Dir::fwd ? fwd : bwd) += t.flops;
+  if (json_out.is_open()) {
+    json_out << to_json(cfg, a, p, ov, fwd, bwd).dump(2) << "\n";
+    json_out.close();
+    if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
+  }
+  if (!rank0) return 0;
+  for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
+
+  const model::LayerDims& d = p.dims;
+  const std::string cap =
+      d.capacity_is_bound ? fmt::format("C={} (bound S_c: --moe-no-drop)", d.C) : fmt::format("C={}", d.C);
+  fmt::print("ampipe plan: s={} b={} h={} F={} heads={} E={} top-{} {} {} | ep={} L={} | ampipe-degree={} "
+             "S_c={} {} per chunk | {} tasks\n",
+             d.s, d.b, d.h, d.F, d.n, d.E, d.k, cfg.bf16 ? "bf16" : "fp32",
+             cfg.expert == model::ExpertKind::swiglu ? "swiglu" : "gelu", d.ep, d.L, d.M, d.Sc, cap, p.tasks.size());
+
+  size_t wname = 4, wdeps = 4;
+  for (const Task& t : p.tasks) {
+    wname = std::max(wname, t.name().size());
+    wdeps = std::max(wdeps, deps_str(t).size());
+  }
+  fmt::print("\n{:>4}  {:<{}}  {:<7}  {:<{}}  {}\n", "id", "task", wname, "lane", "deps", wdeps,
+             "FLOPs | collective bytes send -> recv");
+  for (const Task& t : p.tasks)
+    fmt::print("{:>4}  {:<{}}  {:<7}  {:<{}}  {}\n", t.id, t.name(), wname, comm::lane_name(t.lane), deps_str(t),
+               wdeps, work_str(t));
+
+  fmt::print("\nFLOPs: forward {}, backward {}, total {} (closed form, docs/plan.md)\n", si(fwd, "FLOP"),
+             si(bwd, "FLOP"), si(p.flops(), "FLOP"));
+  fmt::print("collectives (bytes this rank sends per layer step):\n");
+  for (CollKind k : kKinds) {
+    int n = 0;
+    for (const Task& t : p.tasks) n += t.is_collective() && t.collective->kind == k;
+    if (n > 0)
+      fmt::print("  {:<14} {:>3} tasks  {}\n", schedule::coll_kind_name(k), n, bytes_str(p.collective_bytes(k)));
+  }
+  fmt::print("memory (planned): saved {} per layer, shared {}; {} layer{}: {} x saved + shared = {}\n",
+             bytes_str(double(p.memory.saved_bytes)), bytes_str(double(p.memory.shared_bytes)), a.num_layers,
+             a.num_layers == 1 ? "" : "s", a.num_layers, bytes_str(double(p.planned_bytes(a.num_layers))));
+  std::vector<const model::BufferSpec*> big;
+  for (const model::BufferSpec& s : p.memory.specs) big.push_back(&s);
+  std::stable_sort(big.begin(), big.end(), [](auto* x, auto* y) { return x->bytes() > y->bytes(); });
+  big.resize(std::min<size_t>(big.size(), 6));
+  fmt::print("  largest buffers:\n");
+  for (const model::BufferSpec* s : big)
+    fmt::print("    {:<18} {:<6} {:<4} {:<16} x{:<2} {}\n", s->name, scope_name(s->scope), dtype_name(s->dtype),
+               shape_str(s->shape), s->chunks, bytes_str(double(s->bytes())));
+  fmt::print("overlap (compute issued after each collective and before the first compute task that waits for it; "
+             "docs/plan.md):\n");
+  for (const Overlap& o : ov) fmt::print("  {}\n", overlap_line(p, o));
+  if (!a.json_file.empty()) fmt::print("wrote {}\n", a.json_file);
+  return 0;
+}
+
+}  // namespace ampipe::cli
