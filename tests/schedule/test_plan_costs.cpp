@@ -78,6 +78,8 @@ struct Expected {
   double esize = 4;
   // per chunk c, per direction (0 fwd, 1 bwd)
   std::vector<double> qkv[2], attention[2], out_proj[2], gate[2], experts[2];
+  double attention_wgrad = 0;  // the QKV and out-projection weight gradients over all T rows (backward, chunk -1)
+  double expert_wgrad = 0;     // the expert weight gradients over all chunks' slots (backward, chunk -1; 0: none)
   double a2a_bytes = 0;  // one all-to-all task
   double total = 0, total_non_expert = 0, total_experts = 0;
 };
@@ -91,20 +93,29 @@ Expected expected(const Case& c) {
   x.esize = c.bf16 ? 2 : 4;
   const double Sc = double(x.Sc), C = double(x.C), L = double(c.E / c.ep), ep = double(c.ep);
   const double F = double(c.F), F1 = c.swiglu ? 2 * F : F;
+  // Backward per chunk: the input-gradient GEMM only; the weight gradients are one task over all chunks, except the
+  // experts' with --moe-no-drop (slots not packed across chunks), whose per-chunk backward holds both. The gate's
+  // backward has both (dx and dWg).
   for (int dir = 0; dir < 2; ++dir) {
-    const double g = dir == 0 ? 1 : 2;  // backward: input gradient and weight gradient
+    const double g = dir == 0 ? 1 : 2;
+    const double ge = dir == 0 || !c.no_drop ? 1 : 2;
     for (int ch = 0; ch < c.M; ++ch) {
-      x.qkv[dir].push_back(g * 2 * Sc * h * 3 * h);
+      x.qkv[dir].push_back(2 * Sc * h * 3 * h);
       x.attention[dir].push_back(causal_pairs(sq, ch) * double(c.b) * double(c.n) * d * (dir == 0 ? 4 : 10));
-      x.out_proj[dir].push_back(g * 2 * Sc * h * h);
+      x.out_proj[dir].push_back(2 * Sc * h * h);
       x.gate[dir].push_back(g * 2 * Sc * h * E);
-      x.experts[dir].push_back(g * 2 * L * ep * C * h * (F1 + F));
+      x.experts[dir].push_back(ge * 2 * L * ep * C * h * (F1 + F));
       const double non_expert =
           x.qkv[dir].back() + x.attention[dir].back() + x.out_proj[dir].back() + x.gate[dir].back();
       x.total_non_expert += non_expert;
       x.total_experts += x.experts[dir].back();
     }
   }
+  const double T = double(c.s * c.b);
+  x.attention_wgrad = 2 * T * h * 3 * h + 2 * T * h * h;
+  x.expert_wgrad = c.no_drop ? 0 : double(c.M) * 2 * L * ep * C * h * (F1 + F);
+  x.total_non_expert += x.attention_wgrad;
+  x.total_experts += x.expert_wgrad;
   x.total = x.total_non_expert + x.total_experts;
   x.a2a_bytes = E * C * h * x.esize;  // E*C*h elements of the compute dtype, all ep blocks
   return x;
@@ -250,7 +261,15 @@ TEST(PlanCosts, FlopsMatchTheClosedFormPerTaskAndInTotal) {
     SCOPED_TRACE(c.label());
     const Plan p = build_layer_plan(config(c), c.M);
     const Expected x = expected(c);
+    int wgrads = 0;
     for (const Task& t : p.tasks) {
+      if (t.stage == Stage::attention_wgrad || t.stage == Stage::expert_wgrad) {
+        ++wgrads;
+        EXPECT_EQ(t.dir, Dir::bwd) << t.name();
+        EXPECT_EQ(t.chunk, -1) << t.name();
+        expect_close(t.flops, t.stage == Stage::attention_wgrad ? x.attention_wgrad : x.expert_wgrad, t.name());
+        continue;
+      }
       const std::vector<double>& want = per_chunk(x, t.stage, t.dir);
       if (want.empty() || t.is_collective()) {
         EXPECT_EQ(t.flops, 0.0) << t.name();  // element-wise stages and collectives count no FLOPs
@@ -260,6 +279,7 @@ TEST(PlanCosts, FlopsMatchTheClosedFormPerTaskAndInTotal) {
       ASSERT_LT(t.chunk, c.M) << t.name();
       expect_close(t.flops, want[size_t(t.chunk)], t.name());
     }
+    EXPECT_EQ(wgrads, c.no_drop ? 1 : 2);
     expect_close(p.flops(), x.total, "Plan::flops()");
     // Every chunk of every FLOP-carrying stage appears once per direction.
     for (Dir d : {Dir::fwd, Dir::bwd})
@@ -282,13 +302,13 @@ TEST(PlanCosts, ChunkingDoesNotChangeTheWorkOutsideTheExperts) {
     auto non_expert = [](const Plan& p) {
       double f = 0;
       for (const Task& t : p.tasks)
-        if (t.stage != Stage::experts) f += t.flops;
+        if (t.stage != Stage::experts && t.stage != Stage::expert_wgrad) f += t.flops;
       return f;
     };
     auto experts = [](const Plan& p) {
       double f = 0;
       for (const Task& t : p.tasks)
-        if (t.stage == Stage::experts) f += t.flops;
+        if (t.stage == Stage::experts || t.stage == Stage::expert_wgrad) f += t.flops;
       return f;
     };
     expect_close(non_expert(pm), non_expert(p1), "non-expert FLOPs, degree M vs 1");
@@ -325,26 +345,28 @@ TEST(PlanCosts, PlannedMemoryHoldsTheCapacityDependentBuffers) {
     const Expected x = expected(c);
     const double e = x.esize, C = double(x.C), h = double(c.h), L = double(c.E / c.ep), R = double(c.ep) * C;
     const double F = double(c.F), F1 = c.swiglu ? 2 * F : F, T = double(c.s * c.b), M = double(c.M);
-    // Saved per layer, one slot per chunk, sized by the planned capacity (docs/plan.md, "Memory").
+    // Saved per layer, sized by the planned capacity (docs/plan.md, "Memory"): expert_y one slot per chunk; the
+    // expert-major buffers one slot holding every chunk ([L, M*R, *]), so a weight gradient reads all chunks at once.
     struct Want {
       model::Buf b;
       double slot;
+      int chunks;
     };
-    std::vector<Want> saved = {{model::Buf::expert_in, L * R * h * e},
-                               {model::Buf::fc1_out, L * R * F1 * 4},
-                               {model::Buf::expert_y, double(c.E) * C * h * 4}};
+    std::vector<Want> saved = {{model::Buf::expert_in, M * L * R * h * e, 1},
+                               {model::Buf::fc1_out, M * L * R * F1 * 4, 1},
+                               {model::Buf::expert_y, double(c.E) * C * h * 4, c.M}};
     if (c.bf16)
-      saved.push_back({model::Buf::act_cd, L * R * F * 2});
+      saved.push_back({model::Buf::act_cd, M * L * R * F * 2, 1});
     else
-      saved.push_back({model::Buf::act, L * R * F * 4});
+      saved.push_back({model::Buf::act, M * L * R * F * 4, 1});
     double expert_saved = 0;
     for (const Want& w : saved) {
       const model::BufferSpec* s = p.memory.spec(w.b);
       ASSERT_NE(s, nullptr) << model::buf_name(w.b);
       EXPECT_EQ(s->scope, model::Scope::saved) << model::buf_name(w.b);
-      EXPECT_EQ(s->chunks, c.M) << model::buf_name(w.b);
+      EXPECT_EQ(s->chunks, w.chunks) << model::buf_name(w.b);
       EXPECT_EQ(double(s->slot_bytes()), w.slot) << model::buf_name(w.b);
-      expert_saved += M * w.slot;
+      expert_saved += double(w.chunks) * w.slot;
     }
     // A lower bound of the saved region: those, plus what the backward must read in any mode (fp32 [T, h]
     // activations ln_in, ln2_out, attn, the layer output y and input gradient dx, the gate probabilities and the

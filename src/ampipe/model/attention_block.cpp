@@ -22,9 +22,11 @@ core::PhiloxKey dropout_key(const LayerConfig& cfg) {
 
 void AttentionBlock::ln1_qkv(int c) {
   LayerState& s = st_;
-  Tensor xn = s.rows(Buf::ln1_out, c), mean = s.rows(Buf::ln1_mean, c), rstd = s.rows(Buf::ln1_rstd, c);
+  // bf16: the fp32 LN1 output and QKV are one chunk's staging, only their bf16 copies are kept
+  Tensor xn = s.bf16() ? s.mem.get(Buf::ln1_out) : s.rows(Buf::ln1_out, c);
+  Tensor mean = s.rows(Buf::ln1_mean, c), rstd = s.rows(Buf::ln1_rstd, c);
   kernels::layernorm_forward(s.rows(s.x, c), s.p.ln1_w, s.p.ln1_b, s.cfg.layernorm_epsilon, xn, mean, rstd);
-  Tensor qkv = s.rows(Buf::qkv, c);
+  Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.rows(Buf::qkv, c);
   linear_forward(converted_rows(s, xn, Buf::ln1_out_cd, c), s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h]: [q | k | v]
   if (s.bf16()) s.rows(Buf::qkv_cd, c).copy_from(qkv);
 }
@@ -73,8 +75,8 @@ void AttentionBlock::residual_ln2_backward(int c) {
 void AttentionBlock::out_proj_backward(int c) {
   LayerState& s = st_;
   Tensor d_attn = s.rows(Buf::d_attn, c);
-  const Tensor d_proj = converted(s, s.rows(Buf::d_proj, c), Buf::d_proj_cd, c);
-  linear_backward(d_proj, s.rows(s.bf16() ? Buf::attn_cd : Buf::attn, c), s.w.proj, &d_attn, s.g.proj_w);
+  const Tensor d_proj = converted_rows(s, s.rows(Buf::d_proj, c), Buf::d_proj_cd, c);
+  linear_input_grad(d_proj, s.w.proj, d_attn);  // the weight gradient: weight_grads()
 }
 
 void AttentionBlock::attention_backward(int c) {
@@ -94,11 +96,22 @@ void AttentionBlock::ln1_qkv_backward(int c) {
   // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1.
   LayerState& s = st_;
   Tensor d_xn = s.mem.get(Buf::d_ln1_out);
-  const Tensor dqkv = converted(s, s.rows(Buf::dqkv, c), Buf::dqkv_cd, c);
-  linear_backward(dqkv, s.rows(s.bf16() ? Buf::ln1_out_cd : Buf::ln1_out, c), s.w.qkv, &d_xn, s.g.qkv_w);
+  const Tensor dqkv = converted_rows(s, s.rows(Buf::dqkv, c), Buf::dqkv_cd, c);
+  linear_input_grad(dqkv, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
   Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.T, s.dims.h}), c);
   kernels::layernorm_backward(d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c),
                               dx, s.g.ln1_w, s.g.ln1_b, /*accumulate_dx=*/true);
+}
+
+void AttentionBlock::weight_grads() {
+  // dWqkv += dqkv^T xn and dWproj += d_proj^T attn over all T rows at once: one GEMM each with K = T instead of one
+  // per chunk with K = S_c (each of which would read and write the whole fp32 weight gradient).
+  LayerState& s = st_;
+  const bool bf16 = s.bf16();
+  linear_weight_grad(s.mem.get(bf16 ? Buf::dqkv_cd : Buf::dqkv), s.mem.get(bf16 ? Buf::ln1_out_cd : Buf::ln1_out),
+                     s.g.qkv_w);
+  linear_weight_grad(s.mem.get(bf16 ? Buf::d_proj_cd : Buf::d_proj), s.mem.get(bf16 ? Buf::attn_cd : Buf::attn),
+                     s.g.proj_w);
 }
 
 }  // namespace ampipe::model

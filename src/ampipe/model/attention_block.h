@@ -7,7 +7,9 @@
 //   residual_ln2(c)  ln_in = x + dropout(proj); ln2_out = LN2(ln_in)
 // Backward: residual_ln2 -> out_proj -> attention (dq of the chunk; dK, dV ACCUMULATE into the rows of earlier
 // chunks) -> ln1_qkv (once dK, dV of the chunk's rows are complete, i.e. after attention(c') for all c' >= c).
-// Parameter gradients accumulate (+=), so chunks and micro-batches sum.
+// The per-chunk backward stages compute input gradients only; weight_grads() (Stage::attention_wgrad) adds the QKV
+// and out-projection weight gradients over all rows once every chunk is done. Parameter gradients accumulate (+=),
+// so micro-batches sum.
 #pragma once
 
 #include "ampipe/model/layer_state.h"
@@ -28,6 +30,7 @@ class AttentionBlock {
   void out_proj_backward(int c);
   void attention_backward(int c);
   void ln1_qkv_backward(int c);
+  void weight_grads();  // after ln1_qkv_backward(c) for every c
 
  private:
   LayerState& st_;

@@ -19,7 +19,7 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"lse", false},             {"proj", false},            {"ln_in", false},           {"ln2_mean", false},
     {"ln2_rstd", false},        {"ln2_out", false},         {"gate_probs", true},       {"gate_input", true},
     {"capacity_need", true},    {"capacity_all", true},     {"dispatch_send", true},    {"dispatch_recv", true},
-    {"expert_in", true},        {"fc1_out", true},          {"act", true},              {"act_cd", true},
+    {"expert_in", false},       {"fc1_out", false},         {"act", false},             {"act_cd", false},
     {"expert_out", false},      {"expert_out_cd", false},   {"combine_send", true},     {"combine_recv", true},
     {"expert_y", true},         {"moe_out", false},         {"y", false},               {"d_moe", false},
     {"d_expert_y", false},      {"d_weight", true},         {"combine_bwd_send", true}, {"combine_bwd_recv", true},
@@ -111,13 +111,15 @@ const char* buf_name(Buf b) { return kInfo[int(b)].name; }
 size_t BufferSpec::slot_bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }
 
 Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
-  const int64_t T = d.T, h = d.h, Sc = d.Sc, E = d.E, L = d.L, R = d.ep * C;
+  const int64_t T = d.T, h = d.h, Sc = d.Sc, E = d.E, L = d.L, R = d.ep * C, MR = d.M * R;
+  const bool f32 = d.cd == DType::f32;
   switch (b) {
     case Buf::ln1_mean:
     case Buf::ln1_rstd:
     case Buf::ln2_mean:
     case Buf::ln2_rstd: return {T};
-    case Buf::ln1_out:
+    case Buf::ln1_out: return f32 ? Shape{T, h} : Shape{Sc, h};  // bf16: a one-chunk staging buffer
+    case Buf::qkv: return f32 ? Shape{T, 3 * h} : Shape{Sc, 3 * h};
     case Buf::ln1_out_cd:
     case Buf::attn:
     case Buf::attn_cd:
@@ -128,8 +130,8 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_ln_in:
     case Buf::d_ln2:
     case Buf::d_proj:
-    case Buf::d_attn: return {T, h};
-    case Buf::qkv:
+    case Buf::d_attn:
+    case Buf::d_proj_cd: return {T, h};
     case Buf::qkv_cd:
     case Buf::dqkv: return {T, 3 * h};
     case Buf::lse: return {d.M, d.b * d.n * d.sq};
@@ -148,26 +150,27 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::combine_send:
     case Buf::combine_bwd_recv:
     case Buf::dispatch_bwd_send: return {d.ep, L, C, h};
+    // Every chunk's slots of local expert l are consecutive rows [l*M*R, (l+1)*M*R), chunk c at row l*M*R + c*R,
+    // so the weight gradients can take all chunks in one GEMM (LayerMemory::expert_rows).
     case Buf::expert_in:
+    case Buf::d_expert_out: return {L, MR, h};
+    case Buf::fc1_out: return {L, MR, d.F1};
+    case Buf::act_cd: return {L, MR, d.F};
+    case Buf::act: return f32 ? Shape{L, MR, d.F} : Shape{R, d.F};  // bf16: one expert's staging
+    case Buf::d_fc1: return f32 ? Shape{L, MR, d.F1} : Shape{R, d.F1};
+    case Buf::d_fc1_cd: return {L, MR, d.F1};
     case Buf::expert_out:
     case Buf::expert_out_cd:
-    case Buf::d_expert_out:
     case Buf::d_expert_in:
     case Buf::d_expert_in_cd: return {L, R, h};
-    case Buf::fc1_out: return {L, R, d.F1};
-    case Buf::act:
-    case Buf::act_cd: return {L, R, d.F};
     case Buf::y:
     case Buf::dx: return {d.s, d.b, h};
     case Buf::d_moe:
-    case Buf::d_proj_cd:
     case Buf::d_ln1_out: return {Sc, h};
     case Buf::d_weight: return {Sc, d.k};
     case Buf::d_act: return {R, d.F};
-    case Buf::d_fc1:
-    case Buf::d_fc1_cd: return {R, d.F1};
     case Buf::d_logits: return {Sc, E};
-    case Buf::dqkv_cd: return {Sc, 3 * h};
+    case Buf::dqkv_cd: return {T, 3 * h};
   }
   return {};
 }

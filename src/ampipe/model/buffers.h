@@ -26,9 +26,9 @@ namespace ampipe::model {
 enum class Buf : uint8_t {
   // attention block
   ln1_mean, ln1_rstd,  // [T]
-  ln1_out,             // [T, h] fp32 LN1 output
+  ln1_out,             // [T, h] fp32 LN1 output (bf16 mode: [S_c, h], one chunk's staging)
   ln1_out_cd,          // [T, h] its bf16 copy (bf16 only)
-  qkv,                 // [T, 3h] fp32 QKV projection, columns [q | k | v]
+  qkv,                 // [T, 3h] fp32 QKV projection, columns [q | k | v] (bf16 mode: [S_c, 3h] staging)
   qkv_cd,              // [T, 3h] its bf16 copy (bf16 only); attention reads it
   attn,                // [T, h] fp32 attention output
   attn_cd,             // [T, h] its bf16 copy (bf16 only)
@@ -44,10 +44,12 @@ enum class Buf : uint8_t {
   capacity_all,        // [ep] every EP rank's
   dispatch_send,       // [E, C, h] slots in expert order: block j (experts [j*L, (j+1)*L)) goes to EP rank j
   dispatch_recv,       // [ep, L, C, h] the slots of this rank's experts, from every EP rank
-  expert_in,           // [L, ep*C, h] the same, grouped by local expert
-  fc1_out,             // [L, ep*C, F1]
-  act,                 // [L, ep*C, F] activation (GeLU or SwiGLU)
-  act_cd,              // its bf16 copy (bf16 only)
+  // Expert-major buffers hold every chunk: [L, M*ep*C, *], local expert l's slots of chunk c at rows
+  // [c*ep*C, (c+1)*ep*C) of block l (LayerMemory::expert_rows), so a weight gradient can take all chunks at once.
+  expert_in,           // [L, M*ep*C, h] the received slots, grouped by local expert
+  fc1_out,             // [L, M*ep*C, F1]
+  act,                 // [L, M*ep*C, F] activation (GeLU or SwiGLU); bf16 mode: [ep*C, F], one expert's staging
+  act_cd,              // [L, M*ep*C, F] its bf16 copy (bf16 only)
   expert_out,          // [L, ep*C, h] fp32 expert output (one slot, reused by every chunk)
   expert_out_cd,       // its bf16 copy (bf16 only; one slot)
   combine_send,        // [ep, L, C, h] expert outputs back to their tokens' ranks
@@ -61,21 +63,21 @@ enum class Buf : uint8_t {
   d_weight,            // [S_c, k] gradient of the gate weights
   combine_bwd_send,    // [E, C, h] the reverse of combine
   combine_bwd_recv,    // [ep, L, C, h]
-  d_expert_out,        // [L, ep*C, h] one slot, grouped by local expert
+  d_expert_out,        // [L, M*ep*C, h] expert-major, every chunk (the deferred fc2 weight gradient reads it)
   d_expert_in,         // [L, ep*C, h] fp32, one slot
   d_expert_in_cd,      // its bf16 copy (bf16 only)
   d_act,               // [ep*C, F] one slot, one expert at a time
-  d_fc1,               // [ep*C, F1] one slot
-  d_fc1_cd,            // its bf16 copy (bf16 only)
+  d_fc1,               // [L, M*ep*C, F1] expert-major; bf16 mode: [ep*C, F1], one expert's staging
+  d_fc1_cd,            // [L, M*ep*C, F1] its bf16 copy (bf16 only)
   dispatch_bwd_send,   // [ep, L, C, h] the reverse of dispatch
   dispatch_bwd_recv,   // [E, C, h]
   d_dispatch,          // [E, C, h] fp32 copy of dispatch_bwd_recv (bf16 only), one slot
   d_logits,            // [S_c, E] one slot
   d_ln_in, d_ln2,      // [T, h]
   d_proj, d_attn,      // [T, h]
-  d_proj_cd,           // [S_c, h] bf16 staging (bf16 only), one slot
+  d_proj_cd,           // [T, h] bf16 copy of d_proj (bf16 only; the deferred weight gradient reads every row)
   dqkv,                // [T, 3h] fp32; the K and V columns accumulate over chunks
-  dqkv_cd,             // [S_c, 3h] bf16 staging (bf16 only), one slot
+  dqkv_cd,             // [T, 3h] bf16 copy of dqkv (bf16 only), rows written once a chunk's rows are final
   d_ln1_out,           // [S_c, h] one slot
   dx,                  // [s, b, h] the layer's input gradient
 };

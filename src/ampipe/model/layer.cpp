@@ -19,6 +19,18 @@ Tensor LayerMemory::get(Buf b, int c) const {
   return arena_->view(base + layout_->offset[size_t(b)][slot], buffer_shape(*dims_, b, C), spec->dtype);
 }
 
+Tensor LayerMemory::expert_rows(Buf b, int64_t l, int c) const {
+  const Tensor all = get(b);  // [L, M*R, X] at the planned capacity
+  const int64_t R = dims_->R(), X = all.size(2), first = (l * dims_->M + c) * R;
+  return all.view({all.size(0) * all.size(1), X}).rows(first, first + dims_->ep * C_[size_t(c)]);
+}
+
+Tensor LayerMemory::expert_rows_all(Buf b, int64_t l) const {
+  const Tensor all = get(b);
+  const int64_t MR = all.size(1);
+  return all.view({all.size(0) * MR, all.size(2)}).rows(l * MR, (l + 1) * MR);
+}
+
 void LayerMemory::set_capacity(int c, int64_t C) {
   AMPIPE_CHECK(C >= 1 && C <= dims_->C, "chunk {} capacity {} outside the planned [1, {}]", c, C, dims_->C);
   C_[size_t(c)] = C;
@@ -90,6 +102,12 @@ void Layer::run(Stage s, Dir d, int c) {
       if (fwd) return moe_.gate_assign(c);
       break;
     case Stage::experts: return fwd ? moe_.experts(c) : moe_.experts_backward(c);
+    case Stage::attention_wgrad:
+      if (!fwd) return attn_.weight_grads();
+      break;
+    case Stage::expert_wgrad:
+      if (!fwd) return moe_.weight_grads();
+      break;
     case Stage::weighted_sum: return fwd ? moe_.weighted_sum(c) : moe_.weighted_sum_backward(c);
     case Stage::aux_loss:
       if (fwd) return moe_.aux_loss();
@@ -109,7 +127,9 @@ double Layer::flops() const {
       d.C = st_.mem.capacity(c);
       f += stage_flops(d, s, Dir::fwd, c) + stage_flops(d, s, Dir::bwd, c);
     }
-  return f;
+  // the weight gradients over all chunks (the deferred expert ones only with a fixed capacity: C is the planned one)
+  return f + stage_flops(st_.dims, Stage::attention_wgrad, Dir::bwd, -1) +
+         stage_flops(st_.dims, Stage::expert_wgrad, Dir::bwd, -1);
 }
 
 }  // namespace ampipe::model

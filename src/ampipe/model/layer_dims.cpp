@@ -28,6 +28,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.agree_capacity = cfg.moe_no_drop && d.ep > 1;
   d.C = cfg.moe_no_drop ? d.Sc
                         : gate_capacity(d.Sc, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
+  d.defer_expert_wgrad = !cfg.moe_no_drop;
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.cd = cfg.compute_dtype();
   return d;
@@ -40,20 +41,22 @@ kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
 }  // namespace
 
 double stage_flops(const LayerDims& d, Stage s, Dir dir, int c) {
-  const double gemms = dir == Dir::fwd ? 1 : 2;  // backward: the input gradient and the weight gradient
-  const double Sc = double(d.Sc), h = double(d.h);
+  const double Sc = double(d.Sc), h = double(d.h), T = double(d.T);
+  const double expert = 2 * double(d.L * d.R()) * h * double(d.F1 + d.F);  // one pass over a chunk's slots
   switch (s) {
-    case Stage::ln1_qkv: return gemms * 2 * Sc * h * 3 * h;
+    case Stage::ln1_qkv: return 2 * Sc * h * 3 * h;
     case Stage::attention: return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
-    case Stage::out_proj: return gemms * 2 * Sc * h * h;
-    case Stage::gate: return gemms * 2 * Sc * h * double(d.E);  // fp32 logits; backward: dx and dWg
-    case Stage::experts: return gemms * 2 * double(d.L * d.R()) * h * double(d.F1 + d.F);
+    case Stage::out_proj: return 2 * Sc * h * h;
+    case Stage::attention_wgrad: return dir == Dir::bwd ? 2 * T * h * 3 * h + 2 * T * h * h : 0;
+    case Stage::gate: return (dir == Dir::fwd ? 1 : 2) * 2 * Sc * h * double(d.E);  // fp32; backward: dx and dWg
+    case Stage::experts: return dir == Dir::fwd || d.defer_expert_wgrad ? expert : 2 * expert;
+    case Stage::expert_wgrad: return dir == Dir::bwd && d.defer_expert_wgrad ? double(d.M) * expert : 0;
     default: return 0;  // element-wise stages and collectives
   }
 }
 
 double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c) {
-  const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), h = double(d.h);
+  const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), h = double(d.h), T = double(d.T);
   const double act = Sc * h;  // one [S_c, h] activation
   const double io = dir == Dir::fwd ? 1 : 2;
   switch (s) {
@@ -71,6 +74,11 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c) {
       return io * (rows * h * e * 2 + rows * double(d.F1 + d.F) * (f + e)) +
              double(d.L) * h * double(d.F1 + d.F) * e;
     }
+    case Stage::expert_wgrad: {  // reads every chunk's slots once, reads and writes the fp32 weight gradients
+      const double rows = double(d.M * d.L * d.R());
+      return rows * (h + double(d.F1 + d.F)) * e + 2 * double(d.L) * h * double(d.F1 + d.F) * f;
+    }
+    case Stage::attention_wgrad: return T * 4 * h * (e + e) + 2 * 4 * h * h * f;
     case Stage::weighted_sum: return io * (double(d.E * d.C) * h * f + 3 * act * f);
     case Stage::aux_loss: return 0;
     case Stage::capacity:

@@ -25,6 +25,10 @@ struct LayerDims {
   int64_t C = 0;
   bool capacity_is_bound = false;  // --moe-no-drop: the run-time capacity is <= C
   bool agree_capacity = false;     // --moe-no-drop with ep > 1: the EP ranks all-gather their needs first
+  // The expert weight gradients wait for every chunk and run as one GEMM per expert over all chunks' slots
+  // (K = M*ep*C instead of ep*C per chunk). Only with a fixed capacity: with --moe-no-drop the chunks' slots are
+  // not packed, so each chunk's backward adds its own.
+  bool defer_expert_wgrad = true;
   bool jitter = false;             // Jitter: in training the gate input is a noisy copy (planned either way)
   DType cd = DType::f32;           // compute dtype of GEMM inputs and all-to-all payloads
 
@@ -33,7 +37,9 @@ struct LayerDims {
 };
 
 // FLOPs of one stage for chunk c (chunk -1: the whole-sequence stages), closed form (docs/plan.md): GEMMs count
-// 2mnk, attention its visible causal pairs (kernels::causal_attention_flops), element-wise work 0.
+// 2mnk, attention its visible causal pairs (kernels::causal_attention_flops), element-wise work 0. The backward of
+// ln1_qkv, out_proj and experts counts the input-gradient GEMMs only; their weight gradients are the wgrad stages
+// (with --moe-no-drop the experts' backward holds both).
 double stage_flops(const LayerDims& d, Stage s, Dir dir, int c);
 // Bytes a compute stage reads and writes in memory (activations and weights, once each): an estimate for the cost
 // model, not a measurement.

@@ -30,6 +30,10 @@ class LayerMemory {
   // Buffer `b` for chunk c: slot c of a per-chunk buffer (the only slot otherwise), shaped for chunk c's capacity
   // (c = -1: the planned capacity). No allocation; a view into the arena.
   Tensor get(Buf b, int c = -1) const;
+  // Local expert l's slots of chunk c ([ep*C_c, *] rows) in an expert-major buffer [L, M*ep*C, *] (buffers.h).
+  Tensor expert_rows(Buf b, int64_t l, int c) const;
+  // Local expert l's slots of every chunk ([M*ep*C, *] rows; all chunks use the planned capacity).
+  Tensor expert_rows_all(Buf b, int64_t l) const;
   void set_capacity(int c, int64_t C);
   int64_t capacity(int c) const { return C_[size_t(c)]; }
 

@@ -10,9 +10,12 @@ namespace ampipe::model {
 inline void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   kernels::gemm(x, kernels::Trans::n, w, kernels::Trans::t, y);
 }
-// dx = dy W (overwritten, when dx is given); dW += dy^T x.
-inline void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw_accum) {
-  if (dx) kernels::gemm(dy, kernels::Trans::n, w, kernels::Trans::n, *dx);
+// dx = dy W (overwritten).
+inline void linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  kernels::gemm(dy, kernels::Trans::n, w, kernels::Trans::n, dx);
+}
+// dW += dy^T x (rows of dy and x: the GEMM's K, so the more rows per call the better).
+inline void linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw_accum) {
   kernels::gemm(dy, kernels::Trans::t, x, kernels::Trans::n, dw_accum, /*accumulate=*/true);
 }
 

@@ -15,7 +15,7 @@ namespace {
 core::PhiloxKey dropout_key(const LayerConfig& cfg) {
   return {cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::mlp_dropout};
 }
-// Rows [l*R, (l+1)*R) of a [L, R, *] buffer: local expert l's slots.
+// Rows [l*R, (l+1)*R) of a per-chunk [L, R, *] buffer: local expert l's slots.
 Tensor expert_rows(const Tensor& t, int64_t l) {
   const int64_t R = t.size(1);
   return t.view({t.size(0) * R, t.size(2)}).rows(l * R, (l + 1) * R);
@@ -79,14 +79,15 @@ void MoeBlock::gate_assign(int c) {
   set_routing(c);
 }
 
-void MoeBlock::to_expert_major(const Tensor& src, Tensor& dst, int64_t C) const {
-  // src [ep, L, C, h] -> dst [L, ep, C, h]
-  const int64_t ep = st_.dims.ep, L = st_.dims.L;
+void MoeBlock::to_expert_major(const Tensor& src, Buf dst, int c) const {
+  // src [ep, L, C, h] -> chunk c's rows of local expert l in dst, [ep, C, h] each
+  const int64_t ep = st_.dims.ep, L = st_.dims.L, C = st_.mem.capacity(c);
   const size_t blk = size_t(C * st_.dims.h) * dtype_size(src.dtype());
   const auto* s = static_cast<const char*>(src.raw());
-  auto* d = static_cast<char*>(dst.raw());
-  for (int64_t j = 0; j < ep; ++j)
-    for (int64_t l = 0; l < L; ++l) std::memcpy(d + size_t(l * ep + j) * blk, s + size_t(j * L + l) * blk, blk);
+  for (int64_t l = 0; l < L; ++l) {
+    auto* d = static_cast<char*>(st_.mem.expert_rows(dst, l, c).raw());
+    for (int64_t j = 0; j < ep; ++j) std::memcpy(d + size_t(j) * blk, s + size_t(j * L + l) * blk, blk);
+  }
 }
 
 void MoeBlock::from_expert_major(const Tensor& src, Tensor& dst, int64_t C) const {
@@ -102,21 +103,20 @@ void MoeBlock::from_expert_major(const Tensor& src, Tensor& dst, int64_t C) cons
 void MoeBlock::experts(int c) {
   LayerState& s = st_;
   const int64_t C = s.mem.capacity(c), L = s.dims.L, F1 = s.dims.F1, h = s.dims.h;
-  Tensor in = s.mem.get(Buf::expert_in, c);
-  to_expert_major(s.mem.get(Buf::dispatch_recv, c), in, C);
-  const Tensor h1 = s.mem.get(Buf::fc1_out, c), act = s.mem.get(Buf::act, c);
-  const Tensor act_cd = s.bf16() ? s.mem.get(Buf::act_cd, c) : act;
+  to_expert_major(s.mem.get(Buf::dispatch_recv, c), Buf::expert_in, c);
   const Tensor out = s.mem.get(Buf::expert_out, c);
   for (int64_t l = 0; l < L; ++l) {
-    Tensor h1_l = expert_rows(h1, l), a_l = expert_rows(act, l), o_l = expert_rows(out, l);
-    linear_forward(expert_rows(in, l), s.w.fc1.rows(l * F1, (l + 1) * F1), h1_l);  // [R, h] -> [R, F1]
+    Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c), o = expert_rows(out, l);
+    // bf16: the fp32 activation is one expert's staging, the bf16 copy is kept; fp32: the activation is kept
+    Tensor a = s.bf16() ? s.mem.get(Buf::act, c) : s.mem.expert_rows(Buf::act, l, c);
+    linear_forward(s.mem.expert_rows(Buf::expert_in, l, c), s.w.fc1.rows(l * F1, (l + 1) * F1), h1);  // -> [R, F1]
     if (s.cfg.expert == ExpertKind::swiglu)
-      kernels::swiglu_forward(h1_l, a_l);
+      kernels::swiglu_forward(h1, a);
     else
-      kernels::gelu_forward(h1_l, a_l);
-    Tensor a_cd = expert_rows(act_cd, l);
-    if (s.bf16()) a_cd.copy_from(a_l);
-    linear_forward(a_cd, s.w.fc2.rows(l * h, (l + 1) * h), o_l);  // [R, F] -> [R, h]
+      kernels::gelu_forward(h1, a);
+    Tensor a_cd = s.bf16() ? s.mem.expert_rows(Buf::act_cd, l, c) : a;
+    if (s.bf16()) a_cd.copy_from(a);
+    linear_forward(a_cd, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [R, F] -> [R, h]
   }
   Tensor send = s.mem.get(Buf::combine_send, c);
   from_expert_major(converted(s, out, Buf::expert_out_cd, c), send, C);
@@ -151,27 +151,52 @@ void MoeBlock::weighted_sum_backward(int c) {
 void MoeBlock::experts_backward(int c) {
   LayerState& s = st_;
   const int64_t C = s.mem.capacity(c), L = s.dims.L, F1 = s.dims.F1, h = s.dims.h;
-  Tensor d_out = s.mem.get(Buf::d_expert_out, c);
-  to_expert_major(s.mem.get(Buf::combine_bwd_recv, c), d_out, C);
-  const Tensor in = s.mem.get(Buf::expert_in, c), h1 = s.mem.get(Buf::fc1_out, c);
-  const Tensor act_cd = s.mem.get(s.bf16() ? Buf::act_cd : Buf::act, c);
-  Tensor d_in = s.mem.get(Buf::d_expert_in, c), d_act = s.mem.get(Buf::d_act, c), d_h1 = s.mem.get(Buf::d_fc1, c);
+  const bool wgrad_now = !s.dims.defer_expert_wgrad;  // --moe-no-drop: chunks' slots are not packed
+  to_expert_major(s.mem.get(Buf::combine_bwd_recv, c), Buf::d_expert_out, c);
+  Tensor d_in = s.mem.get(Buf::d_expert_in, c), d_act = s.mem.get(Buf::d_act, c);
   Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.F});
   for (int64_t l = 0; l < L; ++l) {
-    Tensor gw2_l = gw2.rows(l * h, (l + 1) * h), gw1_l = gw1.rows(l * F1, (l + 1) * F1);
-    linear_backward(expert_rows(d_out, l), expert_rows(act_cd, l), s.w.fc2.rows(l * h, (l + 1) * h), &d_act,
-                    gw2_l);  // fc2
-    const Tensor h1_l = expert_rows(h1, l);
+    const Tensor d_out = s.mem.expert_rows(Buf::d_expert_out, l, c);
+    linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act);  // fc2
+    if (wgrad_now) {
+      Tensor gw2_l = gw2.rows(l * h, (l + 1) * h);
+      linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_cd : Buf::act, l, c), gw2_l);
+    }
+    // bf16: the fp32 gradient is one expert's staging, the bf16 copy is kept for the weight gradient
+    Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_fc1, c) : s.mem.expert_rows(Buf::d_fc1, l, c);
+    const Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c);
     if (s.cfg.expert == ExpertKind::swiglu)
-      kernels::swiglu_backward(d_act, h1_l, d_h1);
+      kernels::swiglu_backward(d_act, h1, d_h1);
     else
-      kernels::gelu_backward(d_act, h1_l, d_h1);
+      kernels::gelu_backward(d_act, h1, d_h1);
+    Tensor d_h1_cd = d_h1;
+    if (s.bf16()) {
+      d_h1_cd = s.mem.expert_rows(Buf::d_fc1_cd, l, c);
+      d_h1_cd.copy_from(d_h1);
+    }
     Tensor d_in_l = expert_rows(d_in, l);
-    linear_backward(converted(s, d_h1, Buf::d_fc1_cd, c), expert_rows(in, l),
-                    s.w.fc1.rows(l * F1, (l + 1) * F1), &d_in_l, gw1_l);  // fc1
+    linear_input_grad(d_h1_cd, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l);  // fc1
+    if (wgrad_now) {
+      Tensor gw1_l = gw1.rows(l * F1, (l + 1) * F1);
+      linear_weight_grad(d_h1_cd, s.mem.expert_rows(Buf::expert_in, l, c), gw1_l);
+    }
   }
   Tensor send = s.mem.get(Buf::dispatch_bwd_send, c);
   from_expert_major(converted(s, d_in, Buf::d_expert_in_cd, c), send, C);
+}
+
+void MoeBlock::weight_grads() {
+  // Per local expert, over every chunk's slots at once (K = M*ep*C): dW2 += dY^T act, dW1 += d_fc1^T x.
+  LayerState& s = st_;
+  const int64_t L = s.dims.L, F1 = s.dims.F1, h = s.dims.h;
+  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.F});
+  for (int64_t l = 0; l < L; ++l) {
+    Tensor gw2_l = gw2.rows(l * h, (l + 1) * h), gw1_l = gw1.rows(l * F1, (l + 1) * F1);
+    linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l),
+                       s.mem.expert_rows_all(s.bf16() ? Buf::act_cd : Buf::act, l), gw2_l);
+    linear_weight_grad(s.mem.expert_rows_all(s.bf16() ? Buf::d_fc1_cd : Buf::d_fc1, l),
+                       s.mem.expert_rows_all(Buf::expert_in, l), gw1_l);
+  }
 }
 
 void MoeBlock::gate_backward(int c) {

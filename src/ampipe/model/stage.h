@@ -16,12 +16,14 @@ enum class Stage : uint8_t {
   attention,     // the chunk's query rows against the keys and values of rows [0, (c+1)*s/M)
   out_proj,      // attention output projection
   residual_ln2,  // dropout + residual add, then LN2
+  attention_wgrad,  // backward only: the QKV and out-projection weight gradients over every chunk's rows at once
   // MoE block (model/moe_block.h)
   gate,          // router; with a fixed capacity also the slots and the dispatch layout [E, C_c, h]
   capacity,      // collective: --moe-no-drop with ep > 1, all-gather of each EP rank's required capacity
   gate_assign,   // --moe-no-drop with ep > 1: slots for the agreed (largest) capacity, dispatch layout
   dispatch,      // collective: all-to-all of the capacity slots to the experts' owners
   experts,       // local experts on the received slots
+  expert_wgrad,  // backward only: the expert weight gradients over every chunk's slots at once (fixed capacity)
   combine,       // collective: all-to-all of the expert outputs back to the tokens' owners
   weighted_sum,  // sum of the token's expert outputs times its gate weights, then dropout + residual add
   aux_loss,      // load-balancing loss from the gate statistics summed over the chunks
@@ -34,11 +36,13 @@ constexpr const char* stage_name(Stage s) {
     case Stage::attention: return "attention";
     case Stage::out_proj: return "out_proj";
     case Stage::residual_ln2: return "residual_ln2";
+    case Stage::attention_wgrad: return "attention_wgrad";
     case Stage::gate: return "gate";
     case Stage::capacity: return "capacity";
     case Stage::gate_assign: return "gate_assign";
     case Stage::dispatch: return "dispatch";
     case Stage::experts: return "experts";
+    case Stage::expert_wgrad: return "expert_wgrad";
     case Stage::combine: return "combine";
     case Stage::weighted_sum: return "weighted_sum";
     case Stage::aux_loss: return "aux_loss";

@@ -26,11 +26,13 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::compute,  // attention
     Lane::compute,  // out_proj
     Lane::compute,  // residual_ln2
+    Lane::compute,  // attention_wgrad
     Lane::compute,  // gate
     Lane::ep,       // capacity
     Lane::compute,  // gate_assign
     Lane::ep,       // dispatch
     Lane::compute,  // experts
+    Lane::compute,  // expert_wgrad
     Lane::ep,       // combine
     Lane::compute,  // weighted_sum
     Lane::compute,  // aux_loss
@@ -133,28 +135,34 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   }
   for (int c = 0; c < M; ++c)
     weighted[size_t(c)] = b.add(Dir::fwd, Stage::weighted_sum, c, {combine[size_t(c)], gate[size_t(c)]});
-  b.add(Dir::fwd, Stage::aux_loss, -1, gate);
+  const uint32_t aux = b.add(Dir::fwd, Stage::aux_loss, -1, gate);
   // Backward: chunks in reverse order, three phases. (The aux loss has no backward task: each chunk's gate
-  // backward adds its gradient from the forward's totals.)
-  std::vector<uint32_t> combine_bwd(nM), dispatch_bwd(nM), attention_bwd;  // attention_bwd: chunks M-1 .. c so far
+  // backward adds its gradient from the forward's totals, so it depends on aux_loss.)
+  std::vector<uint32_t> combine_bwd(nM), dispatch_bwd(nM), experts_bwd, attention_bwd;  // attention_bwd: M-1 .. c
+  std::vector<uint32_t> input_grads;  // the tasks whose rows the attention weight gradients read
   for (int c = M - 1; c >= 0; --c) {
     const uint32_t ws = b.add(Dir::bwd, Stage::weighted_sum, c, {weighted[size_t(c)]});
     combine_bwd[size_t(c)] = b.collective(Dir::bwd, Stage::combine, c, {ws}, CollKind::all_to_all,
                                           Buf::combine_bwd_send, Buf::combine_bwd_recv);
   }
   for (int c = M - 1; c >= 0; --c) {
-    const uint32_t ex = b.add(Dir::bwd, Stage::experts, c, {combine_bwd[size_t(c)]});
-    dispatch_bwd[size_t(c)] = b.collective(Dir::bwd, Stage::dispatch, c, {ex}, CollKind::all_to_all,
-                                           Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv);
+    experts_bwd.push_back(b.add(Dir::bwd, Stage::experts, c, {combine_bwd[size_t(c)]}));
+    dispatch_bwd[size_t(c)] = b.collective(Dir::bwd, Stage::dispatch, c, {experts_bwd.back()},
+                                           CollKind::all_to_all, Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv);
   }
+  // The expert weight gradients of all chunks in one pass: issued while the reverse dispatches are in flight.
+  if (d.defer_expert_wgrad) b.add(Dir::bwd, Stage::expert_wgrad, -1, experts_bwd);
   for (int c = M - 1; c >= 0; --c) {
-    const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, {dispatch_bwd[size_t(c)]});
+    const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, {dispatch_bwd[size_t(c)], aux});
     const uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
     const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
     attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
     // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
-    b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd);
+    input_grads.push_back(pb);
+    input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd));
   }
+  // The QKV and out-projection weight gradients over all rows at once.
+  b.add(Dir::bwd, Stage::attention_wgrad, -1, input_grads);
   return std::move(b.plan);
 }
 

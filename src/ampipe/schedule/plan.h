@@ -14,7 +14,10 @@
 //   aux_loss (the load-balancing loss from the chunks' summed gate statistics)
 // So dispatch(c) hides behind attention(c+1).., and combine(c) behind experts(c+1).
 // Backward runs the chunks in reverse order in the same three phases; attention.bwd(c) sums dK and dV into the
-// rows of chunks 0..c, and ln1_qkv.bwd(c) runs as soon as chunk c's rows have every contribution.
+// rows of chunks 0..c, and ln1_qkv.bwd(c) runs as soon as chunk c's rows have every contribution. The per-chunk
+// backward tasks of the GEMM stages compute input gradients; the weight gradients run once over all chunks:
+// expert_wgrad after the last experts.bwd (hiding the reverse dispatches; not with --moe-no-drop, whose chunks'
+// slots are not packed), attention_wgrad at the end.
 #pragma once
 
 #include <cstdint>
