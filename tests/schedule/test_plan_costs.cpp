@@ -356,7 +356,7 @@ TEST(PlanCosts, PlannedMemoryHoldsTheCapacityDependentBuffers) {
                                {model::Buf::fc1_out, M * L * R * F1 * 4, 1},
                                {model::Buf::expert_y, double(c.E) * C * h * 4, c.M}};
     if (c.bf16)
-      saved.push_back({model::Buf::act_cd, M * L * R * F * 2, 1});
+      saved.push_back({model::Buf::act_bf16, M * L * R * F * 2, 1});
     else
       saved.push_back({model::Buf::act, M * L * R * F * 4, 1});
     double expert_saved = 0;

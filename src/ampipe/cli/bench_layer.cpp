@@ -11,8 +11,8 @@
 //   speed-up step(degree 1) / step(this degree), TFLOP/s (causal attention counted as such), and memory: the
 //   step's peak growth (peak RSS during the step minus RSS when it started: what the step's activations,
 //   contexts and buffers need) next to the absolute peak RSS, and the planned memory of the stack (its Plans'
-//   buffers, docs/plan.md). The degrees' stacks share one arena (they never run at the same time), so the absolute
-//   peak is that of the largest plan, not the sum.
+//   buffers, docs/plan.md). One stack is re-planned for each degree (set_degree: the parameters and the bf16 weight
+//   copies are kept, the arena is sized for the largest plan), so the absolute peak is that of the largest plan.
 #include "ampipe/cli/bench_layer.h"
 
 #include <algorithm>
@@ -86,6 +86,7 @@ struct ConfigResult {
   double flops = 0;
   int64_t peak_rss = 0;
   int64_t peak_growth = 0;  // max over repetitions of (peak RSS during the step - RSS at its start)
+  size_t planned = 0;       // the stack's planned buffers (LayerStack::planned_bytes)
 };
 
 // The step's all-to-alls alone: the same Plan tasks and buffers, in Plan order, back to back on their lane.
@@ -137,18 +138,15 @@ int run_bench_layer(BenchLayerArgs& a) {
   }
   const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
 
-  std::vector<std::unique_ptr<schedule::LayerStack>> stacks;
+  // One stack (one copy of the parameters, gradients and bf16 weights), re-planned for each degree before its
+  // repetition: re-planning is outside the timed step, and the arena only grows while the first round runs.
+  schedule::LayerStack st(cfg, a.num_layers, a.degrees[0], me.ep, &groups);
   std::vector<ConfigResult> res(a.degrees.size());
-  const auto arena = std::make_shared<model::Arena>();  // one memory for all degrees: they run one at a time
-  for (size_t c = 0; c < a.degrees.size(); ++c) {
-    stacks.push_back(std::make_unique<schedule::LayerStack>(cfg, a.num_layers, a.degrees[c], me.ep, &groups, 0,
-                                                            arena));
-    res[c].degree = a.degrees[c];
-  }
+  for (size_t c = 0; c < a.degrees.size(); ++c) res[c].degree = a.degrees[c];
   const bool tracing = !a.trace_file.empty();
   for (int rep = 0; rep < a.warmup + a.iters; ++rep)
-    for (size_t c = 0; c < stacks.size(); ++c) {
-      schedule::LayerStack& st = *stacks[c];
+    for (size_t c = 0; c < a.degrees.size(); ++c) {
+      st.set_degree(a.degrees[c]);
       const bool timed = rep >= a.warmup, last = rep == a.warmup + a.iters - 1;
       comm::Trace::set_enabled(tracing && last);
       st.executor().reset_stats();
@@ -172,6 +170,7 @@ int run_bench_layer(BenchLayerArgs& a) {
         r.exposed_s.push_back(double(st.executor().stats().blocked_us) * 1e-6);
         r.comm_s.push_back(comm_alone);
         r.flops = st.flops();
+        r.planned = st.planned_bytes();
         r.peak_rss = std::max(r.peak_rss, peak_rss());
         r.peak_growth = std::max(r.peak_growth, peak_rss() - rss0);
       }
@@ -187,9 +186,9 @@ int run_bench_layer(BenchLayerArgs& a) {
              cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(), layout.ep,
              a.warmup, a.iters);
-  fmt::print("{:>6} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9}\n", "degree", "step ms",
+  fmt::print("{:>6} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}\n", "degree", "step ms",
              "min..max", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB",
-             "peak MiB");
+             "peak MiB", "plan MiB");
   for (const ConfigResult& r : res) {
     const double step = median(r.step_s), comp = median(r.compute_s), comm_t = median(r.comm_s),
                  exposed = median(r.exposed_s);
@@ -198,9 +197,11 @@ int run_bench_layer(BenchLayerArgs& a) {
     const double mn = std::min(comp, comm_t);
     const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
     fmt::print(
-        "{:>6} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f}\n",
+        "{:>6} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f} "
+        "{:>9.1f}\n",
         r.degree, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden, base_step / step,
-        r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20));
+        r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20),
+        double(r.planned) / (1 << 20));
     out.push_back({{"degree", r.degree},
                    {"step_ms", 1e3 * step},
                    {"step_ms_min", 1e3 * lo},
@@ -213,7 +214,8 @@ int run_bench_layer(BenchLayerArgs& a) {
                    {"speedup", base_step / step},
                    {"tflops", r.flops / step / 1e12},
                    {"peak_rss_bytes", r.peak_rss},
-                   {"step_peak_growth_bytes", r.peak_growth}});
+                   {"step_peak_growth_bytes", r.peak_growth},
+                   {"planned_bytes", r.planned}});
   }
   if (!a.json_file.empty()) {
     nlohmann::json doc{{"config",

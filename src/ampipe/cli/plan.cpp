@@ -159,7 +159,8 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
                  {"n", d.n},   {"d", d.d},   {"E", d.E},   {"k", d.k},   {"ep", d.ep},
                  {"L", d.L},   {"T", d.T},   {"M", d.M},   {"sq", d.sq}, {"Sc", d.Sc},
                  {"C", d.C},   {"R", d.R()}, {"capacity_is_bound", d.capacity_is_bound},
-                 {"agree_capacity", d.agree_capacity}, {"jitter", d.jitter},
+                 {"agree_capacity", d.agree_capacity}, {"defer_expert_wgrad", d.defer_expert_wgrad},
+                 {"jitter", d.jitter},
                  {"compute_dtype", std::string(dtype_name(d.cd))}};
   json tasks = json::array();
   for (const Task& t : p.tasks) {

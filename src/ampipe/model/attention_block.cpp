@@ -27,14 +27,14 @@ void AttentionBlock::ln1_qkv(int c) {
   Tensor mean = s.rows(Buf::ln1_mean, c), rstd = s.rows(Buf::ln1_rstd, c);
   kernels::layernorm_forward(s.rows(s.x, c), s.p.ln1_w, s.p.ln1_b, s.cfg.layernorm_epsilon, xn, mean, rstd);
   Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.rows(Buf::qkv, c);
-  linear_forward(converted_rows(s, xn, Buf::ln1_out_cd, c), s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h]: [q | k | v]
-  if (s.bf16()) s.rows(Buf::qkv_cd, c).copy_from(qkv);
+  linear_forward(converted_rows(s, xn, Buf::ln1_out_bf16, c), s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h]: [q | k | v]
+  if (s.bf16()) s.rows(Buf::qkv_bf16, c).copy_from(qkv);
 }
 
 void AttentionBlock::attention(int c) {
   LayerState& s = st_;
   const int64_t h = s.dims.h;
-  const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_cd : Buf::qkv);
+  const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, int64_t(c + 1) * s.dims.Sc);  // the rows chunk c can see
   const Tensor q = s.rows(qkv, c).cols(0, h);
   Tensor out = s.rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1);
@@ -44,7 +44,7 @@ void AttentionBlock::attention(int c) {
 void AttentionBlock::out_proj(int c) {
   LayerState& s = st_;
   Tensor proj = s.rows(Buf::proj, c);
-  linear_forward(converted_rows(s, s.rows(Buf::attn, c), Buf::attn_cd, c), s.w.proj, proj);
+  linear_forward(converted_rows(s, s.rows(Buf::attn, c), Buf::attn_bf16, c), s.w.proj, proj);
 }
 
 void AttentionBlock::residual_ln2(int c) {
@@ -75,14 +75,14 @@ void AttentionBlock::residual_ln2_backward(int c) {
 void AttentionBlock::out_proj_backward(int c) {
   LayerState& s = st_;
   Tensor d_attn = s.rows(Buf::d_attn, c);
-  const Tensor d_proj = converted_rows(s, s.rows(Buf::d_proj, c), Buf::d_proj_cd, c);
+  const Tensor d_proj = converted_rows(s, s.rows(Buf::d_proj, c), Buf::d_proj_bf16, c);
   linear_input_grad(d_proj, s.w.proj, d_attn);  // the weight gradient: weight_grads()
 }
 
 void AttentionBlock::attention_backward(int c) {
   LayerState& s = st_;
   const int64_t h = s.dims.h, visible = int64_t(c + 1) * s.dims.Sc;
-  const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_cd : Buf::qkv);
+  const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, visible);
   const Tensor dqkv = s.mem.get(Buf::dqkv);
   Tensor dq = s.rows(dqkv, c).cols(0, h);
@@ -96,7 +96,7 @@ void AttentionBlock::ln1_qkv_backward(int c) {
   // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1.
   LayerState& s = st_;
   Tensor d_xn = s.mem.get(Buf::d_ln1_out);
-  const Tensor dqkv = converted_rows(s, s.rows(Buf::dqkv, c), Buf::dqkv_cd, c);
+  const Tensor dqkv = converted_rows(s, s.rows(Buf::dqkv, c), Buf::dqkv_bf16, c);
   linear_input_grad(dqkv, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
   Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.T, s.dims.h}), c);
   kernels::layernorm_backward(d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c),
@@ -108,9 +108,9 @@ void AttentionBlock::weight_grads() {
   // per chunk with K = S_c (each of which would read and write the whole fp32 weight gradient).
   LayerState& s = st_;
   const bool bf16 = s.bf16();
-  linear_weight_grad(s.mem.get(bf16 ? Buf::dqkv_cd : Buf::dqkv), s.mem.get(bf16 ? Buf::ln1_out_cd : Buf::ln1_out),
+  linear_weight_grad(s.mem.get(bf16 ? Buf::dqkv_bf16 : Buf::dqkv), s.mem.get(bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out),
                      s.g.qkv_w);
-  linear_weight_grad(s.mem.get(bf16 ? Buf::d_proj_cd : Buf::d_proj), s.mem.get(bf16 ? Buf::attn_cd : Buf::attn),
+  linear_weight_grad(s.mem.get(bf16 ? Buf::d_proj_bf16 : Buf::d_proj), s.mem.get(bf16 ? Buf::attn_bf16 : Buf::attn),
                      s.g.proj_w);
 }
 

@@ -14,37 +14,37 @@ struct BufInfo {
 };
 // Names and whether a buffer has one slot per chunk, in Buf order.
 constexpr BufInfo kInfo[kNumBufs] = {
-    {"ln1_mean", false},        {"ln1_rstd", false},        {"ln1_out", false},         {"ln1_out_cd", false},
-    {"qkv", false},             {"qkv_cd", false},          {"attn", false},            {"attn_cd", false},
+    {"ln1_mean", false},        {"ln1_rstd", false},        {"ln1_out", false},         {"ln1_out_bf16", false},
+    {"qkv", false},             {"qkv_bf16", false},          {"attn", false},            {"attn_bf16", false},
     {"lse", false},             {"proj", false},            {"ln_in", false},           {"ln2_mean", false},
     {"ln2_rstd", false},        {"ln2_out", false},         {"gate_probs", true},       {"gate_input", true},
     {"capacity_need", true},    {"capacity_all", true},     {"dispatch_send", true},    {"dispatch_recv", true},
-    {"expert_in", false},       {"fc1_out", false},         {"act", false},             {"act_cd", false},
-    {"expert_out", false},      {"expert_out_cd", false},   {"combine_send", true},     {"combine_recv", true},
+    {"expert_in", false},       {"fc1_out", false},         {"act", false},             {"act_bf16", false},
+    {"expert_out", false},      {"expert_out_bf16", false},   {"combine_send", true},     {"combine_recv", true},
     {"expert_y", true},         {"moe_out", false},         {"y", false},               {"d_moe", false},
     {"d_expert_y", false},      {"d_weight", true},         {"combine_bwd_send", true}, {"combine_bwd_recv", true},
-    {"d_expert_out", false},    {"d_expert_in", false},     {"d_expert_in_cd", false},  {"d_act", false},
-    {"d_fc1", false},           {"d_fc1_cd", false},        {"dispatch_bwd_send", true}, {"dispatch_bwd_recv", true},
+    {"d_expert_out", false},    {"d_expert_in", false},     {"d_expert_in_bf16", false},  {"d_act", false},
+    {"d_fc1", false},           {"d_fc1_bf16", false},        {"dispatch_bwd_send", true}, {"dispatch_bwd_recv", true},
     {"d_dispatch", false},      {"d_logits", false},        {"d_ln_in", false},         {"d_ln2", false},
-    {"d_proj", false},          {"d_attn", false},          {"d_proj_cd", false},       {"dqkv", false},
-    {"dqkv_cd", false},         {"d_ln1_out", false},       {"dx", false},
+    {"d_proj", false},          {"d_attn", false},          {"d_proj_bf16", false},       {"dqkv", false},
+    {"dqkv_bf16", false},         {"d_ln1_out", false},       {"dx", false},
 };
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
 bool is_bf16_copy(Buf b) {
   switch (b) {
-    case Buf::ln1_out_cd:
-    case Buf::qkv_cd:
-    case Buf::attn_cd:
-    case Buf::act_cd:
-    case Buf::expert_out_cd:
+    case Buf::ln1_out_bf16:
+    case Buf::qkv_bf16:
+    case Buf::attn_bf16:
+    case Buf::act_bf16:
+    case Buf::expert_out_bf16:
     case Buf::combine_recv:
     case Buf::d_expert_y:
-    case Buf::d_expert_in_cd:
-    case Buf::d_fc1_cd:
+    case Buf::d_expert_in_bf16:
+    case Buf::d_fc1_bf16:
     case Buf::d_dispatch:
-    case Buf::d_proj_cd:
-    case Buf::dqkv_cd: return true;
+    case Buf::d_proj_bf16:
+    case Buf::dqkv_bf16: return true;
     default: return false;
   }
 }
@@ -52,16 +52,16 @@ bool is_bf16_copy(Buf b) {
 // Buffers in the compute dtype (bf16 copies and all-to-all payloads); everything else is fp32.
 bool in_compute_dtype(Buf b) {
   switch (b) {
-    case Buf::ln1_out_cd:
-    case Buf::qkv_cd:
-    case Buf::attn_cd:
-    case Buf::act_cd:
-    case Buf::expert_out_cd:
+    case Buf::ln1_out_bf16:
+    case Buf::qkv_bf16:
+    case Buf::attn_bf16:
+    case Buf::act_bf16:
+    case Buf::expert_out_bf16:
     case Buf::combine_recv:
-    case Buf::d_expert_in_cd:
-    case Buf::d_fc1_cd:
-    case Buf::d_proj_cd:
-    case Buf::dqkv_cd:
+    case Buf::d_expert_in_bf16:
+    case Buf::d_fc1_bf16:
+    case Buf::d_proj_bf16:
+    case Buf::dqkv_bf16:
     case Buf::dispatch_send:
     case Buf::dispatch_recv:
     case Buf::expert_in:
@@ -81,10 +81,10 @@ Scope scope_of(const LayerDims& d, Buf b) {
     // read by the backward (the fp32 originals only where they are not also the compute-dtype copy)
     case Buf::ln1_mean:
     case Buf::ln1_rstd:
-    case Buf::ln1_out_cd:
-    case Buf::qkv_cd:
+    case Buf::ln1_out_bf16:
+    case Buf::qkv_bf16:
     case Buf::attn:
-    case Buf::attn_cd:
+    case Buf::attn_bf16:
     case Buf::lse:
     case Buf::ln_in:
     case Buf::ln2_mean:
@@ -94,7 +94,7 @@ Scope scope_of(const LayerDims& d, Buf b) {
     case Buf::gate_input:
     case Buf::expert_in:
     case Buf::fc1_out:
-    case Buf::act_cd:
+    case Buf::act_bf16:
     case Buf::expert_y:
     case Buf::y:
     case Buf::dx: return Scope::saved;
@@ -120,9 +120,9 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::ln2_rstd: return {T};
     case Buf::ln1_out: return f32 ? Shape{T, h} : Shape{Sc, h};  // bf16: a one-chunk staging buffer
     case Buf::qkv: return f32 ? Shape{T, 3 * h} : Shape{Sc, 3 * h};
-    case Buf::ln1_out_cd:
+    case Buf::ln1_out_bf16:
     case Buf::attn:
-    case Buf::attn_cd:
+    case Buf::attn_bf16:
     case Buf::proj:
     case Buf::ln_in:
     case Buf::ln2_out:
@@ -131,8 +131,8 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_ln2:
     case Buf::d_proj:
     case Buf::d_attn:
-    case Buf::d_proj_cd: return {T, h};
-    case Buf::qkv_cd:
+    case Buf::d_proj_bf16: return {T, h};
+    case Buf::qkv_bf16:
     case Buf::dqkv: return {T, 3 * h};
     case Buf::lse: return {d.M, d.b * d.n * d.sq};
     case Buf::gate_probs: return {Sc, E};
@@ -155,14 +155,14 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::expert_in:
     case Buf::d_expert_out: return {L, MR, h};
     case Buf::fc1_out: return {L, MR, d.F1};
-    case Buf::act_cd: return {L, MR, d.F};
+    case Buf::act_bf16: return {L, MR, d.F};
     case Buf::act: return f32 ? Shape{L, MR, d.F} : Shape{R, d.F};  // bf16: one expert's staging
     case Buf::d_fc1: return f32 ? Shape{L, MR, d.F1} : Shape{R, d.F1};
-    case Buf::d_fc1_cd: return {L, MR, d.F1};
+    case Buf::d_fc1_bf16: return {L, MR, d.F1};
     case Buf::expert_out:
-    case Buf::expert_out_cd:
+    case Buf::expert_out_bf16:
     case Buf::d_expert_in:
-    case Buf::d_expert_in_cd: return {L, R, h};
+    case Buf::d_expert_in_bf16: return {L, R, h};
     case Buf::y:
     case Buf::dx: return {d.s, d.b, h};
     case Buf::d_moe:
@@ -170,7 +170,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_weight: return {Sc, d.k};
     case Buf::d_act: return {R, d.F};
     case Buf::d_logits: return {Sc, E};
-    case Buf::dqkv_cd: return {T, 3 * h};
+    case Buf::dqkv_bf16: return {T, 3 * h};
   }
   return {};
 }

@@ -27,11 +27,11 @@ enum class Buf : uint8_t {
   // attention block
   ln1_mean, ln1_rstd,  // [T]
   ln1_out,             // [T, h] fp32 LN1 output (bf16 mode: [S_c, h], one chunk's staging)
-  ln1_out_cd,          // [T, h] its bf16 copy (bf16 only)
+  ln1_out_bf16,          // [T, h] its bf16 copy (bf16 only)
   qkv,                 // [T, 3h] fp32 QKV projection, columns [q | k | v] (bf16 mode: [S_c, 3h] staging)
-  qkv_cd,              // [T, 3h] its bf16 copy (bf16 only); attention reads it
+  qkv_bf16,              // [T, 3h] its bf16 copy (bf16 only); attention reads it
   attn,                // [T, h] fp32 attention output
-  attn_cd,             // [T, h] its bf16 copy (bf16 only)
+  attn_bf16,             // [T, h] its bf16 copy (bf16 only)
   lse,                 // [M, b*n*sq] log-sum-exp of every chunk's attention rows
   proj,                // [T, h] output projection
   ln_in,               // [T, h] x + dropout(proj): the residual stream entering the MoE half
@@ -49,9 +49,9 @@ enum class Buf : uint8_t {
   expert_in,           // [L, M*ep*C, h] the received slots, grouped by local expert
   fc1_out,             // [L, M*ep*C, F1]
   act,                 // [L, M*ep*C, F] activation (GeLU or SwiGLU); bf16 mode: [ep*C, F], one expert's staging
-  act_cd,              // [L, M*ep*C, F] its bf16 copy (bf16 only)
+  act_bf16,              // [L, M*ep*C, F] its bf16 copy (bf16 only)
   expert_out,          // [L, ep*C, h] fp32 expert output (one slot, reused by every chunk)
-  expert_out_cd,       // its bf16 copy (bf16 only; one slot)
+  expert_out_bf16,       // its bf16 copy (bf16 only; one slot)
   combine_send,        // [ep, L, C, h] expert outputs back to their tokens' ranks
   combine_recv,        // [E, C, h] received expert outputs (bf16 only; in fp32 they land in expert_y directly)
   expert_y,            // [E, C, h] fp32 expert outputs of this rank's tokens (the weighted sum's backward reads it)
@@ -65,19 +65,19 @@ enum class Buf : uint8_t {
   combine_bwd_recv,    // [ep, L, C, h]
   d_expert_out,        // [L, M*ep*C, h] expert-major, every chunk (the deferred fc2 weight gradient reads it)
   d_expert_in,         // [L, ep*C, h] fp32, one slot
-  d_expert_in_cd,      // its bf16 copy (bf16 only)
+  d_expert_in_bf16,      // its bf16 copy (bf16 only)
   d_act,               // [ep*C, F] one slot, one expert at a time
   d_fc1,               // [L, M*ep*C, F1] expert-major; bf16 mode: [ep*C, F1], one expert's staging
-  d_fc1_cd,            // [L, M*ep*C, F1] its bf16 copy (bf16 only)
+  d_fc1_bf16,            // [L, M*ep*C, F1] its bf16 copy (bf16 only)
   dispatch_bwd_send,   // [ep, L, C, h] the reverse of dispatch
   dispatch_bwd_recv,   // [E, C, h]
   d_dispatch,          // [E, C, h] fp32 copy of dispatch_bwd_recv (bf16 only), one slot
   d_logits,            // [S_c, E] one slot
   d_ln_in, d_ln2,      // [T, h]
   d_proj, d_attn,      // [T, h]
-  d_proj_cd,           // [T, h] bf16 copy of d_proj (bf16 only; the deferred weight gradient reads every row)
+  d_proj_bf16,           // [T, h] bf16 copy of d_proj (bf16 only; the deferred weight gradient reads every row)
   dqkv,                // [T, 3h] fp32; the K and V columns accumulate over chunks
-  dqkv_cd,             // [T, 3h] bf16 copy of dqkv (bf16 only), rows written once a chunk's rows are final
+  dqkv_bf16,             // [T, 3h] bf16 copy of dqkv (bf16 only), rows written once a chunk's rows are final
   d_ln1_out,           // [S_c, h] one slot
   dx,                  // [s, b, h] the layer's input gradient
 };

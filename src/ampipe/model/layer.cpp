@@ -39,18 +39,12 @@ void LayerMemory::set_capacity(int c, int64_t C) {
 // ---------------------------------------------------------------------------------------------------- Layer
 
 Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads,
-             const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base)
-    : st_{cfg, LayerDims::make(cfg, M), params, grads, {}, LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
+             ComputeWeights& weights, const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base)
+    : st_{cfg,   LayerDims::make(cfg, M), params, grads, weights,
+          LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
           ep_rank, 0, Tensor(), Tensor(), 0.0f},
       attn_(st_),
-      moe_(st_) {
-  if (st_.bf16()) {  // allocated once; refreshed when the weights change
-    st_.w.qkv = Tensor::empty(params.qkv_w.shape(), DType::bf16);
-    st_.w.proj = Tensor::empty(params.proj_w.shape(), DType::bf16);
-    st_.w.fc1 = Tensor::empty({st_.dims.L * st_.dims.F1, st_.dims.h}, DType::bf16);
-    st_.w.fc2 = Tensor::empty({st_.dims.L * st_.dims.h, st_.dims.F}, DType::bf16);
-  }
-}
+      moe_(st_) {}
 
 void Layer::set_training(bool on) { st_.cfg.training = on; }
 
@@ -62,12 +56,18 @@ void Layer::refresh_weights() {
     s.w = {s.p.qkv_w, s.p.proj_w, fc1, fc2};
     return;
   }
-  if (!weights_stale_) return;
+  if (!s.w.stale) return;
+  if (!s.w.qkv.defined() || s.w.qkv.dtype() != DType::bf16) {  // allocated once, on the first forward
+    s.w.qkv = Tensor::empty(s.p.qkv_w.shape(), DType::bf16);
+    s.w.proj = Tensor::empty(s.p.proj_w.shape(), DType::bf16);
+    s.w.fc1 = Tensor::empty(fc1.shape(), DType::bf16);
+    s.w.fc2 = Tensor::empty(fc2.shape(), DType::bf16);
+  }
   s.w.qkv.copy_from(s.p.qkv_w);
   s.w.proj.copy_from(s.p.proj_w);
   s.w.fc1.copy_from(fc1);
   s.w.fc2.copy_from(fc2);
-  weights_stale_ = false;
+  s.w.stale = false;
 }
 
 void Layer::begin_forward(const Tensor& x, uint64_t token_base) {

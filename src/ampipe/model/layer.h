@@ -21,7 +21,8 @@ class Layer {
   // params: this rank's parameters (expert tensors hold the local experts); grads: same shapes, accumulated.
   // layout: BufferLayout::make(LayerDims::make(cfg, M)); the layer's saved region starts at saved_base of the
   // arena, the shared region at shared_base. The arena must be reserved to cover both.
-  Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads,
+  // weights: the GEMM weights in the compute dtype, kept by the owner of the parameters (refreshed here).
+  Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads, ComputeWeights& weights,
         const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base);
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
@@ -31,7 +32,7 @@ class Layer {
   void set_training(bool on);
 
   // The weights changed (optimizer step, load, a test's edit): bf16 copies are refreshed before the next forward.
-  void weights_changed() { weights_stale_ = true; }
+  void weights_changed() { st_.w.stale = true; }
 
   // x: [s, b, h] fp32, kept by reference until the backward ends. token_base: global index of token 0.
   void begin_forward(const Tensor& x, uint64_t token_base);
@@ -56,7 +57,6 @@ class Layer {
   LayerState st_;
   AttentionBlock attn_;
   MoeBlock moe_;
-  bool weights_stale_ = true;
 };
 
 }  // namespace ampipe::model

@@ -16,11 +16,13 @@ namespace ampipe::model {
 
 // The GEMM weights in the compute dtype: views of the fp32 parameters, or bf16 copies refreshed once per optimizer
 // step (Layer::weights_changed), never per layer step. Expert weights are flattened to one row block per expert.
+// Owned next to the parameters (schedule::LayerStack), so re-planning a layer for another degree keeps them.
 struct ComputeWeights {
   Tensor qkv;   // [3h, h]
   Tensor proj;  // [h, h]
   Tensor fc1;   // [L*F1, h]
   Tensor fc2;   // [L*h, F]
+  bool stale = true;  // bf16: the copies no longer match the parameters
 };
 
 // One layer's buffers: its saved region and the stack's shared region of one Arena (buffers.h).
@@ -50,7 +52,7 @@ struct LayerState {
   LayerDims dims;
   LayerParams& p;
   LayerParams& g;
-  ComputeWeights w;
+  ComputeWeights& w;
   LayerMemory mem;
   int ep_rank = 0;
   uint64_t token_base = 0;  // global index of the micro-batch's token 0 (keys dropout and gate noise)

@@ -114,12 +114,12 @@ void MoeBlock::experts(int c) {
       kernels::swiglu_forward(h1, a);
     else
       kernels::gelu_forward(h1, a);
-    Tensor a_cd = s.bf16() ? s.mem.expert_rows(Buf::act_cd, l, c) : a;
-    if (s.bf16()) a_cd.copy_from(a);
-    linear_forward(a_cd, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [R, F] -> [R, h]
+    Tensor a_bf16 = s.bf16() ? s.mem.expert_rows(Buf::act_bf16, l, c) : a;
+    if (s.bf16()) a_bf16.copy_from(a);
+    linear_forward(a_bf16, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [R, F] -> [R, h]
   }
   Tensor send = s.mem.get(Buf::combine_send, c);
-  from_expert_major(converted(s, out, Buf::expert_out_cd, c), send, C);
+  from_expert_major(converted(s, out, Buf::expert_out_bf16, c), send, C);
 }
 
 void MoeBlock::weighted_sum(int c) {
@@ -160,7 +160,7 @@ void MoeBlock::experts_backward(int c) {
     linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act);  // fc2
     if (wgrad_now) {
       Tensor gw2_l = gw2.rows(l * h, (l + 1) * h);
-      linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_cd : Buf::act, l, c), gw2_l);
+      linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_bf16 : Buf::act, l, c), gw2_l);
     }
     // bf16: the fp32 gradient is one expert's staging, the bf16 copy is kept for the weight gradient
     Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_fc1, c) : s.mem.expert_rows(Buf::d_fc1, l, c);
@@ -169,20 +169,20 @@ void MoeBlock::experts_backward(int c) {
       kernels::swiglu_backward(d_act, h1, d_h1);
     else
       kernels::gelu_backward(d_act, h1, d_h1);
-    Tensor d_h1_cd = d_h1;
+    Tensor d_h1_bf16 = d_h1;
     if (s.bf16()) {
-      d_h1_cd = s.mem.expert_rows(Buf::d_fc1_cd, l, c);
-      d_h1_cd.copy_from(d_h1);
+      d_h1_bf16 = s.mem.expert_rows(Buf::d_fc1_bf16, l, c);
+      d_h1_bf16.copy_from(d_h1);
     }
     Tensor d_in_l = expert_rows(d_in, l);
-    linear_input_grad(d_h1_cd, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l);  // fc1
+    linear_input_grad(d_h1_bf16, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l);  // fc1
     if (wgrad_now) {
       Tensor gw1_l = gw1.rows(l * F1, (l + 1) * F1);
-      linear_weight_grad(d_h1_cd, s.mem.expert_rows(Buf::expert_in, l, c), gw1_l);
+      linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c), gw1_l);
     }
   }
   Tensor send = s.mem.get(Buf::dispatch_bwd_send, c);
-  from_expert_major(converted(s, d_in, Buf::d_expert_in_cd, c), send, C);
+  from_expert_major(converted(s, d_in, Buf::d_expert_in_bf16, c), send, C);
 }
 
 void MoeBlock::weight_grads() {
@@ -193,8 +193,8 @@ void MoeBlock::weight_grads() {
   for (int64_t l = 0; l < L; ++l) {
     Tensor gw2_l = gw2.rows(l * h, (l + 1) * h), gw1_l = gw1.rows(l * F1, (l + 1) * F1);
     linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l),
-                       s.mem.expert_rows_all(s.bf16() ? Buf::act_cd : Buf::act, l), gw2_l);
-    linear_weight_grad(s.mem.expert_rows_all(s.bf16() ? Buf::d_fc1_cd : Buf::d_fc1, l),
+                       s.mem.expert_rows_all(s.bf16() ? Buf::act_bf16 : Buf::act, l), gw2_l);
+    linear_weight_grad(s.mem.expert_rows_all(s.bf16() ? Buf::d_fc1_bf16 : Buf::d_fc1, l),
                        s.mem.expert_rows_all(Buf::expert_in, l), gw1_l);
   }
 }

@@ -28,8 +28,8 @@ void LayerStack::build(int M) {
   arena_->reserve(saved + shared);
   size_t base = 0;
   for (auto& e : layers_) {
-    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, e->params, e->grads, e->plan.memory, *arena_,
-                                              base, saved);
+    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, e->params, e->grads, e->weights, e->plan.memory,
+                                              *arena_, base, saved);
     base += e->plan.memory.saved_bytes;
   }
 }

@@ -63,6 +63,7 @@ class LayerStack {
   struct Entry {
     model::LayerConfig cfg;
     model::LayerParams params, grads;
+    model::ComputeWeights weights;  // survives re-planning (set_degree)
     Plan plan;
     std::unique_ptr<model::Layer> layer;
   };
