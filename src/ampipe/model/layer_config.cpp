@@ -1,6 +1,7 @@
 #include "ampipe/model/layer_config.h"
 
 #include "ampipe/core/error.h"
+#include "ampipe/model/gate.h"
 
 namespace ampipe::model {
 
@@ -39,6 +40,46 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--num-experts {} is not divisible by --expert-model-parallel-size {}: every EP "
                                   "rank must own the same number of experts",
                                   num_experts, expert_model_parallel_size));
+  if (pipe_experts_multi_data < 1)
+    throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
+                                  pipe_experts_multi_data));
+}
+
+std::string LayerConfig::check_pipe_experts(int M) const {
+  const int N = pipe_experts_multi_data;
+  if (!use_pipe_experts) {
+    if (N > 1 || pipe_experts_multi_stream)
+      throw ConfigError(fmt::format("{} needs --use-pipe-experts",
+                                    pipe_experts_multi_stream ? std::string("--pipe-experts-multi-stream")
+                                                              : fmt::format("--pipe-experts-multi-data {}", N)));
+    return "";
+  }
+  if (pipe_experts_multi_stream)
+    throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel, which this engine does "
+                      "not run yet (tensor and sequence parallelism are not built)");
+  if (moe_no_drop)
+    throw ConfigError("--use-pipe-experts cannot be used with --moe-no-drop: pipe-experts slices a fixed expert "
+                      "capacity, and a dropless capacity is known only after routing");
+  if (M > 1) {
+    if (N % M != 0)
+      throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "
+                                    "every chunk must get the same number of expert slices (seed constraint 4)",
+                                    N, M));
+    if (N <= M)
+      throw ConfigError(fmt::format("--pipe-experts-multi-data {} must be > --ampipe-degree {} with --use-pipe-experts "
+                                    "(seed constraint 4; >= only with --pipe-experts-multi-stream)",
+                                    N, M));
+  }
+  const int64_t Sc = tokens() / M, S = N / M;
+  const int64_t C = gate_capacity(Sc, num_experts, moe_router_topk, moe_train_capacity_factor, moe_min_capacity);
+  if (S > C)
+    throw ConfigError(fmt::format("--pipe-experts-multi-data {} cannot be greater than the expert capacity: {} slices "
+                                  "per chunk of {} tokens, whose capacity is {} slots per expert",
+                                  N, S, Sc, C));
+  if (local_experts() == 1 && N == 1)
+    return "--use-pipe-experts with one local expert and --pipe-experts-multi-data 1 has nothing to pipeline "
+           "(MindSpeed switches it off with a warning); running without it";
+  return "";
 }
 
 }  // namespace ampipe::model

@@ -37,6 +37,13 @@ struct LayerConfig {
   bool bf16 = false;        // bf16 GEMM inputs, fp32 accumulation, fp32 master weights
   bool training = true;     // false (evaluation): no dropout, no gate noise (Jitter/RSample); RTS still applies
   int expert_model_parallel_size = 1;  // ep
+  // pipe-experts (docs/ampipe.md, "pipe-experts"): the MoE MLP of each chunk is cut into pieces, one per (local
+  // expert, capacity slice), each with its own dispatch and combine all-to-all, so that one piece's all-to-all
+  // overlaps another's expert GEMMs. N = pipe_experts_multi_data slices per expert over the layer step (N / M per
+  // AMPipe chunk).
+  bool use_pipe_experts = false;
+  int pipe_experts_multi_data = 1;  // N
+  bool pipe_experts_multi_stream = false;  // needs sequence parallelism, which does not exist yet: refused
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }
@@ -46,6 +53,12 @@ struct LayerConfig {
 
   // Throws ConfigError naming the flag, value and rule for a config that cannot work.
   void validate() const;
+  // The pipe-experts rules that need the AMPipe degree M (seed constraint 4 and MindSpeed's checks, as errors
+  // where MindSpeed silently switched the feature off): N divisible by M and N > M, N / M slices per chunk at most
+  // the chunk's expert capacity, not with --moe-no-drop. Throws ConfigError. Returns a notice (one line) when the
+  // feature has nothing to pipeline (one local expert and N = 1, MindSpeed's warning case) and is run without it;
+  // the caller then sets use_pipe_experts = false. Returns "" otherwise.
+  std::string check_pipe_experts(int M) const;
 };
 
 }  // namespace ampipe::model
