@@ -66,6 +66,8 @@ void check_parallel(model::LayerConfig cfg, int M, int ep) {
   // Reference: every micro-batch on this rank alone, experts all local, degree 1.
   model::LayerConfig ref_cfg = cfg;
   ref_cfg.expert_model_parallel_size = 1;
+  ref_cfg.use_pipe_experts = false;  // the reference is the plain layer
+  ref_cfg.pipe_experts_multi_data = 1;
   schedule::LayerStack ref(ref_cfg, 1, 1, 0, nullptr);
   model::LayerParams& ref_g = ref.grads(0);
   Result mine_ref;
@@ -85,8 +87,9 @@ void check_parallel(model::LayerConfig cfg, int M, int ep) {
     const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
     if (grp.size() > 1) comm::all_reduce_sync(grp, t, comm::Reduce::sum, "grad." + name);
   }
-  const std::string what = fmt::format("k={} cf={} p={} M={} ep={} world={}", cfg.moe_router_topk,
-                                       cfg.moe_train_capacity_factor, cfg.hidden_dropout, M, ep, world);
+  const std::string what = fmt::format("k={} cf={} p={} M={} ep={} world={} pipe-experts={} N={}", cfg.moe_router_topk,
+                                       cfg.moe_train_capacity_factor, cfg.hidden_dropout, M, ep, world,
+                                       cfg.use_pipe_experts, cfg.pipe_experts_multi_data);
   // fp32: only summation orders differ (chunks, the all-reduce), so 1e-5 relative (docs/design.md, "Numerics and determinism").
   EXPECT_LE(rel_err(got.y, mine_ref.y), 1e-5) << "y " << what;
   EXPECT_LE(rel_err(got.dx, mine_ref.dx), 1e-5) << "dx " << what;
@@ -124,4 +127,25 @@ TEST(LayerParallel, AmpipeDegreesWithExpertParallelEqualSingleRank) {
     for (int k : {1, 2})
       for (double p : {0.0, 0.1})
         for (int M : {2, 4, 8}) check_parallel(base(k, 8.0, p), M, ep);  // capacity >= chunk tokens
+}
+
+TEST(LayerParallel, PipeExpertsWithExpertParallelEqualSingleRank) {
+  // Every piece's dispatch and combine all-to-all over the EP group: the layer without pipe-experts on one rank.
+  // L = 2 and 1 local experts (ep 2 and 4 with E = 4), N = 1, 2, 3 (uneven slices) at degree 1, and N = 4 at
+  // degree 2; with and without token drops.
+  const int world = comm::Runtime::current().size();
+  groups_for(1);
+  for (int ep = 1; ep <= world; ep *= 2)
+    for (int k : {1, 2})
+      for (double cf : {0.5, 4.0})
+        for (auto [M, N] : {std::pair{1, 1}, {1, 2}, {1, 3}, {2, 4}}) {
+          if (M > 1 && cf < 1) continue;  // the reference is degree 1, which drops other tokens than degree 2
+          model::LayerConfig cfg = base(k, cf, 0.1);
+          cfg.expert_model_parallel_size = ep;
+          cfg.use_pipe_experts = true;
+          cfg.pipe_experts_multi_data = N;
+          if (!cfg.check_pipe_experts(M).empty()) cfg.use_pipe_experts = false;  // L = 1 and N = 1: nothing to pipe
+          cfg.expert_model_parallel_size = 1;  // check_parallel sets it
+          check_parallel(cfg, M, ep);
+        }
 }

@@ -33,12 +33,19 @@ void expect_in_flight_during(const std::map<std::string, Span>& rec, const std::
   }
 }
 
+// One set of groups for the whole binary (EP over the world): groups are created before the first operation.
+const comm::Groups& ep_world_groups() {
+  comm::Runtime& rt = comm::Runtime::current();
+  static comm::Groups groups = rt.make_groups(comm::Layout::make(rt.size(), 1, 1, rt.size()));
+  return groups;
+}
+
 }  // namespace
 
 TEST(ScheduleTrace, CollectivesOverlapTheComputeThePlanSays) {
   comm::Runtime& rt = comm::Runtime::current();
   const int world = rt.size();
-  static comm::Groups groups = rt.make_groups(comm::Layout::make(world, 1, 1, world));
+  const comm::Groups& groups = ep_world_groups();
   rt.set_check_collectives(true);
   for (int M : {2, 4}) {
     model::LayerConfig cfg;
@@ -78,4 +85,45 @@ TEST(ScheduleTrace, CollectivesOverlapTheComputeThePlanSays) {
     EXPECT_NE(sequence.find("L0.bwd.dispatch.c0"), std::string::npos);
   }
   rt.set_check_collectives(false);
+}
+
+TEST(ScheduleTrace, PipeExpertsPiecesOverlapEachOther) {
+  // pipe-experts at degree 1 (E = 4 over the world's EP group, N = 2 slices per local expert): the dispatch of piece
+  // q+1 is in flight while piece q's expert GEMMs run, and the combine of piece q while piece q+1's run; in the
+  // backward the reverse combine of piece q+1 while piece q's expert backward runs.
+  comm::Runtime& rt = comm::Runtime::current();
+  const int world = rt.size();
+  const comm::Groups& groups = ep_world_groups();
+  model::LayerConfig cfg;
+  cfg.seq_length = 256;
+  cfg.micro_batch_size = 1;
+  cfg.hidden_size = 64;
+  cfg.ffn_hidden_size = 256;
+  cfg.num_attention_heads = 4;
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.expert_model_parallel_size = world;
+  cfg.use_pipe_experts = true;
+  cfg.pipe_experts_multi_data = 2;
+  ASSERT_EQ(cfg.check_pipe_experts(1), "");
+  schedule::LayerStack stack(cfg, 1, 1, groups.layout.coord(rt.rank()).ep, &groups);
+  const int pieces = int(stack.plan(0).dims.pieces.size());
+  ASSERT_EQ(pieces, int(cfg.local_experts()) * 2);
+  const Shape act{cfg.seq_length, 1, cfg.hidden_size};
+  const Tensor x = ampipe::testing::seeded_normal(act, 4, uint64_t(2 * rt.rank()));
+  const Tensor dy = ampipe::testing::seeded_normal(act, 4, uint64_t(2 * rt.rank() + 1));
+  comm::barrier_sync(groups.world, "trace_pipe.start");
+  comm::Trace::clear();
+  comm::Trace::set_enabled(true);
+  stack.forward(x, uint64_t(rt.rank() * cfg.tokens()));
+  stack.backward(dy, 0.01f);
+  comm::barrier_sync(groups.world, "trace_pipe.end");
+  comm::Trace::set_enabled(false);
+  std::map<std::string, Span> rec;
+  for (const comm::TraceRecord& r : comm::Trace::snapshot()) rec[r.name] = {r.issued_us, r.start_us, r.end_us};
+  for (int q = 0; q + 1 < pieces; ++q) {
+    expect_in_flight_during(rec, fmt::format("L0.fwd.dispatch.c0.p{}", q + 1), fmt::format("L0.fwd.experts.c0.p{}", q));
+    expect_in_flight_during(rec, fmt::format("L0.fwd.combine.c0.p{}", q), fmt::format("L0.fwd.experts.c0.p{}", q + 1));
+    expect_in_flight_during(rec, fmt::format("L0.bwd.combine.c0.p{}", q + 1), fmt::format("L0.bwd.experts.c0.p{}", q));
+  }
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include "ampipe/train/adamw.h"
 #include "ampipe/train/text_data.h"
@@ -55,6 +56,124 @@ TEST(TrainConfig, GlobalBatchDividesOverDataParallelRanks) {
 }
 
 TEST(TrainConfig, DegreeOneAcceptsTheDefaults) { EXPECT_EQ(message(train::TrainConfig{}, 1), ""); }
+
+namespace {
+// --use-pipe-experts --pipe-experts-multi-data N --ampipe-degree M (with flash attention, which M > 1 needs), on
+// the default layer: s = 64, b = 1, E = 4, top-2, capacity factor 1 (C = 16 per chunk of 32 tokens at M = 2).
+train::TrainConfig pipe_experts(int N, int M) {
+  train::TrainConfig c;
+  c.ampipe_degree = M;
+  c.use_flash_attn = true;
+  c.layer.use_pipe_experts = true;
+  c.layer.pipe_experts_multi_data = N;
+  return c;
+}
+}  // namespace
+
+TEST(TrainConfig, PipeExpertsRunsWhenItsRulesHold) {
+  for (auto [N, M] : {std::pair{1, 1}, std::pair{4, 1}, std::pair{4, 2}, std::pair{8, 4}, std::pair{32, 2}}) {
+    train::TrainConfig c = pipe_experts(N, M);
+    EXPECT_EQ(message(c, 1), "") << N << " " << M;
+    EXPECT_EQ(c.drop_idle_pipe_experts(), "") << N << " " << M;
+    EXPECT_TRUE(c.layer.use_pipe_experts);
+  }
+}
+
+TEST(TrainConfig, PipeExpertsSlicesDivideOverTheChunks) {
+  EXPECT_THAT(message(pipe_experts(3, 2), 1),
+              ::testing::HasSubstr("--pipe-experts-multi-data 3 is not divisible by --ampipe-degree 2"));
+  EXPECT_THAT(message(pipe_experts(6, 4), 1),
+              ::testing::HasSubstr("--pipe-experts-multi-data 6 is not divisible by --ampipe-degree 4"));
+}
+
+TEST(TrainConfig, PipeExpertsNeedsMoreSlicesThanChunks) {
+  EXPECT_THAT(message(pipe_experts(2, 2), 1),
+              ::testing::HasSubstr("--pipe-experts-multi-data 2 must be > --ampipe-degree 2 with --use-pipe-experts"));
+  EXPECT_THAT(message(pipe_experts(4, 4), 1),
+              ::testing::HasSubstr("--pipe-experts-multi-data 4 must be > --ampipe-degree 4"));
+}
+
+TEST(TrainConfig, PipeExpertsSlicesAtMostTheCapacity) {
+  EXPECT_EQ(message(pipe_experts(32, 2), 1), "");  // 16 slices per chunk, capacity 16
+  EXPECT_THAT(message(pipe_experts(34, 2), 1),
+              ::testing::HasSubstr("--pipe-experts-multi-data 34 cannot be greater than the expert capacity: 17 "
+                                   "slices per chunk of 32 tokens, whose capacity is 16 slots per expert"));
+}
+
+TEST(TrainConfig, PipeExpertsIsRefusedWithNoDrop) {
+  train::TrainConfig c = pipe_experts(4, 2);
+  c.layer.moe_no_drop = true;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--use-pipe-experts cannot be used with --moe-no-drop"));
+}
+
+TEST(TrainConfig, PipeExpertsMultiStreamIsRefusedWithOneLine) {
+  // Sequence parallelism does not run yet: with or without --sequence-parallel the multi-stream line comes first.
+  for (bool sp : {false, true}) {
+    train::TrainConfig c = pipe_experts(2, 2);
+    c.layer.pipe_experts_multi_stream = true;
+    c.sequence_parallel = sp;
+    EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--pipe-experts-multi-stream can only be used with "
+                                                    "--sequence-parallel, which this engine does not run yet"))
+        << sp;
+  }
+}
+
+TEST(TrainConfig, PipeExpertsOptionsNeedTheFeature) {
+  train::TrainConfig c;
+  c.layer.pipe_experts_multi_data = 2;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--pipe-experts-multi-data 2 needs --use-pipe-experts"));
+  c.layer.pipe_experts_multi_data = 1;
+  c.layer.pipe_experts_multi_stream = true;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--pipe-experts-multi-stream needs --use-pipe-experts"));
+  c.layer.pipe_experts_multi_stream = false;
+  c.layer.pipe_experts_multi_data = 0;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--pipe-experts-multi-data 0 is invalid"));
+}
+
+TEST(TrainConfig, PipeExpertsIsRefusedWithMc2) {
+  train::TrainConfig c = pipe_experts(1, 1);
+  c.use_ascend_mc2 = true;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--use-pipe-experts cannot be used with --use-ascend-mc2"));
+  // Even in the nothing-to-pipeline case the refusal stands (the feature is not dropped first).
+  c.layer.num_experts = 1;
+  c.layer.moe_router_topk = 1;
+  EXPECT_EQ(c.drop_idle_pipe_experts(), "");
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--use-pipe-experts cannot be used with --use-ascend-mc2"));
+}
+
+TEST(TrainConfig, PipeExpertsWithNothingToPipelineRunsWithoutItAndSaysSo) {
+  // One local expert (E = 2 over ep = 2 ranks, or E = 1) and N = 1: a notice, and the feature off.
+  for (auto [E, ep] : {std::pair{2, 2}, std::pair{1, 1}}) {
+    train::TrainConfig c = pipe_experts(1, 1);
+    c.layer.num_experts = E;
+    c.layer.expert_model_parallel_size = ep;
+    c.layer.moe_router_topk = 1;
+    EXPECT_EQ(message(c, 2), "");
+    const std::string notice = c.drop_idle_pipe_experts();
+    EXPECT_THAT(notice, ::testing::HasSubstr("has nothing to pipeline"));
+    EXPECT_EQ(notice.find('\n'), std::string::npos);
+    EXPECT_FALSE(c.layer.use_pipe_experts);
+    EXPECT_EQ(message(c, 2), "");
+    EXPECT_EQ(c.drop_idle_pipe_experts(), "");  // once
+  }
+  // Two local experts, or N > 1: something to pipeline.
+  train::TrainConfig two = pipe_experts(1, 1);
+  EXPECT_EQ(two.drop_idle_pipe_experts(), "");
+  EXPECT_TRUE(two.layer.use_pipe_experts);
+  train::TrainConfig sliced = pipe_experts(2, 1);
+  sliced.layer.num_experts = 1;
+  sliced.layer.moe_router_topk = 1;
+  EXPECT_EQ(sliced.drop_idle_pipe_experts(), "");
+  EXPECT_TRUE(sliced.layer.use_pipe_experts);
+  // A rule that fails is validate's error, not a notice.
+  train::TrainConfig no_drop = pipe_experts(1, 1);
+  no_drop.layer.num_experts = 1;
+  no_drop.layer.moe_router_topk = 1;
+  no_drop.layer.moe_no_drop = true;
+  EXPECT_EQ(no_drop.drop_idle_pipe_experts(), "");
+  EXPECT_TRUE(no_drop.layer.use_pipe_experts);
+  EXPECT_THAT(message(no_drop, 1), ::testing::HasSubstr("--use-pipe-experts cannot be used with --moe-no-drop"));
+}
 
 TEST(LearningRate, WarmupThenCosineToMinLr) {
   train::TrainConfig c;

@@ -108,10 +108,8 @@ double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
 }  // namespace
 
 int run_bench_layer(BenchLayerArgs& a) {
-  const model::LayerConfig cfg = a.layer.finish();
+  model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
-  if (rt.rank() == 0)
-    for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   rt.set_check_collectives(a.comm.check_collectives);
   rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
   if (g_poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(g_poll_us));
@@ -121,6 +119,9 @@ int run_bench_layer(BenchLayerArgs& a) {
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
                                     "divide the sequence length",
                                     M, cfg.seq_length));
+  a.layer.check_pipe_experts(cfg, a.degrees);
+  if (rt.rank() == 0)
+    for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   if (a.num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", a.num_layers));
   if (a.iters < 1 || a.warmup < 0)
     throw ConfigError(fmt::format("--iters {} / --warmup {} are invalid: need iters >= 1, warmup >= 0", a.iters,
@@ -227,6 +228,8 @@ int run_bench_layer(BenchLayerArgs& a) {
                          {"num_experts", cfg.num_experts},
                          {"moe_router_topk", cfg.moe_router_topk},
                          {"bf16", cfg.bf16},
+                         {"use_pipe_experts", cfg.use_pipe_experts},
+                         {"pipe_experts_multi_data", cfg.pipe_experts_multi_data},
                          {"num_layers", a.num_layers},
                          {"ranks", rt.size()},
                          {"expert_model_parallel_size", layout.ep}}},

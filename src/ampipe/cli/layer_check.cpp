@@ -83,8 +83,6 @@ double norm(const Tensor& t) {
 int run_layer_check(LayerCheckArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
-  if (rt.rank() == 0)
-    for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   rt.set_check_collectives(a.comm.check_collectives);
   if (!(a.comm.comm_timeout_s > 0))
     throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", a.comm.comm_timeout_s));
@@ -95,6 +93,9 @@ int run_layer_check(LayerCheckArgs& a) {
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
                                   "the same number of rows",
                                   cfg.seq_length, M));
+  a.layer.check_pipe_experts(cfg, {M});
+  if (rt.rank() == 0)
+    for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
   const int64_t b = cfg.micro_batch_size, dp = layout.dp;
   const int64_t G = a.global_batch_size > 0 ? a.global_batch_size : b * dp;

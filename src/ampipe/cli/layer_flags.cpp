@@ -26,6 +26,10 @@ void LayerFlags::add_to(CLI::App& app) {
   app.add_flag("--bf16", cfg.bf16, "bf16 GEMM inputs and all-to-all payloads, fp32 accumulation");
   app.add_option("--expert-model-parallel-size", cfg.expert_model_parallel_size, "expert-parallel size ep")
       ->capture_default_str();
+  app.add_flag("--use-pipe-experts", cfg.use_pipe_experts, "slice each expert's tokens to overlap its all-to-all");
+  app.add_flag("--pipe-experts-multi-stream", cfg.pipe_experts_multi_stream, "pipe-experts multi-stream");
+  app.add_option("--pipe-experts-multi-data", cfg.pipe_experts_multi_data, "pipe-experts slices N")
+      ->capture_default_str();
   app.add_option("--moe-aux-loss-coeff", moe_aux_loss_coeff, "coefficient of the load-balancing loss")
       ->capture_default_str();
 }
@@ -46,6 +50,18 @@ model::LayerConfig LayerFlags::finish() {
     notices.push_back("--noisy-gate-policy RSample has no effect with --moe-router-topk 2 (as in DeepSpeed-MoE, "
                       "whose top-2 gate never samples); the gate runs without noise");
   return cfg;
+}
+
+void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees) {
+  std::string notice;
+  for (int M : degrees) {
+    const std::string n = c.check_pipe_experts(M);
+    if (!n.empty()) notice = n;
+  }
+  if (notice.empty()) return;
+  c.use_pipe_experts = false;
+  cfg.use_pipe_experts = false;
+  notices.push_back(notice);
 }
 
 void CommFlags::add_to(CLI::App& app) {

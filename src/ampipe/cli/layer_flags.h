@@ -1,4 +1,4 @@
-// Flags that describe one MoE layer (Megatron names), shared by layer-check, bench-layer and train.
+// Flags that describe one MoE layer (Megatron / MindSpeed names), shared by layer-check, bench-layer, plan and train.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,6 +20,10 @@ struct LayerFlags {
   void add_to(CLI::App& app);
   // Converts the parsed strings and validates (throws ConfigError naming the flag).
   model::LayerConfig finish();
+  // After the subcommand's own checks of its AMPipe degrees: the pipe-experts rules for every degree it runs
+  // (model::LayerConfig::check_pipe_experts; throws ConfigError). When the feature has nothing to pipeline (which
+  // does not depend on the degree) it is turned off in `c` and in `cfg`, and the reason joins `notices` once.
+  void check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees);
 };
 
 // Runtime flags shared by every multi-rank subcommand.

@@ -153,6 +153,8 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
                    {"swiglu", cfg.expert == model::ExpertKind::swiglu},
                    {"bf16", cfg.bf16},
                    {"expert_model_parallel_size", cfg.expert_model_parallel_size},
+                   {"use_pipe_experts", cfg.use_pipe_experts},
+                   {"pipe_experts_multi_data", cfg.pipe_experts_multi_data},
                    {"ampipe_degree", a.ampipe_degree},
                    {"num_layers", a.num_layers}};
   doc["dims"] = {{"s", d.s},   {"b", d.b},   {"h", d.h},   {"F", d.F},   {"F1", d.F1},
@@ -228,13 +230,14 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
 }  // namespace
 
 int run_plan(PlanArgs& a) {
-  const model::LayerConfig cfg = a.layer.finish();
+  model::LayerConfig cfg = a.layer.finish();
   const int M = a.ampipe_degree;
   if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
   if (cfg.seq_length % M != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
                                   "the same number of rows",
                                   cfg.seq_length, M));
+  a.layer.check_pipe_experts(cfg, {M});
   if (a.num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", a.num_layers));
   const bool rank0 = !comm::Runtime::exists() || comm::Runtime::current().rank() == 0;
   std::ofstream json_out;

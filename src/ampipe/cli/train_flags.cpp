@@ -50,10 +50,7 @@ void TrainFlags::add_to(CLI::App& a) {
       ->capture_default_str();
   a.add_flag("--sequence-parallel", c.sequence_parallel, "Megatron sequence parallelism");
   a.add_flag("--ampipe-tp-sp-comm-overlap", c.ampipe_tp_sp_comm_overlap, "hide the SP collectives of the MLP too");
-  a.add_flag("--use-pipe-experts", c.use_pipe_experts, "slice each expert's tokens to overlap its all-to-all");
-  a.add_flag("--pipe-experts-multi-stream", c.pipe_experts_multi_stream, "pipe-experts multi-stream");
-  a.add_option("--pipe-experts-multi-data", c.pipe_experts_multi_data, "pipe-experts slices N")
-      ->capture_default_str();
+  // --use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream: layer flags (LayerFlags).
   a.add_flag("--use-ascend-mc2", c.use_ascend_mc2, "(incompatible with AMPipe)");
   a.add_flag("--overlap-grad-reduce", c.overlap_grad_reduce, "(incompatible with AMPipe)");
   a.add_flag("--overlap-param-gather", c.overlap_param_gather, "(incompatible with AMPipe)");
@@ -152,6 +149,11 @@ train::TrainConfig TrainFlags::finish() {
   }
   cfg.layer = layer.finish();
   cfg.moe_aux_loss_coeff = layer.moe_aux_loss_coeff;
+  // After validate (which run_train calls next) has passed, rank 0 prints layer.notices.
+  if (std::string notice = cfg.drop_idle_pipe_experts(); !notice.empty()) {
+    layer.cfg.use_pipe_experts = false;
+    layer.notices.push_back(notice);
+  }
   return cfg;
 }
 

@@ -18,12 +18,13 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"qkv", false},             {"qkv_bf16", false},          {"attn", false},            {"attn_bf16", false},
     {"lse", false},             {"proj", false},            {"ln_in", false},           {"ln2_mean", false},
     {"ln2_rstd", false},        {"ln2_out", false},         {"gate_probs", true},       {"gate_input", true},
-    {"capacity_need", true},    {"capacity_all", true},     {"dispatch_send", true},    {"dispatch_recv", true},
+    {"capacity_need", true},    {"capacity_all", true},     {"dispatch_rows", false},   {"dispatch_send", true},
+    {"dispatch_recv", true},
     {"expert_in", false},       {"fc1_out", false},         {"act", false},             {"act_bf16", false},
-    {"expert_out", false},      {"expert_out_bf16", false},   {"combine_send", true},     {"combine_recv", true},
+    {"expert_out", false},      {"combine_send", true},     {"combine_recv", true},
     {"expert_y", true},         {"moe_out", false},         {"y", false},               {"d_moe", false},
     {"d_expert_y", false},      {"d_weight", true},         {"combine_bwd_send", true}, {"combine_bwd_recv", true},
-    {"d_expert_out", false},    {"d_expert_in", false},     {"d_expert_in_bf16", false},  {"d_act", false},
+    {"d_expert_out", false},    {"d_expert_in", false},     {"d_act", false},
     {"d_fc1", false},           {"d_fc1_bf16", false},        {"dispatch_bwd_send", true}, {"dispatch_bwd_recv", true},
     {"d_dispatch", false},      {"d_logits", false},        {"d_ln_in", false},         {"d_ln2", false},
     {"d_proj", false},          {"d_attn", false},          {"d_proj_bf16", false},       {"dqkv", false},
@@ -31,21 +32,25 @@ constexpr BufInfo kInfo[kNumBufs] = {
 };
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
-bool is_bf16_copy(Buf b) {
+// Buffers that only some configurations use.
+bool needed(const LayerDims& d, Buf b) {
+  const bool bf16 = d.cd != DType::f32;
   switch (b) {
     case Buf::ln1_out_bf16:
     case Buf::qkv_bf16:
     case Buf::attn_bf16:
     case Buf::act_bf16:
-    case Buf::expert_out_bf16:
-    case Buf::combine_recv:
-    case Buf::d_expert_y:
-    case Buf::d_expert_in_bf16:
     case Buf::d_fc1_bf16:
-    case Buf::d_dispatch:
     case Buf::d_proj_bf16:
-    case Buf::dqkv_bf16: return true;
-    default: return false;
+    case Buf::dqkv_bf16: return bf16;
+    case Buf::combine_recv:  // staging between the all-to-all layout and expert_y
+    case Buf::d_expert_y:
+    case Buf::d_dispatch: return bf16 || d.pipe_experts();
+    case Buf::dispatch_rows: return d.pipe_experts();
+    case Buf::gate_input: return d.jitter;
+    case Buf::capacity_need:
+    case Buf::capacity_all: return d.agree_capacity;
+    default: return true;
   }
 }
 
@@ -56,10 +61,9 @@ bool in_compute_dtype(Buf b) {
     case Buf::qkv_bf16:
     case Buf::attn_bf16:
     case Buf::act_bf16:
-    case Buf::expert_out_bf16:
     case Buf::combine_recv:
-    case Buf::d_expert_in_bf16:
     case Buf::d_fc1_bf16:
+    case Buf::dispatch_rows:
     case Buf::d_proj_bf16:
     case Buf::dqkv_bf16:
     case Buf::dispatch_send:
@@ -139,6 +143,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::gate_input: return {Sc, h};
     case Buf::capacity_need: return {1};
     case Buf::capacity_all: return {d.ep};
+    case Buf::dispatch_rows:
     case Buf::dispatch_send:
     case Buf::combine_recv:
     case Buf::expert_y:
@@ -160,9 +165,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_fc1: return f32 ? Shape{L, MR, d.F1} : Shape{R, d.F1};
     case Buf::d_fc1_bf16: return {L, MR, d.F1};
     case Buf::expert_out:
-    case Buf::expert_out_bf16:
-    case Buf::d_expert_in:
-    case Buf::d_expert_in_bf16: return {L, R, h};
+    case Buf::d_expert_in: return {L, R, h};
     case Buf::y:
     case Buf::dx: return {d.s, d.b, h};
     case Buf::d_moe:
@@ -179,9 +182,7 @@ std::vector<BufferSpec> layer_buffers(const LayerDims& d) {
   std::vector<BufferSpec> out;
   for (int i = 0; i < kNumBufs; ++i) {
     const Buf b = Buf(i);
-    if (is_bf16_copy(b) && d.cd == DType::f32) continue;
-    if (b == Buf::gate_input && !d.jitter) continue;
-    if ((b == Buf::capacity_need || b == Buf::capacity_all) && !d.agree_capacity) continue;
+    if (!needed(d, b)) continue;
     BufferSpec s;
     s.id = b;
     s.name = buf_name(b);

@@ -42,6 +42,10 @@ enum class Buf : uint8_t {
   gate_input,          // [S_c, h] jittered router input (Jitter only)
   capacity_need,       // [1] this rank's required capacity (--moe-no-drop with ep > 1)
   capacity_all,        // [ep] every EP rank's
+  dispatch_rows,       // [E, C, h] the gate's dispatch layout (pipe-experts only; packed into dispatch_send's pieces)
+  // Piece-major (all-to-all) buffers: a chunk slot holds its pieces one after another, piece p at rows
+  // [row0, row0 + ep*experts*slots) laid out [ep][experts][slots][h] (ExpertPiece). Without pipe-experts a chunk is
+  // one piece of all L experts and C slots, so [ep][L][C][h] = [E, C, h] in expert order.
   dispatch_send,       // [E, C, h] slots in expert order: block j (experts [j*L, (j+1)*L)) goes to EP rank j
   dispatch_recv,       // [ep, L, C, h] the slots of this rank's experts, from every EP rank
   // Expert-major buffers hold every chunk: [L, M*ep*C, *], local expert l's slots of chunk c at rows
@@ -51,27 +55,25 @@ enum class Buf : uint8_t {
   act,                 // [L, M*ep*C, F] activation (GeLU or SwiGLU); bf16 mode: [ep*C, F], one expert's staging
   act_bf16,              // [L, M*ep*C, F] its bf16 copy (bf16 only)
   expert_out,          // [L, ep*C, h] fp32 expert output (one slot, reused by every chunk)
-  expert_out_bf16,       // its bf16 copy (bf16 only; one slot)
-  combine_send,        // [ep, L, C, h] expert outputs back to their tokens' ranks
-  combine_recv,        // [E, C, h] received expert outputs (bf16 only; in fp32 they land in expert_y directly)
+  combine_send,        // [ep, L, C, h] expert outputs back to their tokens' ranks (converted while packed)
+  combine_recv,        // [E, C, h] received expert outputs (bf16 or pipe-experts; else they land in expert_y)
   expert_y,            // [E, C, h] fp32 expert outputs of this rank's tokens (the weighted sum's backward reads it)
   moe_out,             // [T, h] weighted sum of the expert outputs
   y,                   // [s, b, h] the layer output
   // backward
   d_moe,               // [S_c, h] one slot: dropout backward of the weighted sum
-  d_expert_y,          // [E, C, h] fp32 gradient of expert_y (bf16 only; in fp32 it is combine_bwd_send)
+  d_expert_y,          // [E, C, h] fp32 gradient of expert_y (bf16 or pipe-experts; else it is combine_bwd_send)
   d_weight,            // [S_c, k] gradient of the gate weights
   combine_bwd_send,    // [E, C, h] the reverse of combine
   combine_bwd_recv,    // [ep, L, C, h]
   d_expert_out,        // [L, M*ep*C, h] expert-major, every chunk (the deferred fc2 weight gradient reads it)
-  d_expert_in,         // [L, ep*C, h] fp32, one slot
-  d_expert_in_bf16,      // its bf16 copy (bf16 only)
+  d_expert_in,         // [L, ep*C, h] fp32, one slot (converted while packed into dispatch_bwd_send)
   d_act,               // [ep*C, F] one slot, one expert at a time
   d_fc1,               // [L, M*ep*C, F1] expert-major; bf16 mode: [ep*C, F1], one expert's staging
   d_fc1_bf16,            // [L, M*ep*C, F1] its bf16 copy (bf16 only)
   dispatch_bwd_send,   // [ep, L, C, h] the reverse of dispatch
   dispatch_bwd_recv,   // [E, C, h]
-  d_dispatch,          // [E, C, h] fp32 copy of dispatch_bwd_recv (bf16 only), one slot
+  d_dispatch,          // [E, C, h] fp32 copy of dispatch_bwd_recv (bf16 or pipe-experts), one slot
   d_logits,            // [S_c, E] one slot
   d_ln_in, d_ln2,      // [T, h]
   d_proj, d_attn,      // [T, h]

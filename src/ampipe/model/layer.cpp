@@ -19,6 +19,14 @@ Tensor LayerMemory::get(Buf b, int c) const {
   return arena_->view(base + layout_->offset[size_t(b)][slot], buffer_shape(*dims_, b, C), spec->dtype);
 }
 
+Tensor LayerMemory::get(Buf b, int c, int p) const {
+  if (p < 0) return get(b, c);
+  const ExpertPiece& pc = dims_->pieces.at(size_t(p));
+  const Tensor slot = get(b, c);
+  const int64_t h = dims_->h;
+  return slot.view({slot.numel() / h, h}).rows(pc.row0, pc.row0 + dims_->ep * pc.experts * pc.slots);
+}
+
 Tensor LayerMemory::expert_rows(Buf b, int64_t l, int c) const {
   const Tensor all = get(b);  // [L, M*R, X] at the planned capacity
   const int64_t R = dims_->R(), X = all.size(2), first = (l * dims_->M + c) * R;
@@ -90,7 +98,7 @@ void Layer::begin_backward(const Tensor& dy, float d_aux) {
   attn_.begin_backward();
 }
 
-void Layer::run(Stage s, Dir d, int c) {
+void Layer::run(Stage s, Dir d, int c, int p) {
   const bool fwd = d == Dir::fwd;
   switch (s) {
     case Stage::ln1_qkv: return fwd ? attn_.ln1_qkv(c) : attn_.ln1_qkv_backward(c);
@@ -101,7 +109,7 @@ void Layer::run(Stage s, Dir d, int c) {
     case Stage::gate_assign:
       if (fwd) return moe_.gate_assign(c);
       break;
-    case Stage::experts: return fwd ? moe_.experts(c) : moe_.experts_backward(c);
+    case Stage::experts: return fwd ? moe_.experts(c, p) : moe_.experts_backward(c, p);
     case Stage::attention_wgrad:
       if (!fwd) return attn_.weight_grads();
       break;

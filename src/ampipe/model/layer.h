@@ -38,10 +38,10 @@ class Layer {
   void begin_forward(const Tensor& x, uint64_t token_base);
   // dy: [s, b, h] fp32; d_aux: upstream gradient of l_aux (the aux-loss coefficient).
   void begin_backward(const Tensor& dy, float d_aux);
-  // Runs one compute stage (the executor's only way in).
-  void run(Stage s, Dir d, int chunk);
-  // A buffer a collective reads or writes, shaped for chunk c's run-time capacity.
-  Tensor buffer(Buf b, int chunk) const { return st_.mem.get(b, chunk); }
+  // Runs one compute stage (the executor's only way in); piece -1: the whole chunk.
+  void run(Stage s, Dir d, int chunk, int piece = -1);
+  // A buffer a collective reads or writes: chunk c's slot shaped for its run-time capacity, or piece p's rows of it.
+  Tensor buffer(Buf b, int chunk, int piece = -1) const { return st_.mem.get(b, chunk, piece); }
 
   Tensor output() const { return st_.mem.get(Buf::y); }      // [s, b, h]
   Tensor input_grad() const { return st_.mem.get(Buf::dx); }  // [s, b, h]

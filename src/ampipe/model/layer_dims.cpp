@@ -1,5 +1,7 @@
 #include "ampipe/model/layer_dims.h"
 
+#include <algorithm>
+
 #include "ampipe/core/error.h"
 #include "ampipe/kernels/attention.h"
 #include "ampipe/model/gate.h"
@@ -31,6 +33,20 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.defer_expert_wgrad = !cfg.moe_no_drop;
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.cd = cfg.compute_dtype();
+  if (cfg.use_pipe_experts) {  // cfg.check_pipe_experts(M) has accepted it
+    AMPIPE_CHECK(!cfg.moe_no_drop && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",
+                 cfg.pipe_experts_multi_data, M);
+    d.slices = cfg.pipe_experts_multi_data / M;
+    const int64_t slice = (d.C + d.slices - 1) / d.slices;
+    int64_t row = 0;
+    for (int64_t l = 0; l < d.L; ++l)
+      for (int64_t n = 0; n < d.slices; ++n) {
+        const int64_t slots = std::min(slice, d.C - n * slice);
+        if (slots <= 0) continue;  // ceil slicing: e.g. C = 5 in 4 slices is 2, 2, 1, 0
+        d.pieces.push_back({l, 1, n * slice, slots, row});
+        row += d.ep * slots;
+      }
+  }
   return d;
 }
 
@@ -40,9 +56,14 @@ kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
 }
 }  // namespace
 
-double stage_flops(const LayerDims& d, Stage s, Dir dir, int c) {
+double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
   const double Sc = double(d.Sc), h = double(d.h), T = double(d.T);
   const double expert = 2 * double(d.L * d.R()) * h * double(d.F1 + d.F);  // one pass over a chunk's slots
+  if (piece >= 0 && s == Stage::experts) {
+    const ExpertPiece& p = d.pieces[size_t(piece)];
+    const double one = 2 * double(p.experts * d.ep * p.slots) * h * double(d.F1 + d.F);
+    return dir == Dir::fwd || d.defer_expert_wgrad ? one : 2 * one;
+  }
   switch (s) {
     case Stage::ln1_qkv: return 2 * Sc * h * 3 * h;
     case Stage::attention: return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
@@ -55,7 +76,11 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c) {
   }
 }
 
-double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c) {
+double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
+  if (piece >= 0 && s == Stage::experts) {  // the piece's share of the chunk's
+    const ExpertPiece& p = d.pieces[size_t(piece)];
+    return stage_bytes(d, s, dir, c) * double(p.experts * p.slots) / double(d.L * d.C);
+  }
   const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), h = double(d.h), T = double(d.T);
   const double act = Sc * h;  // one [S_c, h] activation
   const double io = dir == Dir::fwd ? 1 : 2;
@@ -88,7 +113,11 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c) {
   return 0;
 }
 
-double collective_bytes(const LayerDims& d, Stage s, Dir dir) {
+double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
+  if (piece >= 0 && (s == Stage::dispatch || s == Stage::combine)) {
+    const ExpertPiece& p = d.pieces[size_t(piece)];
+    return double(d.ep * p.experts * p.slots * d.h) * double(dtype_size(d.cd));
+  }
   switch (s) {
     case Stage::dispatch:
     case Stage::combine: return double(d.E * d.C * d.h) * double(dtype_size(d.cd));

@@ -8,12 +8,20 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ampipe/core/dtype.h"
 #include "ampipe/model/layer_config.h"
 #include "ampipe/model/stage.h"
 
 namespace ampipe::model {
+
+// One pipe-experts piece of a chunk: local experts [expert0, expert0 + experts) and capacity slots
+// [slot0, slot0 + slots) of each of them, from every EP rank. Its all-to-all blocks are laid out [ep][experts][slots][h]
+// (EP rank j's block first), starting at row `row0` of the chunk's piece-major buffers (buffers.h).
+struct ExpertPiece {
+  int64_t expert0 = 0, experts = 0, slot0 = 0, slots = 0, row0 = 0;
+};
 
 struct LayerDims {
   int64_t s = 0, b = 0, h = 0, F = 0, F1 = 0, n = 0, d = 0, E = 0, k = 0, ep = 1, L = 0, T = 0;
@@ -31,6 +39,12 @@ struct LayerDims {
   bool defer_expert_wgrad = true;
   bool jitter = false;             // Jitter: in training the gate input is a noisy copy (planned either way)
   DType cd = DType::f32;           // compute dtype of GEMM inputs and all-to-all payloads
+  // pipe-experts: every chunk's MoE MLP cut into pieces, one per (local expert, capacity slice); S = N / M slices of
+  // ceil(C / S) slots per expert and chunk (the last ones may be shorter; empty slices have no piece). Empty without
+  // pipe-experts: then a chunk is one piece of all L experts and all C slots.
+  int64_t slices = 1;
+  std::vector<ExpertPiece> pieces;
+  bool pipe_experts() const { return !pieces.empty(); }
 
   static LayerDims make(const LayerConfig& cfg, int M);
   int64_t R() const { return ep * C; }
@@ -40,12 +54,13 @@ struct LayerDims {
 // 2mnk, attention its visible causal pairs (kernels::causal_attention_flops), element-wise work 0. The backward of
 // ln1_qkv, out_proj and experts counts the input-gradient GEMMs only; their weight gradients are the wgrad stages
 // (with --moe-no-drop the experts' backward holds both).
-double stage_flops(const LayerDims& d, Stage s, Dir dir, int c);
+double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece = -1);
 // Bytes a compute stage reads and writes in memory (activations and weights, once each): an estimate for the cost
 // model, not a measurement.
-double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c);
+double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece = -1);
 // Bytes one rank sends in a collective stage of chunk c at the planned capacity (all-to-all: all ep blocks,
 // including the one it keeps; capacity all-gather: its one float).
-double collective_bytes(const LayerDims& d, Stage s, Dir dir);
+// A pipe-experts piece's all-to-all sends ep*experts*slots*h elements.
+double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece = -1);
 
 }  // namespace ampipe::model

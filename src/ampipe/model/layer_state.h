@@ -32,6 +32,9 @@ class LayerMemory {
   // Buffer `b` for chunk c: slot c of a per-chunk buffer (the only slot otherwise), shaped for chunk c's capacity
   // (c = -1: the planned capacity). No allocation; a view into the arena.
   Tensor get(Buf b, int c = -1) const;
+  // Piece p's rows [row0, row0 + ep*experts*slots) of chunk c's slot of a piece-major buffer, as [rows, h]
+  // (p = -1: the whole slot, as get(b, c)).
+  Tensor get(Buf b, int c, int p) const;
   // Local expert l's slots of chunk c ([ep*C_c, *] rows) in an expert-major buffer [L, M*ep*C, *] (buffers.h).
   Tensor expert_rows(Buf b, int64_t l, int c) const;
   // Local expert l's slots of every chunk ([M*ep*C, *] rows; all chunks use the planned capacity).

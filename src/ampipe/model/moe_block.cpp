@@ -50,7 +50,13 @@ void MoeBlock::set_routing(int c) {
                g.routing.C, st_.dims.C);
   st_.mem.set_capacity(c, g.routing.C);
   Tensor send = st_.mem.get(Buf::dispatch_send, c);
-  dispatch_forward(st_.rows(Buf::ln2_out, c), g.routing, send);
+  if (!st_.dims.pipe_experts()) {  // one piece: the gate's [E, C, h] layout is the all-to-all's
+    dispatch_forward(st_.rows(Buf::ln2_out, c), g.routing, send);
+    return;
+  }
+  Tensor rows = st_.mem.get(Buf::dispatch_rows, c);
+  dispatch_forward(st_.rows(Buf::ln2_out, c), g.routing, rows);
+  slots_to_pieces(rows, send, c);
 }
 
 void MoeBlock::gate(int c) {
@@ -79,53 +85,96 @@ void MoeBlock::gate_assign(int c) {
   set_routing(c);
 }
 
-void MoeBlock::to_expert_major(const Tensor& src, Buf dst, int c) const {
-  // src [ep, L, C, h] -> chunk c's rows of local expert l in dst, [ep, C, h] each
-  const int64_t ep = st_.dims.ep, L = st_.dims.L, C = st_.mem.capacity(c);
-  const size_t blk = size_t(C * st_.dims.h) * dtype_size(src.dtype());
-  const auto* s = static_cast<const char*>(src.raw());
-  for (int64_t l = 0; l < L; ++l) {
-    auto* d = static_cast<char*>(st_.mem.expert_rows(dst, l, c).raw());
-    for (int64_t j = 0; j < ep; ++j) std::memcpy(d + size_t(j) * blk, s + size_t(j * L + l) * blk, blk);
+ExpertPiece MoeBlock::piece(int c, int p) const {
+  if (!st_.dims.pipe_experts()) return {0, st_.dims.L, 0, st_.mem.capacity(c), 0};
+  return st_.dims.pieces[size_t(p)];
+}
+
+void MoeBlock::slots_to_pieces(const Tensor& slots, Tensor& pieces, int c) const {
+  // slots [E, C, h] (expert e = j*L + l) -> a chunk's piece-major buffer; dtypes converted
+  const int64_t L = st_.dims.L, ep = st_.dims.ep, C = st_.mem.capacity(c), h = st_.dims.h;
+  const Tensor src = slots.view({st_.dims.E * C, h}), dst = pieces.view({st_.dims.E * C, h});
+  for (size_t p = 0; p < st_.dims.pieces.size(); ++p) {
+    const ExpertPiece pc = piece(c, int(p));
+    for (int64_t j = 0; j < ep; ++j)
+      for (int64_t i = 0; i < pc.experts; ++i) {
+        const int64_t e = j * L + pc.expert0 + i, at = pc.row0 + (j * pc.experts + i) * pc.slots;
+        Tensor d = dst.rows(at, at + pc.slots);
+        d.copy_from(src.rows(e * C + pc.slot0, e * C + pc.slot0 + pc.slots));
+      }
   }
 }
 
-void MoeBlock::from_expert_major(const Tensor& src, Tensor& dst, int64_t C) const {
-  // src [L, ep, C, h] -> dst [ep, L, C, h]
-  const int64_t ep = st_.dims.ep, L = st_.dims.L;
-  const size_t blk = size_t(C * st_.dims.h) * dtype_size(src.dtype());
-  const auto* s = static_cast<const char*>(src.raw());
-  auto* d = static_cast<char*>(dst.raw());
-  for (int64_t j = 0; j < ep; ++j)
-    for (int64_t l = 0; l < L; ++l) std::memcpy(d + size_t(j * L + l) * blk, s + size_t(l * ep + j) * blk, blk);
+void MoeBlock::pieces_to_slots(const Tensor& pieces, Tensor& slots, int c) const {
+  const int64_t L = st_.dims.L, ep = st_.dims.ep, C = st_.mem.capacity(c), h = st_.dims.h;
+  const Tensor src = pieces.view({st_.dims.E * C, h}), dst = slots.view({st_.dims.E * C, h});
+  for (size_t p = 0; p < st_.dims.pieces.size(); ++p) {
+    const ExpertPiece pc = piece(c, int(p));
+    for (int64_t j = 0; j < ep; ++j)
+      for (int64_t i = 0; i < pc.experts; ++i) {
+        const int64_t e = j * L + pc.expert0 + i, at = pc.row0 + (j * pc.experts + i) * pc.slots;
+        Tensor d = dst.rows(e * C + pc.slot0, e * C + pc.slot0 + pc.slots);
+        d.copy_from(src.rows(at, at + pc.slots));
+      }
+  }
 }
 
-void MoeBlock::experts(int c) {
+void MoeBlock::piece_to_experts(const Tensor& region, Buf dst, int c, const ExpertPiece& pc) const {
+  // a piece's all-to-all block [ep][experts][slots][h] -> expert l's rows ep*slot0 + j*slots + [0, slots) of chunk c
+  const int64_t ep = st_.dims.ep;
+  const Tensor src = region.view({region.numel() / st_.dims.h, st_.dims.h});
+  for (int64_t j = 0; j < ep; ++j)
+    for (int64_t i = 0; i < pc.experts; ++i) {
+      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = ep * pc.slot0 + j * pc.slots;
+      Tensor d = st_.mem.expert_rows(dst, pc.expert0 + i, c).rows(r0, r0 + pc.slots);
+      d.copy_from(src.rows(at, at + pc.slots));
+    }
+}
+
+void MoeBlock::experts_to_piece(const Tensor& rows, Tensor& region, const ExpertPiece& pc) const {
+  // rows [L, R, h] (this chunk, R = ep*C) -> the piece's all-to-all block; dtypes converted
+  const int64_t ep = st_.dims.ep, R = rows.size(1);
+  const Tensor all = rows.view({rows.size(0) * R, rows.size(2)});
+  const Tensor dst = region.view({region.numel() / st_.dims.h, st_.dims.h});
+  for (int64_t j = 0; j < ep; ++j)
+    for (int64_t i = 0; i < pc.experts; ++i) {
+      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = (pc.expert0 + i) * R + ep * pc.slot0 + j * pc.slots;
+      Tensor d = dst.rows(at, at + pc.slots);
+      d.copy_from(all.rows(r0, r0 + pc.slots));
+    }
+}
+
+void MoeBlock::experts(int c, int p) {
   LayerState& s = st_;
-  const int64_t C = s.mem.capacity(c), L = s.dims.L, F1 = s.dims.F1, h = s.dims.h;
-  to_expert_major(s.mem.get(Buf::dispatch_recv, c), Buf::expert_in, c);
+  const ExpertPiece pc = piece(c, p);
+  const int64_t F1 = s.dims.F1, h = s.dims.h, r0 = s.dims.ep * pc.slot0, n = s.dims.ep * pc.slots;
+  piece_to_experts(s.mem.get(Buf::dispatch_recv, c, p), Buf::expert_in, c, pc);
   const Tensor out = s.mem.get(Buf::expert_out, c);
-  for (int64_t l = 0; l < L; ++l) {
-    Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c), o = expert_rows(out, l);
+  for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
+    Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n), o = expert_rows(out, l).rows(r0, r0 + n);
     // bf16: the fp32 activation is one expert's staging, the bf16 copy is kept; fp32: the activation is kept
-    Tensor a = s.bf16() ? s.mem.get(Buf::act, c) : s.mem.expert_rows(Buf::act, l, c);
-    linear_forward(s.mem.expert_rows(Buf::expert_in, l, c), s.w.fc1.rows(l * F1, (l + 1) * F1), h1);  // -> [R, F1]
+    Tensor a = s.bf16() ? s.mem.get(Buf::act, c).rows(0, n) : s.mem.expert_rows(Buf::act, l, c).rows(r0, r0 + n);
+    const Tensor in = s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n);
+    linear_forward(in, s.w.fc1.rows(l * F1, (l + 1) * F1), h1);  // [n, h] -> [n, F1]
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_forward(h1, a);
     else
       kernels::gelu_forward(h1, a);
-    Tensor a_bf16 = s.bf16() ? s.mem.expert_rows(Buf::act_bf16, l, c) : a;
+    Tensor a_bf16 = s.bf16() ? s.mem.expert_rows(Buf::act_bf16, l, c).rows(r0, r0 + n) : a;
     if (s.bf16()) a_bf16.copy_from(a);
-    linear_forward(a_bf16, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [R, F] -> [R, h]
+    linear_forward(a_bf16, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
   }
-  Tensor send = s.mem.get(Buf::combine_send, c);
-  from_expert_major(converted(s, out, Buf::expert_out_bf16, c), send, C);
+  Tensor send = s.mem.get(Buf::combine_send, c, p);
+  experts_to_piece(out, send, pc);
 }
 
 void MoeBlock::weighted_sum(int c) {
   LayerState& s = st_;
-  Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32: the combine all-to-all received into it directly
-  if (s.bf16()) Y.copy_from(s.mem.get(Buf::combine_recv, c));
+  Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32 without pipe-experts: the combine all-to-all received into it
+  if (s.dims.pipe_experts())
+    pieces_to_slots(s.mem.get(Buf::combine_recv, c), Y, c);
+  else if (s.bf16())
+    Y.copy_from(s.mem.get(Buf::combine_recv, c));
   Tensor moe = s.rows(Buf::moe_out, c);
   combine_forward(Y, gctx_[size_t(c)].routing, moe);
   Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.T, s.dims.h}), c);
@@ -141,48 +190,55 @@ void MoeBlock::weighted_sum_backward(int c) {
   LayerState& s = st_;
   Tensor d_moe = s.mem.get(Buf::d_moe);
   kernels::dropout_backward(s.rows(s.dy, c), s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c), d_moe);
-  Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // [E, C, h]: EP rank j gets the grads of its experts
-  Tensor dY = s.bf16() ? s.mem.get(Buf::d_expert_y, c) : send;
+  Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // EP rank j gets the grads of its experts
+  const bool staged = s.bf16() || s.dims.pipe_experts();
+  Tensor dY = staged ? s.mem.get(Buf::d_expert_y, c) : send;
   Tensor d_weight = s.mem.get(Buf::d_weight, c);
   combine_backward(d_moe, s.mem.get(Buf::expert_y, c), gctx_[size_t(c)].routing, dY, d_weight);
-  if (s.bf16()) send.copy_from(dY);
+  if (s.dims.pipe_experts())
+    slots_to_pieces(dY, send, c);
+  else if (s.bf16())
+    send.copy_from(dY);
 }
 
-void MoeBlock::experts_backward(int c) {
+void MoeBlock::experts_backward(int c, int p) {
   LayerState& s = st_;
-  const int64_t C = s.mem.capacity(c), L = s.dims.L, F1 = s.dims.F1, h = s.dims.h;
+  const ExpertPiece pc = piece(c, p);
+  const int64_t L = s.dims.L, F1 = s.dims.F1, h = s.dims.h, r0 = s.dims.ep * pc.slot0, n = s.dims.ep * pc.slots;
   const bool wgrad_now = !s.dims.defer_expert_wgrad;  // --moe-no-drop: chunks' slots are not packed
-  to_expert_major(s.mem.get(Buf::combine_bwd_recv, c), Buf::d_expert_out, c);
-  Tensor d_in = s.mem.get(Buf::d_expert_in, c), d_act = s.mem.get(Buf::d_act, c);
+  piece_to_experts(s.mem.get(Buf::combine_bwd_recv, c, p), Buf::d_expert_out, c, pc);
+  const Tensor d_in = s.mem.get(Buf::d_expert_in, c);
+  Tensor d_act = s.mem.get(Buf::d_act, c).rows(0, n);
   Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.F});
-  for (int64_t l = 0; l < L; ++l) {
-    const Tensor d_out = s.mem.expert_rows(Buf::d_expert_out, l, c);
+  for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
+    const Tensor d_out = s.mem.expert_rows(Buf::d_expert_out, l, c).rows(r0, r0 + n);
     linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act);  // fc2
     if (wgrad_now) {
       Tensor gw2_l = gw2.rows(l * h, (l + 1) * h);
-      linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_bf16 : Buf::act, l, c), gw2_l);
+      linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_bf16 : Buf::act, l, c).rows(r0, r0 + n),
+                         gw2_l);
     }
     // bf16: the fp32 gradient is one expert's staging, the bf16 copy is kept for the weight gradient
-    Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_fc1, c) : s.mem.expert_rows(Buf::d_fc1, l, c);
-    const Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c);
+    Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_fc1, c).rows(0, n) : s.mem.expert_rows(Buf::d_fc1, l, c).rows(r0, r0 + n);
+    const Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n);
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_backward(d_act, h1, d_h1);
     else
       kernels::gelu_backward(d_act, h1, d_h1);
     Tensor d_h1_bf16 = d_h1;
     if (s.bf16()) {
-      d_h1_bf16 = s.mem.expert_rows(Buf::d_fc1_bf16, l, c);
+      d_h1_bf16 = s.mem.expert_rows(Buf::d_fc1_bf16, l, c).rows(r0, r0 + n);
       d_h1_bf16.copy_from(d_h1);
     }
-    Tensor d_in_l = expert_rows(d_in, l);
+    Tensor d_in_l = expert_rows(d_in, l).rows(r0, r0 + n);
     linear_input_grad(d_h1_bf16, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l);  // fc1
     if (wgrad_now) {
       Tensor gw1_l = gw1.rows(l * F1, (l + 1) * F1);
-      linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c), gw1_l);
+      linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), gw1_l);
     }
   }
-  Tensor send = s.mem.get(Buf::dispatch_bwd_send, c);
-  from_expert_major(converted(s, d_in, Buf::d_expert_in_bf16, c), send, C);
+  Tensor send = s.mem.get(Buf::dispatch_bwd_send, c, p);
+  experts_to_piece(d_in, send, pc);
 }
 
 void MoeBlock::weight_grads() {
@@ -203,8 +259,15 @@ void MoeBlock::gate_backward(int c) {
   LayerState& s = st_;
   GateCtx& g = gctx_[size_t(c)];
   Tensor d_ln2 = s.rows(Buf::d_ln2, c);
-  const Tensor recv = s.mem.get(Buf::dispatch_bwd_recv, c);
-  dispatch_backward(converted(s, recv, Buf::d_dispatch, c), g.routing, d_ln2);
+  Tensor recv = s.mem.get(Buf::dispatch_bwd_recv, c);
+  if (s.dims.pipe_experts()) {
+    Tensor d = s.mem.get(Buf::d_dispatch, c);
+    pieces_to_slots(recv, d, c);
+    recv = d;
+  } else if (s.bf16()) {
+    recv = converted(s, recv, Buf::d_dispatch, c);
+  }
+  dispatch_backward(recv, g.routing, d_ln2);
   Tensor d_logits = s.mem.get(Buf::d_logits);
   model::gate_backward(s.mem.get(Buf::d_weight, c), s.d_aux, total_, g, s.p.gate_w, d_logits, d_ln2, s.g.gate_w);
 }

@@ -4,7 +4,9 @@
 // combine_send -> expert_y (bf16: combine_recv), and the reverse pair in the backward).
 //   gate(c)          router over ln2_out rows; with a fixed capacity also the slots and dispatch_send [E, C_c, h]
 //   gate_assign(c)   --moe-no-drop with ep > 1: after the capacity all-gather, slots for the largest need
-//   experts(c)       per local expert: fc1 -> GeLU (or SwiGLU) -> fc2 on its ep*C_c received slots
+//   experts(c, p)    per local expert: fc1 -> GeLU (or SwiGLU) -> fc2 on its ep*C_c received slots; with
+//                    pipe-experts one piece (one local expert, a slice of its slots) at a time, each piece with
+//                    its own dispatch and combine all-to-all (LayerDims::pieces)
 //   weighted_sum(c)  moe = sum_i w_i * Y[e_i, slot_i]; y = ln_in + dropout(moe)
 //   aux_loss()       l_aux from the gate statistics summed over all chunks
 // Backward: weighted_sum -> experts (input gradients; with a fixed capacity the weight gradients wait for
@@ -28,12 +30,12 @@ class MoeBlock {
   void begin_forward();
   void gate(int c);
   void gate_assign(int c);
-  void experts(int c);
+  void experts(int c, int p);  // piece p of chunk c (the whole chunk without pipe-experts)
   void weighted_sum(int c);
   void aux_loss();
 
   void weighted_sum_backward(int c);
-  void experts_backward(int c);
+  void experts_backward(int c, int p);
   void gate_backward(int c);
   void weight_grads();  // the deferred expert weight gradients, after experts_backward(c) for every c
 
@@ -42,9 +44,15 @@ class MoeBlock {
 
  private:
   GateConfig gate_config() const;
-  // [ep, L, C, h] -> chunk c's rows of each local expert in an expert-major buffer; [L, ep*C, h] -> [ep, L, C, h].
-  void to_expert_major(const Tensor& src, Buf dst, int c) const;
-  void from_expert_major(const Tensor& src, Tensor& dst, int64_t C) const;
+  // Piece p of chunk c (without pipe-experts: the whole chunk, all L experts, its run-time capacity).
+  ExpertPiece piece(int c, int p) const;
+  // [E, C, h] (expert order) <-> a chunk's piece-major all-to-all buffer (buffers.h); dtypes converted.
+  void slots_to_pieces(const Tensor& slots, Tensor& pieces, int c) const;
+  void pieces_to_slots(const Tensor& pieces, Tensor& slots, int c) const;
+  // A piece's all-to-all block [ep][experts][slots][h] -> its rows of an expert-major buffer, and from a chunk's
+  // [L, ep*C, h] expert rows back to a piece's block.
+  void piece_to_experts(const Tensor& region, Buf dst, int c, const ExpertPiece& pc) const;
+  void experts_to_piece(const Tensor& rows, Tensor& region, const ExpertPiece& pc) const;
   void set_routing(int c);  // capacity known: buffers sized, dispatch_send filled
 
   LayerState& st_;

@@ -27,8 +27,8 @@ comm::Event Executor::issue(const Task& t, model::Layer& layer, std::vector<comm
                             const std::string& tag) {
   AMPIPE_CHECK(t.is_collective(), "{} is not a communication task", tag);
   const CollectiveSpec& c = *t.collective;
-  const Tensor send = layer.buffer(c.send, t.chunk);
-  Tensor recv = layer.buffer(c.recv, t.chunk);
+  const Tensor send = layer.buffer(c.send, t.chunk, t.piece);
+  Tensor recv = layer.buffer(c.recv, t.chunk, t.piece);
   const comm::Group* g = groups_ ? &groups_->get(c.group) : nullptr;
   if (g == nullptr || !g->valid() || g->size() == 1) {
     run_locally(c, send, recv, tag);
@@ -67,7 +67,7 @@ void Executor::run(const Plan& plan, Dir dir, model::Layer& layer) {
       for (uint32_t d : t.deps) done_[d].wait();  // the only place compute blocks
       const int64_t t0 = comm::Trace::now_us();
       stats_.blocked_us += t0 - w0;
-      layer.run(t.stage, t.dir, t.chunk);
+      layer.run(t.stage, t.dir, t.chunk, t.piece);
       const int64_t t1 = comm::Trace::now_us();
       stats_.compute_us += t1 - t0;
       comm::Trace::record(Lane::compute, t.name(), t.chunk, t0, t1);

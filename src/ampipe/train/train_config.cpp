@@ -88,28 +88,12 @@ void TrainConfig::validate(int world) const {
                                     s, M, cp, tp, 2 * M * cp * tp));
   }
 
-  // Seed constraint 4 and MindSpeed's pipe-experts rules. MindSpeed turned pipe-experts off with a warning; we
-  // never change a flag silently, so these are errors.
-  if (pipe_experts_multi_data < 1)
-    throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
-                                  pipe_experts_multi_data));
-  if (pipe_experts_multi_stream && !sequence_parallel)
-    throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel");
-  if (use_pipe_experts && use_ascend_mc2)
+  // Seed constraint 4 and MindSpeed's pipe-experts rules (model::LayerConfig::check_pipe_experts). MindSpeed
+  // turned pipe-experts off with a warning; we never change a flag silently, so these are errors. The one case
+  // that runs without the feature (nothing to pipeline) is drop_idle_pipe_experts's, with a notice.
+  if (layer.use_pipe_experts && use_ascend_mc2)
     throw ConfigError("--use-pipe-experts cannot be used with --use-ascend-mc2: mc2 is not compatible with pipe-experts");
-  if (use_pipe_experts && M > 1) {
-    const int N = pipe_experts_multi_data;
-    if (N % M != 0)
-      throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "
-                                    "every chunk must get the same number of expert slices (seed constraint 4)",
-                                    N, M));
-    if (pipe_experts_multi_stream ? N < M : N <= M)
-      throw ConfigError(fmt::format("--pipe-experts-multi-data {} must be {} --ampipe-degree {} with --use-pipe-experts"
-                                    "{} (seed constraint 4)",
-                                    N, pipe_experts_multi_stream ? ">=" : ">", M,
-                                    pipe_experts_multi_stream ? " and --pipe-experts-multi-stream"
-                                                              : " (>= only with --pipe-experts-multi-stream)"));
-  }
+  (void)layer.check_pipe_experts(M);
 
   // The layout: world = tp x cp x dp, and EP inside dp x cp.
   if (world % (tp * cp) != 0)
@@ -130,9 +114,6 @@ void TrainConfig::validate(int world) const {
   };
   if (tp > 1) not_yet(fmt::format("--tensor-model-parallel-size {}", tp));
   if (cp > 1) not_yet(fmt::format("--context-parallel-size {}", cp));
-  if (use_pipe_experts) not_yet("--use-pipe-experts");
-  if (pipe_experts_multi_stream) not_yet("--pipe-experts-multi-stream");
-  if (pipe_experts_multi_data > 1) not_yet(fmt::format("--pipe-experts-multi-data {}", pipe_experts_multi_data));
   if (ampipe_tp_sp_comm_overlap) not_yet("--ampipe-tp-sp-comm-overlap");
   if (sequence_parallel) not_yet("--sequence-parallel");
   if (moe_model_type == "megatron_moe")
@@ -184,6 +165,18 @@ void TrainConfig::validate(int world) const {
                                   trace_iteration, train_iters));
 }
 
+std::string TrainConfig::drop_idle_pipe_experts() {
+  if (!layer.use_pipe_experts || use_ascend_mc2 || ampipe_degree < 1) return "";  // validate refuses those
+  std::string notice;
+  try {
+    notice = layer.check_pipe_experts(ampipe_degree);
+  } catch (const ConfigError&) {
+    return "";  // validate throws it, in its order of rules
+  }
+  if (!notice.empty()) layer.use_pipe_experts = false;
+  return notice;
+}
+
 nlohmann::json to_json(const TrainConfig& c) {
   const model::LayerConfig& l = c.layer;
   nlohmann::json j;
@@ -206,6 +199,8 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["seed"] = l.seed;
   j["bf16"] = l.bf16;
   j["expert_model_parallel_size"] = l.expert_model_parallel_size;
+  j["use_pipe_experts"] = l.use_pipe_experts;
+  j["pipe_experts_multi_data"] = l.pipe_experts_multi_data;
   j["untie_embeddings_and_output_weights"] = c.untie_embeddings_and_output_weights;
   j["moe_aux_loss_coeff"] = c.moe_aux_loss_coeff;
   j["moe_model_type"] = c.moe_model_type;

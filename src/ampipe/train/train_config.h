@@ -35,9 +35,8 @@ struct TrainConfig {
   std::string context_parallel_algo = "megatron_cp_algo";
   bool sequence_parallel = false;
   bool ampipe_tp_sp_comm_overlap = false;
-  bool use_pipe_experts = false;
-  bool pipe_experts_multi_stream = false;
-  int pipe_experts_multi_data = 1;
+  // pipe-experts (--use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream) is a layer option:
+  // layer.use_pipe_experts, layer.pipe_experts_multi_data, layer.pipe_experts_multi_stream.
   // Features the seed lists as incompatible with AMPipe (and that this engine does not run at all).
   bool use_ascend_mc2 = false;
   bool overlap_grad_reduce = false;
@@ -80,6 +79,11 @@ struct TrainConfig {
 
   // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
   void validate(int world) const;
+  // pipe-experts with nothing to pipeline (model::LayerConfig::check_pipe_experts's notice: one local expert and
+  // --pipe-experts-multi-data 1) runs without it: turns layer.use_pipe_experts off and returns the notice, for rank 0
+  // to print. Returns "" otherwise, also when the pipe-experts rules fail (validate reports those).
+  // TrainFlags::finish calls it before validate.
+  std::string drop_idle_pipe_experts();
   // Data-parallel size and global batch size for `world` ranks (after validate).
   int data_parallel_size(int world) const { return world / (tensor_model_parallel_size * context_parallel_size); }
   int64_t global_batch(int world) const {
