@@ -40,6 +40,10 @@ void BenchLayerArgs::add_to(CLI::App& app) {
   comm.add_to(app);
   app.add_option("--ampipe-degree", degrees, "AMPipe degrees to compare, e.g. 1,2,4,8")->delimiter(',')
       ->capture_default_str();
+  app.add_option("--pipe-experts-sweep", pipe_experts_sweep,
+                 "pipe-experts slice counts N to compare, crossed with --ampipe-degree (0 = without pipe-experts), "
+                 "e.g. 0,1,2,4; combinations the pipe-experts rules refuse are skipped and listed")
+      ->delimiter(',');
   app.add_option("--num-layers", num_layers, "layers per step")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed repetitions per degree")->capture_default_str();
   app.add_option("--iters", iters, "timed repetitions per degree")->capture_default_str();
@@ -82,6 +86,7 @@ double median(std::vector<double> v) {
 
 struct ConfigResult {
   int degree = 1;
+  int pipe_n = 0;  // pipe-experts slices per expert; 0: without pipe-experts
   std::vector<double> step_s, compute_s, comm_s, exposed_s;
   double flops = 0;
   int64_t peak_rss = 0;
@@ -141,13 +146,43 @@ int run_bench_layer(BenchLayerArgs& a) {
 
   // One stack (one copy of the parameters, gradients and bf16 weights), re-planned for each degree before its
   // repetition: re-planning is outside the timed step, and the arena only grows while the first round runs.
-  schedule::LayerStack st(cfg, a.num_layers, a.degrees[0], me.ep, &groups);
-  std::vector<ConfigResult> res(a.degrees.size());
-  for (size_t c = 0; c < a.degrees.size(); ++c) res[c].degree = a.degrees[c];
+  // Configurations: every degree, crossed with --pipe-experts-sweep when given (else the layer flags' setting).
+  std::vector<ConfigResult> res;
+  std::vector<std::string> skipped;
+  for (int M : a.degrees) {
+    if (a.pipe_experts_sweep.empty()) {
+      ConfigResult r;
+      r.degree = M;
+      r.pipe_n = cfg.use_pipe_experts ? cfg.pipe_experts_multi_data : 0;
+      res.push_back(r);
+      continue;
+    }
+    for (int N : a.pipe_experts_sweep) {
+      if (N < 0) throw ConfigError(fmt::format("--pipe-experts-sweep {} is invalid: N must be >= 0", N));
+      model::LayerConfig c = cfg;
+      c.use_pipe_experts = N > 0;
+      c.pipe_experts_multi_data = std::max(N, 1);
+      try {
+        if (!c.check_pipe_experts(M).empty()) {
+          skipped.push_back(fmt::format("degree {} N {}: nothing to pipeline", M, N));
+          continue;
+        }
+      } catch (const ConfigError& e) {
+        skipped.push_back(fmt::format("degree {} N {}: {}", M, N, e.what()));
+        continue;
+      }
+      ConfigResult r;
+      r.degree = M;
+      r.pipe_n = N;
+      res.push_back(r);
+    }
+  }
+  if (res.empty()) throw ConfigError("--pipe-experts-sweep: no combination with --ampipe-degree is valid");
+  schedule::LayerStack st(cfg, a.num_layers, res[0].degree, me.ep, &groups);
   const bool tracing = !a.trace_file.empty();
   for (int rep = 0; rep < a.warmup + a.iters; ++rep)
-    for (size_t c = 0; c < a.degrees.size(); ++c) {
-      st.set_degree(a.degrees[c]);
+    for (size_t c = 0; c < res.size(); ++c) {
+      st.replan(res[c].degree, res[c].pipe_n);
       const bool timed = rep >= a.warmup, last = rep == a.warmup + a.iters - 1;
       comm::Trace::set_enabled(tracing && last);
       st.executor().reset_stats();
@@ -160,7 +195,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       st.backward(dy, float(a.layer.moe_aux_loss_coeff));
       const double step = seconds_since(t0);
       if (tracing && last)
-        comm::Trace::record(comm::Lane::compute, fmt::format("bench.step degree={}", a.degrees[c]), -1,
+        comm::Trace::record(comm::Lane::compute, fmt::format("bench.step degree={} N={}", res[c].degree, res[c].pipe_n), -1,
                             comm::Trace::to_us(t0), comm::Trace::now_us(), 0, 0, "step");
       comm::Trace::set_enabled(false);
       const double comm_alone = time_comm_alone(st, groups.ep);
@@ -187,7 +222,9 @@ int run_bench_layer(BenchLayerArgs& a) {
              cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(), layout.ep,
              a.warmup, a.iters);
-  fmt::print("{:>6} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}\n", "degree", "step ms",
+  for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
+  fmt::print("{:>6} {:>3} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}\n", "degree", "N",
+             "step ms",
              "min..max", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB",
              "peak MiB", "plan MiB");
   for (const ConfigResult& r : res) {
@@ -198,12 +235,13 @@ int run_bench_layer(BenchLayerArgs& a) {
     const double mn = std::min(comp, comm_t);
     const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
     fmt::print(
-        "{:>6} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f} "
+        "{:>6} {:>3} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f} "
         "{:>9.1f}\n",
-        r.degree, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden, base_step / step,
+        r.degree, r.pipe_n, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden, base_step / step,
         r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20),
         double(r.planned) / (1 << 20));
     out.push_back({{"degree", r.degree},
+                   {"pipe_experts_multi_data", r.pipe_n},
                    {"step_ms", 1e3 * step},
                    {"step_ms_min", 1e3 * lo},
                    {"step_ms_max", 1e3 * hi},

@@ -38,6 +38,18 @@ void LayerStack::set_degree(int M) {
   if (M != M_) build(M);
 }
 
+void LayerStack::replan(int M, int pipe_experts_n) {
+  bool changed = M != M_;
+  for (auto& e : layers_) {
+    const bool on = pipe_experts_n > 0;
+    const int n = on ? pipe_experts_n : 1;
+    changed |= e->cfg.use_pipe_experts != on || e->cfg.pipe_experts_multi_data != n;
+    e->cfg.use_pipe_experts = on;
+    e->cfg.pipe_experts_multi_data = n;
+  }
+  if (changed) build(M);
+}
+
 void LayerStack::set_training(bool on) {
   for (auto& e : layers_) {
     e->cfg.training = on;

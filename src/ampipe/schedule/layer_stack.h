@@ -32,6 +32,9 @@ class LayerStack {
   int degree() const { return M_; }
   // Re-plans every layer for degree M (between steps; parameters and gradients are kept).
   void set_degree(int M);
+  // Re-plans for degree M and pipe-experts with N slices per expert (N = 0: without pipe-experts); the caller has
+  // checked the combination (LayerConfig::check_pipe_experts).
+  void replan(int M, int pipe_experts_n);
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
   // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
