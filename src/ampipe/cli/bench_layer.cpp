@@ -257,21 +257,10 @@ int run_bench_layer(BenchLayerArgs& a) {
                    {"planned_bytes", r.planned}});
   }
   if (!a.json_file.empty()) {
-    nlohmann::json doc{{"config",
-                        {{"seq_length", cfg.seq_length},
-                         {"micro_batch_size", cfg.micro_batch_size},
-                         {"hidden_size", cfg.hidden_size},
-                         {"ffn_hidden_size", cfg.ffn_hidden_size},
-                         {"num_attention_heads", cfg.num_attention_heads},
-                         {"num_experts", cfg.num_experts},
-                         {"moe_router_topk", cfg.moe_router_topk},
-                         {"bf16", cfg.bf16},
-                         {"use_pipe_experts", cfg.use_pipe_experts},
-                         {"pipe_experts_multi_data", cfg.pipe_experts_multi_data},
-                         {"num_layers", a.num_layers},
-                         {"ranks", rt.size()},
-                         {"expert_model_parallel_size", layout.ep}}},
-                       {"results", out}};
+    nlohmann::json config = a.layer.to_json(cfg);
+    config["num_layers"] = a.num_layers;
+    config["ranks"] = rt.size();
+    nlohmann::json doc{{"config", config}, {"results", out}};
     std::ofstream f(a.json_file);
     if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
     f << doc.dump(2) << "\n";

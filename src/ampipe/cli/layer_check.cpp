@@ -88,11 +88,7 @@ int run_layer_check(LayerCheckArgs& a) {
     throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", a.comm.comm_timeout_s));
   rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
   const int M = a.ampipe_degree;
-  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
-  if (cfg.seq_length % M != 0)
-    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
-                                  "the same number of rows",
-                                  cfg.seq_length, M));
+  LayerFlags::check_degree(cfg, M);
   a.layer.check_pipe_experts(cfg, {M});
   if (rt.rank() == 0)
     for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);

@@ -64,6 +64,33 @@ void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int
   notices.push_back(notice);
 }
 
+void LayerFlags::check_degree(const model::LayerConfig& c, int M) {
+  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
+  if (c.seq_length % M != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
+                                  "the same number of rows",
+                                  c.seq_length, M));
+}
+
+nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {
+  return {{"seq_length", c.seq_length},
+          {"micro_batch_size", c.micro_batch_size},
+          {"hidden_size", c.hidden_size},
+          {"ffn_hidden_size", c.ffn_hidden_size},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_experts", c.num_experts},
+          {"moe_router_topk", c.moe_router_topk},
+          {"moe_train_capacity_factor", c.moe_train_capacity_factor},
+          {"moe_min_capacity", c.moe_min_capacity},
+          {"moe_no_drop", c.moe_no_drop},
+          {"noisy_gate_policy", noisy_gate_policy},
+          {"swiglu", c.expert == model::ExpertKind::swiglu},
+          {"bf16", c.bf16},
+          {"expert_model_parallel_size", c.expert_model_parallel_size},
+          {"use_pipe_experts", c.use_pipe_experts},
+          {"pipe_experts_multi_data", c.pipe_experts_multi_data}};
+}
+
 void CommFlags::add_to(CLI::App& app) {
   app.add_flag("--check-collectives", check_collectives,
                "exchange a fingerprint of every collective and fail on every rank when ranks diverge");

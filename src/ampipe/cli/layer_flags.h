@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,11 @@ struct LayerFlags {
   // (model::LayerConfig::check_pipe_experts; throws ConfigError). When the feature has nothing to pipeline (which
   // does not depend on the degree) it is turned off in `c` and in `cfg`, and the reason joins `notices` once.
   void check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees);
+  // One AMPipe degree against the sequence (ConfigError: "--ampipe-degree M is invalid" or "--seq-length s is not
+  // divisible by --ampipe-degree M").
+  static void check_degree(const model::LayerConfig& c, int M);
+  // The layer flags as JSON (the "config" object of bench-layer's and plan's --json).
+  nlohmann::json to_json(const model::LayerConfig& c) const;
 };
 
 // Runtime flags shared by every multi-rank subcommand.

@@ -139,24 +139,9 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
   const model::LayerDims& d = p.dims;
   json doc;
   doc["format"] = "ampipe plan";
-  doc["config"] = {{"seq_length", cfg.seq_length},
-                   {"micro_batch_size", cfg.micro_batch_size},
-                   {"hidden_size", cfg.hidden_size},
-                   {"ffn_hidden_size", cfg.ffn_hidden_size},
-                   {"num_attention_heads", cfg.num_attention_heads},
-                   {"num_experts", cfg.num_experts},
-                   {"moe_router_topk", cfg.moe_router_topk},
-                   {"moe_train_capacity_factor", cfg.moe_train_capacity_factor},
-                   {"moe_min_capacity", cfg.moe_min_capacity},
-                   {"moe_no_drop", cfg.moe_no_drop},
-                   {"noisy_gate_policy", a.layer.noisy_gate_policy},
-                   {"swiglu", cfg.expert == model::ExpertKind::swiglu},
-                   {"bf16", cfg.bf16},
-                   {"expert_model_parallel_size", cfg.expert_model_parallel_size},
-                   {"use_pipe_experts", cfg.use_pipe_experts},
-                   {"pipe_experts_multi_data", cfg.pipe_experts_multi_data},
-                   {"ampipe_degree", a.ampipe_degree},
-                   {"num_layers", a.num_layers}};
+  doc["config"] = a.layer.to_json(cfg);
+  doc["config"]["ampipe_degree"] = a.ampipe_degree;
+  doc["config"]["num_layers"] = a.num_layers;
   doc["dims"] = {{"s", d.s},   {"b", d.b},   {"h", d.h},   {"F", d.F},   {"F1", d.F1},
                  {"n", d.n},   {"d", d.d},   {"E", d.E},   {"k", d.k},   {"ep", d.ep},
                  {"L", d.L},   {"T", d.T},   {"M", d.M},   {"sq", d.sq}, {"Sc", d.Sc},
@@ -232,11 +217,7 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
 int run_plan(PlanArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   const int M = a.ampipe_degree;
-  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
-  if (cfg.seq_length % M != 0)
-    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
-                                  "the same number of rows",
-                                  cfg.seq_length, M));
+  LayerFlags::check_degree(cfg, M);
   a.layer.check_pipe_experts(cfg, {M});
   if (a.num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", a.num_layers));
   const bool rank0 = !comm::Runtime::exists() || comm::Runtime::current().rank() == 0;

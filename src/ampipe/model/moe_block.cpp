@@ -56,7 +56,7 @@ void MoeBlock::set_routing(int c) {
   }
   Tensor rows = st_.mem.get(Buf::dispatch_rows, c);
   dispatch_forward(st_.rows(Buf::ln2_out, c), g.routing, rows);
-  slots_to_pieces(rows, send, c);
+  copy_slots_pieces(rows, send, c, /*to_pieces=*/true);
 }
 
 void MoeBlock::gate(int c) {
@@ -90,31 +90,18 @@ ExpertPiece MoeBlock::piece(int c, int p) const {
   return st_.dims.pieces[size_t(p)];
 }
 
-void MoeBlock::slots_to_pieces(const Tensor& slots, Tensor& pieces, int c) const {
-  // slots [E, C, h] (expert e = j*L + l) -> a chunk's piece-major buffer; dtypes converted
+void MoeBlock::copy_slots_pieces(const Tensor& from, Tensor& to, int c, bool to_pieces) const {
+  // [E, C, h] slots (expert e = j*L + l) <-> a chunk's piece-major buffer; dtypes converted
   const int64_t L = st_.dims.L, ep = st_.dims.ep, C = st_.mem.capacity(c), h = st_.dims.h;
-  const Tensor src = slots.view({st_.dims.E * C, h}), dst = pieces.view({st_.dims.E * C, h});
+  const Tensor src = from.view({st_.dims.E * C, h}), dst = to.view({st_.dims.E * C, h});
   for (size_t p = 0; p < st_.dims.pieces.size(); ++p) {
     const ExpertPiece pc = piece(c, int(p));
     for (int64_t j = 0; j < ep; ++j)
       for (int64_t i = 0; i < pc.experts; ++i) {
-        const int64_t e = j * L + pc.expert0 + i, at = pc.row0 + (j * pc.experts + i) * pc.slots;
-        Tensor d = dst.rows(at, at + pc.slots);
-        d.copy_from(src.rows(e * C + pc.slot0, e * C + pc.slot0 + pc.slots));
-      }
-  }
-}
-
-void MoeBlock::pieces_to_slots(const Tensor& pieces, Tensor& slots, int c) const {
-  const int64_t L = st_.dims.L, ep = st_.dims.ep, C = st_.mem.capacity(c), h = st_.dims.h;
-  const Tensor src = pieces.view({st_.dims.E * C, h}), dst = slots.view({st_.dims.E * C, h});
-  for (size_t p = 0; p < st_.dims.pieces.size(); ++p) {
-    const ExpertPiece pc = piece(c, int(p));
-    for (int64_t j = 0; j < ep; ++j)
-      for (int64_t i = 0; i < pc.experts; ++i) {
-        const int64_t e = j * L + pc.expert0 + i, at = pc.row0 + (j * pc.experts + i) * pc.slots;
-        Tensor d = dst.rows(e * C + pc.slot0, e * C + pc.slot0 + pc.slots);
-        d.copy_from(src.rows(at, at + pc.slots));
+        const int64_t slot = (j * L + pc.expert0 + i) * C + pc.slot0, at = pc.row0 + (j * pc.experts + i) * pc.slots;
+        const int64_t s0 = to_pieces ? slot : at, d0 = to_pieces ? at : slot;
+        Tensor d = dst.rows(d0, d0 + pc.slots);
+        d.copy_from(src.rows(s0, s0 + pc.slots));
       }
   }
 }
@@ -172,7 +159,7 @@ void MoeBlock::weighted_sum(int c) {
   LayerState& s = st_;
   Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32 without pipe-experts: the combine all-to-all received into it
   if (s.dims.pipe_experts())
-    pieces_to_slots(s.mem.get(Buf::combine_recv, c), Y, c);
+    copy_slots_pieces(s.mem.get(Buf::combine_recv, c), Y, c, /*to_pieces=*/false);
   else if (s.bf16())
     Y.copy_from(s.mem.get(Buf::combine_recv, c));
   Tensor moe = s.rows(Buf::moe_out, c);
@@ -196,7 +183,7 @@ void MoeBlock::weighted_sum_backward(int c) {
   Tensor d_weight = s.mem.get(Buf::d_weight, c);
   combine_backward(d_moe, s.mem.get(Buf::expert_y, c), gctx_[size_t(c)].routing, dY, d_weight);
   if (s.dims.pipe_experts())
-    slots_to_pieces(dY, send, c);
+    copy_slots_pieces(dY, send, c, /*to_pieces=*/true);
   else if (s.bf16())
     send.copy_from(dY);
 }
@@ -262,7 +249,7 @@ void MoeBlock::gate_backward(int c) {
   Tensor recv = s.mem.get(Buf::dispatch_bwd_recv, c);
   if (s.dims.pipe_experts()) {
     Tensor d = s.mem.get(Buf::d_dispatch, c);
-    pieces_to_slots(recv, d, c);
+    copy_slots_pieces(recv, d, c, /*to_pieces=*/false);
     recv = d;
   } else if (s.bf16()) {
     recv = converted(s, recv, Buf::d_dispatch, c);

@@ -47,8 +47,7 @@ class MoeBlock {
   // Piece p of chunk c (without pipe-experts: the whole chunk, all L experts, its run-time capacity).
   ExpertPiece piece(int c, int p) const;
   // [E, C, h] (expert order) <-> a chunk's piece-major all-to-all buffer (buffers.h); dtypes converted.
-  void slots_to_pieces(const Tensor& slots, Tensor& pieces, int c) const;
-  void pieces_to_slots(const Tensor& pieces, Tensor& slots, int c) const;
+  void copy_slots_pieces(const Tensor& from, Tensor& to, int c, bool to_pieces) const;
   // A piece's all-to-all block [ep][experts][slots][h] -> its rows of an expert-major buffer, and from a chunk's
   // [L, ep*C, h] expert rows back to a piece's block.
   void piece_to_experts(const Tensor& region, Buf dst, int c, const ExpertPiece& pc) const;
