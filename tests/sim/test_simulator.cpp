@@ -1,0 +1,579 @@
+// The simulator on hand-made Plans with known answers, on real Plans (degree 1 is the sum of its compute costs;
+// a higher degree hides communication), the slowdown factor, the Chrome trace, and profile loading and saving.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ampipe/core/error.h"
+#include "ampipe/schedule/plan.h"
+#include "ampipe/sim/profile.h"
+#include "ampipe/sim/simulator.h"
+
+using namespace ampipe;
+using namespace ampipe::schedule;
+using namespace ampipe::sim;
+
+namespace {
+
+// 1 byte per ns everywhere and no fixed costs: an element-wise task of B bytes takes B/1e9 s, an all-to-all over
+// 2 ranks of B bytes B/2/1e9 s.
+Profile unit_profile() {
+  Profile p;
+  p.name = "unit";
+  p.bf16 = p.fp32 = ComputeRates{1, 1, 1, 1};
+  p.elementwise_gbps = 1;
+  p.task_overhead_us = 0;
+  p.links["intra"] = LinkClass{0, 1};
+  p.links["inter"] = LinkClass{0, 1};
+  return p;
+}
+
+// A hand-made Plan: tasks appended in issue order (each its own chunk, so names differ).
+struct PlanBuilder {
+  Plan p;
+  PlanBuilder() {
+    p.dims.s = p.dims.sq = p.dims.T = p.dims.Sc = 64;
+    p.dims.b = 1;
+    p.dims.h = 64;
+    p.dims.ep = 2;
+  }
+  // An element-wise compute task of `seconds` under unit_profile().
+  uint32_t compute(double seconds, std::vector<uint32_t> deps = {}, Dir dir = Dir::fwd) {
+    Task t;
+    t.id = uint32_t(p.tasks.size());
+    t.dir = dir;
+    t.stage = Stage::residual_ln2;
+    t.chunk = int(t.id);
+    t.lane = Lane::compute;
+    t.deps = std::move(deps);
+    t.bytes = seconds * 1e9;
+    p.tasks.push_back(t);
+    return t.id;
+  }
+  // A collective that takes `seconds` under unit_profile() (an all-to-all over 2 ranks sends half its bytes).
+  uint32_t collective(double seconds, Lane lane = Lane::ep, std::vector<uint32_t> deps = {}, Dir dir = Dir::fwd) {
+    Task t;
+    t.id = uint32_t(p.tasks.size());
+    t.dir = dir;
+    t.stage = Stage::dispatch;
+    t.chunk = int(t.id);
+    t.lane = lane;
+    t.deps = std::move(deps);
+    CollectiveSpec c;
+    c.kind = CollKind::all_to_all;
+    c.group = lane == Lane::cp ? comm::GroupKind::cp : comm::GroupKind::ep;
+    c.bytes = 2 * seconds * 1e9;
+    t.bytes = c.bytes;
+    t.collective = c;
+    p.tasks.push_back(t);
+    return t.id;
+  }
+};
+
+const SimRecord* find(const SimResult& r, const std::string& name) {
+  for (const auto& x : r.timeline)
+    if (x.name == name) return &x;
+  return nullptr;
+}
+
+model::LayerConfig small_config(int ep) {
+  model::LayerConfig cfg;
+  cfg.seq_length = 64;
+  cfg.hidden_size = 64;
+  cfg.ffn_hidden_size = 256;
+  cfg.num_attention_heads = 4;
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.expert_model_parallel_size = ep;
+  return cfg;
+}
+
+// A CPU-like machine with a slow network.
+Profile slow_link_profile() {
+  Profile p;
+  p.name = "slow link";
+  p.bf16 = p.fp32 = ComputeRates{0.01, 8, 0.005, 0.004};
+  p.elementwise_gbps = 10;
+  p.task_overhead_us = 1;
+  p.links["intra"] = LinkClass{10, 0.05};
+  return p;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("ampipe_sim_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+const char* kGoodProfile = R"({
+  "name": "test", "source": "made up", "_sources": {"elementwise_gbps": "a guess"},
+  "devices_per_node": 8,
+  "compute": {
+    "bf16": {"gemm_peak_tflops": 250.0, "gemm_half_rate_dim": 256, "attention_fwd_tflops": 180.0,
+             "attention_bwd_tflops": 150.0},
+    "fp32": {"gemm_peak_tflops": 60.0, "gemm_half_rate_dim": 128, "attention_fwd_tflops": 40.0,
+             "attention_bwd_tflops": 30.0}
+  },
+  "elementwise_gbps": 1300.0,
+  "task_overhead_us": 20.0,
+  "compute_slowdown_during_comm": 0.1,
+  "links": {"intra": {"latency_us": 5.0, "gbps": 130.0}, "inter": {"latency_us": 20.0, "gbps": 17.5}}
+})";
+
+// The message of the ConfigError that load_profile throws for `text`.
+std::string load_error(const std::string& text, const std::string& name) {
+  const std::string path = temp_path(name);
+  write_text(path, text);
+  std::string msg;
+  try {
+    load_profile(path);
+  } catch (const ConfigError& e) {
+    msg = e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_NE(msg.find("--profile " + path + ": "), std::string::npos) << msg;
+  return msg;
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const auto at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+}  // namespace
+
+// ---- costs ----
+
+TEST(SimCost, GemmAttentionElementwiseAndCollective) {
+  Profile p = unit_profile();
+  p.bf16 = ComputeRates{100, 64, 50, 40};
+  p.fp32 = ComputeRates{10, 16, 5, 4};
+  p.task_overhead_us = 3;
+  p.links["intra"] = LinkClass{7, 20};
+  Plan plan = PlanBuilder().p;
+  plan.dims.h = 256;
+  plan.dims.E = 8;
+  plan.dims.cd = DType::bf16;
+  Task t;
+  t.stage = Stage::ln1_qkv;  // smallest dimension S_c = 64: half the bf16 peak
+  t.flops = 1e12;
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 3e-6 + 1e12 / (100e12 * 64 / (64 + 64)));
+  t.stage = Stage::gate;  // fp32 rates, smallest dimension E = 8
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 3e-6 + 1e12 / (10e12 * 8 / (8 + 16)));
+  t.stage = Stage::attention;
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 3e-6 + 1e12 / 50e12);
+  t.dir = Dir::bwd;
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 3e-6 + 1e12 / 40e12);
+  t.stage = Stage::weighted_sum;
+  t.bytes = 5e9;
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 3e-6 + 5e9 / 1e9);
+  // An all-to-all over ep = 2 sends half its bytes off the rank, with no task overhead.
+  t.stage = Stage::dispatch;
+  t.lane = Lane::ep;
+  t.collective = CollectiveSpec{CollKind::all_to_all, comm::GroupKind::ep, {}, {}, 4e9};
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 7e-6 + 2e9 / 20e9);
+  plan.dims.ep = 4;
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 7e-6 + 3e9 / 20e9);
+  SimOptions spans;
+  spans.ep_spans_nodes = true;  // the inter link class
+  EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, spans), 0 + 3e9 / 1e9);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollKind::all_reduce, 4e9, 4, LinkClass{0, 1}), 6.0);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollKind::all_gather, 4, 4, LinkClass{1, 1}), 1e-6 + 12 / 1e9);
+}
+
+TEST(SimCost, AMissingLinkClassIsAConfigError) {
+  Profile p = unit_profile();
+  p.links.erase("inter");
+  EXPECT_EQ(p.link_name(true), "intra");  // a one-node profile: inter falls back to intra
+  p.links.clear();
+  try {
+    p.link(false);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("field links.intra is missing"), std::string::npos) << e.what();
+  }
+}
+
+// ---- hand-made Plans ----
+
+TEST(Simulator, ChainOfComputeTakesTheSum) {  // (a)
+  PlanBuilder b;
+  const uint32_t a = b.compute(1.5);
+  b.compute(2.25, {a});
+  const SimResult r = simulate({b.p}, unit_profile());
+  EXPECT_DOUBLE_EQ(r.step_s, 3.75);
+  EXPECT_DOUBLE_EQ(r.compute_s, 3.75);
+  EXPECT_EQ(r.comm_s, 0);
+  EXPECT_EQ(r.exposed_s, 0);
+  EXPECT_EQ(r.hidden_fraction, 0);
+  EXPECT_DOUBLE_EQ(r.lane_busy_s.at("compute"), 3.75);
+}
+
+TEST(Simulator, IndependentComputeAndCollectiveOverlap) {  // (b)
+  for (double coll : {2.0, 5.0}) {
+    PlanBuilder b;
+    b.collective(coll);
+    b.compute(3);
+    const SimResult r = simulate({b.p}, unit_profile());
+    EXPECT_DOUBLE_EQ(r.step_s, std::max(3.0, coll));
+    EXPECT_DOUBLE_EQ(r.compute_s, 3);
+    EXPECT_DOUBLE_EQ(r.comm_s, coll);
+    // The compute lane waits for the collective at the end of the phase (the executor waits for every collective
+    // of a direction): that wait is exposed.
+    EXPECT_DOUBLE_EQ(r.exposed_s, std::max(0.0, coll - 3));
+    EXPECT_DOUBLE_EQ(r.hidden_fraction, (3 + coll - r.step_s) / std::min(3.0, coll));
+    EXPECT_DOUBLE_EQ(r.lane_busy_s.at("ep"), coll);
+  }
+}
+
+TEST(Simulator, CollectivesSharingALinkClassSerialise) {  // (c)
+  PlanBuilder b;
+  b.collective(1, Lane::ep);
+  b.collective(2, Lane::cp);
+  SimOptions o;
+  o.cp_size = 2;
+  // Both lanes on the intra link: one after the other, in issue order.
+  SimResult r = simulate({b.p}, unit_profile(), o);
+  EXPECT_DOUBLE_EQ(r.step_s, 3);
+  EXPECT_DOUBLE_EQ(find(r, "L0.fwd.dispatch.c1")->start_s, 1);
+  EXPECT_DOUBLE_EQ(find(r, "L0.fwd.dispatch.c1")->issue_s, 0);
+  // The CP ring spans nodes: it uses the inter link and overlaps the EP all-to-all.
+  o.cp_spans_nodes = true;
+  r = simulate({b.p}, unit_profile(), o);
+  EXPECT_DOUBLE_EQ(r.step_s, 2);
+  EXPECT_EQ(find(r, "L0.fwd.dispatch.c1")->link, "inter");
+  // ... unless the profile has no inter class: then it falls back to intra and serialises again.
+  Profile one_node = unit_profile();
+  one_node.links.erase("inter");
+  r = simulate({b.p}, one_node, o);
+  EXPECT_DOUBLE_EQ(r.step_s, 3);
+  // Two collectives on one lane are serialised by the lane even on different links.
+  PlanBuilder same;
+  same.collective(1, Lane::ep);
+  same.collective(2, Lane::ep);
+  o.ep_spans_nodes = false;
+  r = simulate({same.p}, unit_profile(), o);
+  EXPECT_DOUBLE_EQ(r.step_s, 3);
+}
+
+TEST(Simulator, ComputeCollectiveComputeChain) {  // (d)
+  PlanBuilder b;
+  const uint32_t a = b.compute(1);
+  const uint32_t c = b.collective(2, Lane::ep, {a});
+  b.compute(0.5, {c});
+  const SimResult r = simulate({b.p}, unit_profile());
+  EXPECT_DOUBLE_EQ(r.step_s, 3.5);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 2);
+  EXPECT_DOUBLE_EQ(r.hidden_fraction, 0);
+  const SimRecord* w = find(r, "wait:L0.fwd.dispatch.c1");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->lane, Lane::compute);
+  EXPECT_EQ(w->cat, "wait");
+  EXPECT_DOUBLE_EQ(w->start_s, 1);
+  EXPECT_DOUBLE_EQ(w->end_s, 3);
+  EXPECT_DOUBLE_EQ(find(r, "L0.fwd.residual_ln2.c2")->wait_s, 2);
+  EXPECT_DOUBLE_EQ(find(r, "L0.fwd.residual_ln2.c2")->start_s, 3);
+}
+
+TEST(Simulator, SlowdownStretchesOverlappedCompute) {  // (g)
+  Profile p = unit_profile();
+  p.compute_slowdown_during_comm = 0.5;
+  {  // a 4 s collective in flight from 0: the first 4 s of compute do 4/1.5 s of work
+    PlanBuilder b;
+    b.collective(4);
+    b.compute(10);
+    const SimResult r = simulate({b.p}, p);
+    EXPECT_NEAR(r.step_s, 4 + (10 - 4 / 1.5), 1e-12);
+    EXPECT_NEAR(r.compute_s, 4 + (10 - 4 / 1.5), 1e-12);
+  }
+  {  // a collective longer than the compute: all of it runs 1.5 times slower
+    PlanBuilder b;
+    b.collective(20);
+    b.compute(10);
+    const SimResult r = simulate({b.p}, p);
+    EXPECT_NEAR(r.compute_s, 15, 1e-12);
+    EXPECT_NEAR(r.step_s, 20, 1e-12);
+  }
+  {  // not overlapped: no slowdown
+    PlanBuilder b;
+    const uint32_t a = b.compute(10);
+    b.collective(4, Lane::ep, {a});
+    const SimResult r = simulate({b.p}, p);
+    EXPECT_DOUBLE_EQ(r.compute_s, 10);
+    EXPECT_DOUBLE_EQ(r.step_s, 14);
+  }
+}
+
+TEST(Simulator, LayersRunForwardThenBackwardInReverseAndDpAllReduceLast) {
+  auto layer = [](int index) {
+    PlanBuilder b;
+    const uint32_t f = b.compute(1);
+    b.collective(0.5, Lane::ep, {f});
+    b.compute(1, {f}, Dir::bwd);
+    for (Task& t : b.p.tasks) t.layer = index;
+    return b.p;
+  };
+  SimOptions o;
+  o.dp_size = 4;
+  o.dp_allreduce_bytes = 4e9;  // ring: 2 * 3/4 * 4e9 bytes at 1 GB/s = 6 s
+  const SimResult r = simulate({layer(0), layer(1)}, unit_profile(), o);
+  std::vector<std::string> compute_order;
+  for (const auto& x : r.timeline)
+    if (x.lane == Lane::compute && x.cat == "compute") compute_order.push_back(x.name);
+  EXPECT_EQ(compute_order, (std::vector<std::string>{"L0.fwd.residual_ln2.c0", "L1.fwd.residual_ln2.c0",
+                                                     "L1.bwd.residual_ln2.c2", "L0.bwd.residual_ln2.c2"}));
+  // Each layer's forward ends by waiting for its collective (0.5 s exposed each), then the all-reduce, exposed.
+  EXPECT_DOUBLE_EQ(r.step_s, 1 + 0.5 + 1 + 0.5 + 1 + 1 + 6);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 0.5 + 0.5 + 6);
+  EXPECT_DOUBLE_EQ(r.lane_busy_s.at("dp"), 6);
+  const SimRecord* ar = find(r, "dp.allreduce");
+  ASSERT_NE(ar, nullptr);
+  EXPECT_EQ(ar->cat, "all_reduce");
+  EXPECT_DOUBLE_EQ(ar->start_s, 5);
+  EXPECT_NE(find(r, "wait:dp.allreduce"), nullptr);
+}
+
+// ---- real Plans ----
+
+TEST(Simulator, DegreeOneWithFreeCommunicationIsTheSumOfComputeCosts) {  // (e)
+  Profile p = slow_link_profile();
+  p.links["intra"] = LinkClass{0, 1e12};
+  for (bool bf16 : {false, true}) {
+    model::LayerConfig cfg = small_config(1);
+    cfg.bf16 = bf16;
+    std::vector<Plan> plans;
+    for (int i = 0; i < 2; ++i) {
+      cfg.layer_index = i;
+      plans.push_back(build_layer_plan(cfg, 1));
+    }
+    // The compute tasks run one after another: forward of layers 0, 1, then backward of 1, 0.
+    double sum = 0;
+    for (int i = 0; i < 2; ++i)
+      for (const Task& t : plans[size_t(i)].tasks)
+        if (!t.is_collective() && t.dir == Dir::fwd) sum += cost_seconds(t, plans[size_t(i)], p, {});
+    for (int i = 1; i >= 0; --i)
+      for (const Task& t : plans[size_t(i)].tasks)
+        if (!t.is_collective() && t.dir == Dir::bwd) sum += cost_seconds(t, plans[size_t(i)], p, {});
+    const SimResult r = simulate(plans, p);
+    EXPECT_DOUBLE_EQ(r.step_s, sum);
+    EXPECT_DOUBLE_EQ(r.compute_s, sum);
+    EXPECT_EQ(r.exposed_s, 0);
+    EXPECT_GT(sum, 0);
+  }
+}
+
+TEST(Simulator, HigherDegreeHidesMoreOfASlowLink) {  // (f)
+  const Profile p = slow_link_profile();
+  const model::LayerConfig cfg = small_config(2);
+  const SimResult r1 = simulate({build_layer_plan(cfg, 1)}, p);
+  const SimResult r2 = simulate({build_layer_plan(cfg, 2)}, p);
+  EXPECT_GT(r1.exposed_s, 0);
+  EXPECT_LT(r2.exposed_s, r1.exposed_s) << "degree 1 " << r1.exposed_s << " s, degree 2 " << r2.exposed_s << " s";
+  EXPECT_LT(r2.step_s, r1.step_s) << "degree 1 " << r1.step_s << " s, degree 2 " << r2.step_s << " s";
+  EXPECT_GT(r2.hidden_fraction, r1.hidden_fraction);
+  // Bookkeeping: the compute lane is either busy or waiting for a collective.
+  EXPECT_NEAR(r1.step_s, r1.compute_s + r1.exposed_s, 1e-12);
+  EXPECT_NEAR(r2.step_s, r2.compute_s + r2.exposed_s, 1e-12);
+  // Degree 1 hides the all-to-alls of the forward not at all; what it hides is the backward's last dispatch,
+  // behind expert_wgrad.
+  const SimRecord* wgrad = find(r1, "L0.bwd.expert_wgrad");
+  const SimRecord* last_dispatch = find(r1, "L0.bwd.dispatch.c0");
+  ASSERT_NE(wgrad, nullptr);
+  ASSERT_NE(last_dispatch, nullptr);
+  EXPECT_LT(last_dispatch->start_s, wgrad->end_s);
+  double a2a = 0;
+  for (const auto& x : r1.timeline)
+    if (x.cat == "all_to_all") a2a += x.end_s - x.start_s;
+  EXPECT_DOUBLE_EQ(r1.comm_s, a2a);
+  EXPECT_NEAR(r1.exposed_s, a2a - (std::min(wgrad->end_s, last_dispatch->end_s) - last_dispatch->start_s), 1e-12);
+}
+
+TEST(Simulator, ChromeTraceHasLanesTasksAndWaits) {
+  PlanBuilder b;
+  const uint32_t a = b.compute(1);
+  const uint32_t c = b.collective(2, Lane::ep, {a});
+  b.compute(0.5, {c});
+  const SimResult r = simulate({b.p}, unit_profile());
+  const std::string path = temp_path("trace.json");
+  write_chrome_trace(r, path);
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  std::filesystem::remove(path);
+  int tasks = 0, threads = 0;
+  bool saw_wait = false;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") ++threads;
+    if (e["ph"] != "X") continue;
+    ++tasks;
+    EXPECT_EQ(e["pid"], 0);
+    if (e["name"] == "wait:L0.fwd.dispatch.c1") {
+      saw_wait = true;
+      EXPECT_EQ(e["tid"], 0);
+      EXPECT_EQ(e["cat"], "wait");
+      EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1e6);
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 2e6);
+    }
+    if (e["name"] == "L0.fwd.dispatch.c1") {
+      EXPECT_EQ(e["tid"], comm::lane_index(Lane::ep));
+    }
+  }
+  EXPECT_EQ(threads, comm::kNumLanes);
+  EXPECT_EQ(tasks, 4);
+  EXPECT_TRUE(saw_wait);
+  EXPECT_EQ(j.at("displayTimeUnit"), "ms");
+}
+
+// ---- profiles ----
+
+TEST(Profile, LoadsIgnoresUnknownKeysAndRoundTrips) {
+  const std::string path = temp_path("good.json");
+  write_text(path, kGoodProfile);
+  const Profile p = load_profile(path);
+  EXPECT_EQ(p.name, "test");
+  EXPECT_EQ(p.devices_per_node, 8);
+  EXPECT_EQ(p.bf16.gemm_peak_tflops, 250);
+  EXPECT_EQ(p.fp32.attention_bwd_tflops, 30);
+  EXPECT_EQ(p.compute_slowdown_during_comm, 0.1);
+  EXPECT_EQ(p.link(true).gbps, 17.5);
+  EXPECT_EQ(p.link(false).latency_us, 5);
+  const std::string out = temp_path("saved.json");
+  Profile q = p;
+  q.bf16.gemm_half_rate_dim = 1.0 / 3;  // not a short decimal: the round trip must be exact
+  save_profile(q, out);
+  const Profile back = load_profile(out);
+  EXPECT_EQ(back.name, q.name);
+  EXPECT_EQ(back.source, q.source);
+  EXPECT_EQ(back.devices_per_node, q.devices_per_node);
+  EXPECT_EQ(back.bf16.gemm_half_rate_dim, q.bf16.gemm_half_rate_dim);
+  EXPECT_EQ(back.bf16.attention_fwd_tflops, q.bf16.attention_fwd_tflops);
+  EXPECT_EQ(back.fp32.gemm_peak_tflops, q.fp32.gemm_peak_tflops);
+  EXPECT_EQ(back.elementwise_gbps, q.elementwise_gbps);
+  EXPECT_EQ(back.task_overhead_us, q.task_overhead_us);
+  EXPECT_EQ(back.compute_slowdown_during_comm, q.compute_slowdown_during_comm);
+  ASSERT_EQ(back.links.size(), 2u);
+  EXPECT_EQ(back.links.at("inter").latency_us, 20);
+  EXPECT_EQ(back.links.at("intra").gbps, 130);
+  // The optional parts: no slowdown, no inter link, fp32 from bf16 and a ratio.
+  std::string lean = replace(kGoodProfile, R"("compute_slowdown_during_comm": 0.1,)", "");
+  lean = replace(lean, R"(, "inter": {"latency_us": 20.0, "gbps": 17.5})", "");
+  lean = replace(lean, R"("fp32": {"gemm_peak_tflops": 60.0, "gemm_half_rate_dim": 128, "attention_fwd_tflops": 40.0,
+             "attention_bwd_tflops": 30.0})", R"("fp32_over_bf16": 0.25)");
+  write_text(path, lean);
+  const Profile l = load_profile(path);
+  EXPECT_EQ(l.compute_slowdown_during_comm, 0);
+  EXPECT_EQ(l.links.count("inter"), 0u);
+  EXPECT_EQ(&l.link(true), &l.link(false));
+  EXPECT_EQ(l.fp32.gemm_peak_tflops, 62.5);
+  EXPECT_EQ(l.fp32.attention_fwd_tflops, 45);
+  EXPECT_EQ(l.fp32.gemm_half_rate_dim, 256);
+  std::filesystem::remove(path);
+  std::filesystem::remove(out);
+}
+
+TEST(Profile, BadProfilesNameTheFileAndTheField) {  // (h)
+  try {
+    load_profile("/nonexistent/ampipe/profile.json");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--profile /nonexistent/ampipe/profile.json: cannot be read");
+  }
+  try {
+    load_profile("/tmp", "--sim-profile");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--sim-profile /tmp: cannot be read");
+  }
+  EXPECT_NE(load_error("{\"name\": ", "bad.json").find(": not valid JSON: "), std::string::npos);
+  EXPECT_NE(load_error("[1, 2]", "array.json").find(": not valid JSON: "), std::string::npos);
+  std::string m = load_error(replace(kGoodProfile, R"("elementwise_gbps": 1300.0,)", ""), "missing.json");
+  EXPECT_NE(m.find(": field elementwise_gbps is missing"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("gemm_half_rate_dim": 256, )", ""), "missing_nested.json");
+  EXPECT_NE(m.find(": field compute.bf16.gemm_half_rate_dim is missing"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("gbps": 130.0)", R"("gbps": -3)"), "negative.json");
+  EXPECT_NE(m.find(": field links.intra.gbps is -3: it must be a positive number"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("task_overhead_us": 20.0)", R"("task_overhead_us": 0)"), "zero.json");
+  EXPECT_NE(m.find(": field task_overhead_us is 0: it must be a positive number"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("attention_bwd_tflops": 30.0)", R"("attention_bwd_tflops": "fast")"),
+                 "string.json");
+  EXPECT_NE(m.find(": field compute.fp32.attention_bwd_tflops is \"fast\": it must be a positive number"),
+            std::string::npos)
+      << m;
+  m = load_error(replace(kGoodProfile, R"("compute_slowdown_during_comm": 0.1)",
+                         R"("compute_slowdown_during_comm": -0.1)"),
+                 "slowdown.json");
+  EXPECT_NE(m.find(": field compute_slowdown_during_comm is -0.1: it must be a number >= 0"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("devices_per_node": 8)", R"("devices_per_node": 2.5)"), "dpn.json");
+  EXPECT_NE(m.find(": field devices_per_node is 2.5: it must be a positive integer"), std::string::npos) << m;
+  // JSON has no infinity: an overflowing number is refused by the parser.
+  m = load_error(replace(kGoodProfile, R"("elementwise_gbps": 1300.0)", R"("elementwise_gbps": 1e999)"),
+                 "inf.json");
+  EXPECT_NE(m.find(": not valid JSON: "), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"({"latency_us": 5.0, "gbps": 130.0})", "7"), "link_number.json");
+  EXPECT_NE(m.find(": field links.intra is 7: it must be an object"), std::string::npos) << m;
+  std::string no_fp32 = replace(kGoodProfile, R"("fp32": {"gemm_peak_tflops": 60.0, "gemm_half_rate_dim": 128,)",
+                                R"("other": {"gemm_peak_tflops": 60.0, "gemm_half_rate_dim": 128,)");
+  m = load_error(no_fp32, "no_fp32.json");
+  EXPECT_NE(m.find(": field compute.fp32 is missing"), std::string::npos) << m;
+}
+
+TEST(Profile, ShippedProfilesLoad) {
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "profiles";
+  for (const char* name : {"atlas-800t-a2-910b2.json", "h100-sxm.json"}) {
+    const Profile p = load_profile((root / name).string());
+    EXPECT_EQ(p.devices_per_node, 8) << name;
+    EXPECT_EQ(p.links.count("intra"), 1u) << name;
+    EXPECT_EQ(p.links.count("inter"), 1u) << name;
+    EXPECT_GT(p.bf16.gemm_peak_tflops, p.fp32.gemm_peak_tflops) << name;
+    EXPECT_FALSE(p.source.empty()) << name;
+    // A real Plan runs on it.
+    model::LayerConfig cfg = small_config(2);
+    cfg.bf16 = true;
+    SimOptions o;
+    o.ep_spans_nodes = true;
+    const SimResult r = simulate({build_layer_plan(cfg, 2)}, p, o);
+    EXPECT_GT(r.step_s, 0) << name;
+  }
+}
+
+// A layer of the seed's kind (scaled down) on the shipped 910B2 profile, EP across nodes: AMPipe hides part of
+// the all-to-all, so degree 2 and 4 beat degree 1, and degree 1 exposes every forward all-to-all.
+TEST(Profile, ShippedProfilePredictsAnAMPipeGain) {
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "profiles";
+  const Profile p = load_profile((root / "atlas-800t-a2-910b2.json").string());
+  model::LayerConfig cfg;
+  cfg.seq_length = 8192;
+  cfg.hidden_size = 4096;
+  cfg.ffn_hidden_size = 16384;
+  cfg.num_attention_heads = 32;
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.moe_train_capacity_factor = 1.1;
+  cfg.expert_model_parallel_size = 2;
+  cfg.bf16 = true;
+  SimOptions o;
+  o.ep_spans_nodes = true;
+  double step1 = 0;
+  for (int M : {1, 2, 4, 8}) {
+    const SimResult r = simulate({build_layer_plan(cfg, M)}, p, o);
+    std::printf("degree %d: step %.3f ms, compute %.3f ms, comm %.3f ms, exposed %.3f ms, hidden %.2f\n", M,
+                r.step_s * 1e3, r.compute_s * 1e3, r.comm_s * 1e3, r.exposed_s * 1e3, r.hidden_fraction);
+    if (M == 1) {
+      step1 = r.step_s;
+    } else {
+      EXPECT_LT(r.step_s, step1) << "degree " << M;
+    }
+  }
+}
