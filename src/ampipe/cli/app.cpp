@@ -5,8 +5,10 @@
 #include <optional>
 
 #include "ampipe/cli/bench_layer.h"
+#include "ampipe/cli/calibrate.h"
 #include "ampipe/cli/layer_check.h"
 #include "ampipe/cli/plan.h"
+#include "ampipe/cli/simulate.h"
 #include "ampipe/cli/train.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
@@ -43,6 +45,14 @@ int main(int argc, char** argv) {
   CLI::App* pl_cmd = app.add_subcommand(
       "plan", "print the Plan of one layer step from shapes alone: tasks, FLOPs, bytes, memory, overlap");
   pl.add_to(*pl_cmd);
+  CalibrateArgs ca;
+  CLI::App* ca_cmd = app.add_subcommand(
+      "calibrate", "measure this machine (GEMM, attention, element-wise, task overhead, links) into a profile");
+  ca.add_to(*ca_cmd);
+  SimulateArgs si;
+  CLI::App* si_cmd = app.add_subcommand(
+      "simulate", "predict a training iteration of the train flags on a profile, for several AMPipe degrees");
+  si.add_to(*si_cmd);
 
   try {
     app.parse(argc, argv);
@@ -67,6 +77,8 @@ int main(int argc, char** argv) {
     if (bl_cmd->parsed()) return run_bench_layer(bl);
     if (tr_cmd->parsed()) return run_train(tr);
     if (pl_cmd->parsed()) return run_plan(pl);
+    if (ca_cmd->parsed()) return run_calibrate(ca);
+    if (si_cmd->parsed()) return run_simulate(si);
   } catch (const ConfigError& e) {
     print_error(e.what());
     return 2;
