@@ -21,6 +21,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ampipe/cli/auto_degree.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
@@ -38,8 +39,11 @@ int64_t g_poll_us = -1;
 void BenchLayerArgs::add_to(CLI::App& app) {
   layer.add_to(app);
   comm.add_to(app);
-  app.add_option("--ampipe-degree", degrees, "AMPipe degrees to compare, e.g. 1,2,4,8")->delimiter(',')
-      ->capture_default_str();
+  app.add_option("--ampipe-degree", degree_args,
+                 "AMPipe degrees to compare, e.g. 1,2,4,8 (default 1,2,4), or auto: the degree the simulator predicts "
+                 "fastest (on --sim-profile, else a self-calibration), run next to degree 1")
+      ->delimiter(',');
+  app.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate)");
   app.add_option("--pipe-experts-sweep", pipe_experts_sweep,
                  "pipe-experts slice counts N to compare, crossed with --ampipe-degree (0 = without pipe-experts), "
                  "e.g. 0,1,2,4; combinations the pipe-experts rules refuse are skipped and listed")
@@ -118,6 +122,24 @@ int run_bench_layer(BenchLayerArgs& a) {
   rt.set_check_collectives(a.comm.check_collectives);
   rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
   if (g_poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(g_poll_us));
+  const bool auto_degree = a.degree_args.size() == 1 && a.degree_args[0] == "auto";
+  if (!a.degree_args.empty() && !auto_degree) {
+    a.degrees.clear();
+    for (const std::string& d : a.degree_args) {
+      size_t used = 0;
+      int M = 0;
+      try {
+        M = std::stoi(d, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != d.size() || d.empty())
+        throw ConfigError(fmt::format("--ampipe-degree {}: not an integer (give a comma list such as 1,2,4, or auto)",
+                                      d));
+      a.degrees.push_back(M);
+    }
+  }
+  if (auto_degree) a.degrees = {1};  // the choice is made once the groups exist (it may calibrate)
   if (a.degrees.empty()) throw ConfigError("--ampipe-degree needs at least one degree");
   for (int M : a.degrees)
     if (M < 1 || cfg.seq_length % M != 0)
@@ -134,6 +156,11 @@ int run_bench_layer(BenchLayerArgs& a) {
   const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
   comm::Groups groups = rt.make_groups(layout);
   const comm::Layout::Coord me = layout.coord(rt.rank());
+  if (auto_degree) {
+    const DegreeChoice choice = choose_degree(cfg, a.num_layers, groups, a.sim_profile, nullptr);
+    if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
+    if (choice.degree != 1) a.degrees.push_back(choice.degree);
+  }
 
   const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
   Tensor x = Tensor::empty(act), dy = Tensor::empty(act);

@@ -13,6 +13,8 @@ struct BenchLayerArgs {
   LayerFlags layer;
   CommFlags comm;
   std::vector<int> degrees{1, 2, 4};
+  std::vector<std::string> degree_args;  // --ampipe-degree as given: integers, or `auto`
+  std::string sim_profile;               // --sim-profile (with --ampipe-degree auto)
   std::vector<int> pipe_experts_sweep;  // --pipe-experts-sweep: N values (0 = without) crossed with the degrees
   int num_layers = 1;
   int warmup = 2;

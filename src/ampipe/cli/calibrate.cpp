@@ -439,30 +439,16 @@ std::string gemm_row(const std::vector<GemmPoint>& pts) {
 
 }  // namespace
 
-int run_calibrate(CalibrateArgs& a) {
-  const auto start = Clock::now();
+sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& name, bool summary) {
   comm::Runtime& rt = comm::Runtime::current();
-  const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, rt.size());
-  const comm::Groups groups = rt.make_groups(layout);
   const bool rank0 = rt.rank() == 0;
-
-  // The output path is checked before anything is measured, on rank 0, and every rank learns the verdict.
-  std::string bad;
-  if (rank0) try {
-      check_output_path("--out", a.out_file);
-    } catch (const ConfigError& e) {
-      bad = e.what();
-    }
-  if (max_over_ranks(groups.world, bad.empty() ? 0.0 : 1.0, "calibrate.out_ok") > 0)
-    throw ConfigError(bad.empty() ? fmt::format("--out {}: rank 0 cannot write it", a.out_file) : bad);
-
   const std::string cpu = first_line_of("/proc/cpuinfo", "model name");
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::string load = first_line_of("/proc/loadavg", "");
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const std::string threads = omp ? fmt::format("OMP_NUM_THREADS={}", omp) : "1 thread";
-  if (rank0) {
+  if (rank0 && summary) {
     fmt::print("ampipe calibrate: {} rank{} x {} | {} | {} | load average {}\n", rt.size(), rt.size() == 1 ? "" : "s",
                threads, cpu.empty() ? "unknown CPU" : cpu, host, load.substr(0, load.find(' ')));
     std::fflush(stdout);
@@ -490,11 +476,10 @@ int run_calibrate(CalibrateArgs& a) {
     link_pts = measure_memcpy();
     link = fit_link(link_pts, 1.0);
   }
-  if (!rank0) return 0;
 
   sim::Profile p;
   auto r4 = [](double x) { return x > 0 ? std::stod(fmt::format("{:.4g}", x)) : x; };  // 4 significant digits
-  p.name = a.name.empty() ? fmt::format("calibrated: {}, {}", cpu.empty() ? "unknown CPU" : cpu, host) : a.name;
+  p.name = name.empty() ? fmt::format("calibrated: {}, {}", cpu.empty() ? "unknown CPU" : cpu, host) : name;
   p.devices_per_node = g;
   p.bf16 = {r4(f16.peak_tflops), r4(f16.half_dim), r4(at16.fwd_tflops), r4(at16.bwd_tflops)};
   p.fp32 = {r4(f32.peak_tflops), r4(f32.half_dim), r4(at32.fwd_tflops), r4(at32.bwd_tflops)};
@@ -523,7 +508,7 @@ int run_calibrate(CalibrateArgs& a) {
             : "NOT a link: one rank, so a local memcpy of 1 KiB .. 64 MiB stands in (a shared-memory copy rate); run "
               "under mpirun -np 2 or more to measure the all-to-all");
 
-  // Summary.
+  if (!summary || !rank0) return p;
   fmt::print("  {:<22}", "GEMM TFLOP/s at d:");
   for (const GemmPoint& q : g16) fmt::print(" {:>6}", q.d);
   fmt::print("   fit: peak TFLOP/s, half-rate d\n");
@@ -547,6 +532,28 @@ int run_calibrate(CalibrateArgs& a) {
   for (const LinkPoint& q : link_pts)
     sizes += fmt::format("{}{} KiB {:.1f} us", sizes.empty() ? "" : " | ", q.bytes / 1024, q.seconds * 1e6);
   fmt::print("  {:<22} {}\n", g > 1 ? "  bytes per rank: time" : "  bytes: time", sizes);
+  return p;
+}
+
+int run_calibrate(CalibrateArgs& a) {
+  const auto start = Clock::now();
+  comm::Runtime& rt = comm::Runtime::current();
+  const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, rt.size());
+  const comm::Groups groups = rt.make_groups(layout);
+  const bool rank0 = rt.rank() == 0;
+
+  // The output path is checked before anything is measured, on rank 0, and every rank learns the verdict.
+  std::string bad;
+  if (rank0) try {
+      check_output_path("--out", a.out_file);
+    } catch (const ConfigError& e) {
+      bad = e.what();
+    }
+  if (max_over_ranks(groups.world, bad.empty() ? 0.0 : 1.0, "calibrate.out_ok") > 0)
+    throw ConfigError(bad.empty() ? fmt::format("--out {}: rank 0 cannot write it", a.out_file) : bad);
+
+  const sim::Profile p = calibrate_machine(groups, a.name, true);
+  if (!rank0) return 0;
   sim::save_profile(p, a.out_file);
   fmt::print("wrote {} ({:.1f} s)\n", a.out_file, seconds_since(start));
   return 0;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "ampipe/cli/auto_degree.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
@@ -32,6 +33,24 @@ int run_train(TrainFlags& flags) {
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
+  if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
+    const int world = rt.size();
+    const DegreeChoice choice = choose_degree(cfg.layer, cfg.num_layers, groups, flags.sim_profile, [&](int M) {
+      train::TrainConfig c = cfg;
+      c.ampipe_degree = M;
+      try {
+        c.validate(world);
+      } catch (const ConfigError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    });
+    cfg.ampipe_degree = choice.degree;
+    if (cfg.layer.use_pipe_experts && !cfg.layer.check_pipe_experts(choice.degree).empty())
+      cfg.layer.use_pipe_experts = false;
+    cfg.validate(world);
+    if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
+  }
 
   train::Trainer trainer(cfg, groups, data);
   const int64_t start = trainer.maybe_load();

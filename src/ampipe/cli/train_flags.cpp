@@ -41,8 +41,12 @@ void TrainFlags::add_to(CLI::App& a) {
              "flash attention (this engine's only attention kernel; required with --ampipe-degree > 1)");
   a.add_flag("--add-bias-linear", c.add_bias_linear, "biases in linear layers (not supported)");
   // Parallelism.
-  a.add_option("--ampipe-degree", c.ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
+  ampipe_degree = std::to_string(c.ampipe_degree);
+  a.add_option("--ampipe-degree", ampipe_degree,
+               "AMPipe degree M: chunks the sequence is cut into, or auto (the degree the simulator predicts fastest "
+               "on --sim-profile, else on a self-calibration at start-up)")
       ->capture_default_str();
+  a.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate --out)");
   a.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "tensor-parallel size tp")
       ->capture_default_str();
   a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp")->capture_default_str();
@@ -146,6 +150,19 @@ train::TrainConfig TrainFlags::finish() {
         throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {}", config_file, key, value.dump(), e.what()));
       }
     }
+  }
+  auto_degree = ampipe_degree == "auto";
+  if (auto_degree) {
+    cfg.ampipe_degree = 1;  // until run_train has asked the simulator
+  } else {
+    size_t used = 0;
+    try {
+      cfg.ampipe_degree = std::stoi(ampipe_degree, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != ampipe_degree.size())
+      throw ConfigError(fmt::format("--ampipe-degree {} is invalid: give an integer or auto", ampipe_degree));
   }
   cfg.layer = layer.finish();
   cfg.moe_aux_loss_coeff = layer.moe_aux_loss_coeff;

@@ -17,6 +17,9 @@ struct TrainFlags {
   CommFlags comm;
   train::TrainConfig cfg;
   std::string config_file;
+  std::string ampipe_degree;  // --ampipe-degree as given: an integer, or `auto`
+  bool auto_degree = false;   // --ampipe-degree auto: run_train asks the simulator (auto_degree.h)
+  std::string sim_profile;    // --sim-profile FILE for it
   CLI::App* app = nullptr;
 
   void add_to(CLI::App& app);
