@@ -18,6 +18,7 @@
 # measured FLOP rate (JUDGED_FACTORS, JUDGED_UNSHAPED=1 to run more). Environment knobs:
 #   BUILD=build-bench DEGREES=1,2,4,8 FACTORS="0.25 0.5 1 2" WARMUP=1 ITERS=3 EFF=0.9 POLL_US= (engine poll interval)
 #   JUDGED_FACTORS="1" JUDGED_DEGREES=1,2,4 JUDGED_WARMUP=0 JUDGED_ITERS=1 RATES_<config>="a b c d" (explicit rates)
+#   BENCH_EXTRA="..." (more bench-layer flags for every run, word-split, e.g. "--pipe-experts-sweep 0,1,2,4,8")
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
 ROOT=$(dirname "$HERE")
@@ -29,7 +30,7 @@ AMPIPE=$(readlink -f "$ROOT/$BUILD/ampipe" 2>/dev/null || true)
 CONFIGS=${CONFIGS:-"reduced judged"}
 DEGREES=${DEGREES:-1,2,4,8}
 FACTORS=${FACTORS:-"0.25 0.5 1 2"}
-WARMUP=${WARMUP:-1} ITERS=${ITERS:-3} EFF=${EFF:-0.9} POLL_US=${POLL_US:-}
+WARMUP=${WARMUP:-1} ITERS=${ITERS:-3} EFF=${EFF:-0.9} POLL_US=${POLL_US:-} BENCH_EXTRA=${BENCH_EXTRA:-}
 JUDGED_FACTORS=${JUDGED_FACTORS:-1} JUDGED_DEGREES=${JUDGED_DEGREES:-1,2,4}
 JUDGED_WARMUP=${JUDGED_WARMUP:-0} JUDGED_ITERS=${JUDGED_ITERS:-1} JUDGED_UNSHAPED=${JUDGED_UNSHAPED:-0}
 PY=/usr/bin/python3
@@ -77,12 +78,13 @@ json_get() {  # file expr  (expr over `r` = results list, `d` = document)
 
 run_bench() {  # name degrees warmup iters [extra flags...]
   local name=$1 degs=$2 wu=$3 it=$4; shift 4
-  local poll=()
+  local poll=() more=()
   [ -n "$POLL_US" ] && poll=(--poll-us "$POLL_US")
-  echo "== $CFG/$name: bench-layer --ampipe-degree $degs --warmup $wu --iters $it $* ${poll[*]}"
+  read -r -a more <<< "$BENCH_EXTRA"
+  echo "== $CFG/$name: bench-layer --ampipe-degree $degs --warmup $wu --iters $it $* ${poll[*]} ${more[*]}"
   # shellcheck disable=SC2086
   netns_mpirun "$AMPIPE" bench-layer $(shape_flags "$CFG") --ampipe-degree "$degs" --warmup "$wu" --iters "$it" \
-    --json "$OUT/$CFG/$name.json" "${poll[@]}" "$@" 2>&1 | tee "$OUT/$CFG/$name.txt"
+    --json "$OUT/$CFG/$name.json" "${poll[@]}" "${more[@]}" "$@" 2>&1 | tee "$OUT/$CFG/$name.txt"
   return "${PIPESTATUS[0]}"
 }
 
