@@ -27,6 +27,7 @@
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/schedule/layer_stack.h"
+#include "ampipe/sim/simulator.h"
 
 namespace ampipe::cli {
 
@@ -43,7 +44,9 @@ void BenchLayerArgs::add_to(CLI::App& app) {
                  "AMPipe degrees to compare, e.g. 1,2,4,8 (default 1,2,4), or auto: the degree the simulator predicts "
                  "fastest (on --sim-profile, else a self-calibration), run next to degree 1")
       ->delimiter(',');
-  app.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate)");
+  app.add_option("--sim-profile", sim_profile,
+                 "hardware profile (ampipe calibrate): for --ampipe-degree auto, and to print the simulator's "
+                 "predicted step next to every measured one");
   app.add_option("--pipe-experts-sweep", pipe_experts_sweep,
                  "pipe-experts slice counts N to compare, crossed with --ampipe-degree (0 = without pipe-experts), "
                  "e.g. 0,1,2,4; combinations the pipe-experts rules refuse are skipped and listed")
@@ -96,6 +99,7 @@ struct ConfigResult {
   int64_t peak_rss = 0;
   int64_t peak_growth = 0;  // max over repetitions of (peak RSS during the step - RSS at its start)
   size_t planned = 0;       // the stack's planned buffers (LayerStack::planned_bytes)
+  double predicted_s = 0;   // the simulator's step for the same Plans (--sim-profile), 0 without
 };
 
 // The step's all-to-alls alone: the same Plan tasks and buffers, in Plan order, back to back on their lane.
@@ -206,6 +210,15 @@ int run_bench_layer(BenchLayerArgs& a) {
   }
   if (res.empty()) throw ConfigError("--pipe-experts-sweep: no combination with --ampipe-degree is valid");
   schedule::LayerStack st(cfg, a.num_layers, res[0].degree, me.ep, &groups);
+  if (!a.sim_profile.empty()) {  // the prediction of the very Plans that run (sim/simulator.h)
+    const sim::Profile prof = sim::load_profile(a.sim_profile, "--sim-profile");
+    for (ConfigResult& r : res) {
+      st.replan(r.degree, r.pipe_n);
+      std::vector<schedule::Plan> plans;
+      for (int i = 0; i < st.num_layers(); ++i) plans.push_back(st.plan(i));
+      r.predicted_s = sim::simulate(plans, prof).step_s;
+    }
+  }
   const bool tracing = !a.trace_file.empty();
   for (int rep = 0; rep < a.warmup + a.iters; ++rep)
     for (size_t c = 0; c < res.size(); ++c) {
@@ -250,10 +263,10 @@ int run_bench_layer(BenchLayerArgs& a) {
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(), layout.ep,
              a.warmup, a.iters);
   for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
-  fmt::print("{:>6} {:>3} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}\n", "degree", "N",
+  fmt::print("{:>6} {:>3} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}{}\n", "degree", "N",
              "step ms",
              "min..max", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB",
-             "peak MiB", "plan MiB");
+             "peak MiB", "plan MiB", a.sim_profile.empty() ? "" : " predicted ms  error");
   for (const ConfigResult& r : res) {
     const double step = median(r.step_s), comp = median(r.compute_s), comm_t = median(r.comm_s),
                  exposed = median(r.exposed_s);
@@ -263,10 +276,12 @@ int run_bench_layer(BenchLayerArgs& a) {
     const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
     fmt::print(
         "{:>6} {:>3} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f} "
-        "{:>9.1f}\n",
+        "{:>9.1f}{}\n",
         r.degree, r.pipe_n, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden, base_step / step,
         r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20),
-        double(r.planned) / (1 << 20));
+        double(r.planned) / (1 << 20),
+        r.predicted_s > 0 ? fmt::format(" {:>12.2f} {:>+6.1f}%", 1e3 * r.predicted_s, 100 * (r.predicted_s / step - 1))
+                          : std::string());
     out.push_back({{"degree", r.degree},
                    {"pipe_experts_multi_data", r.pipe_n},
                    {"step_ms", 1e3 * step},
@@ -281,7 +296,8 @@ int run_bench_layer(BenchLayerArgs& a) {
                    {"tflops", r.flops / step / 1e12},
                    {"peak_rss_bytes", r.peak_rss},
                    {"step_peak_growth_bytes", r.peak_growth},
-                   {"planned_bytes", r.planned}});
+                   {"planned_bytes", r.planned},
+                   {"predicted_step_ms", 1e3 * r.predicted_s}});
   }
   if (!a.json_file.empty()) {
     nlohmann::json config = a.layer.to_json(cfg);

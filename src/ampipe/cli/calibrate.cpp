@@ -376,18 +376,28 @@ struct LinkFit {
 
 // t = latency + off * c (c = 1 / bandwidth), least squares in relative error: weights 1/t^2.
 LinkFit fit_link(const std::vector<LinkPoint>& pts, double off_fraction) {
-  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const LinkPoint& p : pts) {
-    const double w = 1 / (p.seconds * p.seconds), x = p.bytes * off_fraction, y = p.seconds;
-    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
+  // t = latency + off-rank bytes / bandwidth. The bandwidth is the slope over the sizes of 1 MiB and more (ordinary
+  // least squares in absolute time): small messages ride a shaper's burst allowance (tbf) or the eager protocol and
+  // would make a relative-error fit see a link several times faster than bulk transfers do. The latency is the
+  // smallest size's time less its transfer at that bandwidth.
+  std::vector<LinkPoint> big;
+  for (const LinkPoint& p : pts)
+    if (p.bytes >= double(1 << 20)) big.push_back(p);
+  if (big.size() < 2) big = pts;
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const LinkPoint& p : big) {
+    const double x = p.bytes * off_fraction, y = p.seconds;
+    n += 1, sx += x, sy += y, sxx += x * x, sxy += x * y;
   }
-  const double det = sw * sxx - sx * sx;
-  double c = det > 0 ? (sw * sxy - sx * sy) / det : 0, lat = det > 0 ? (sy - c * sx) / sw : 0;
-  const LinkPoint& big = *std::max_element(pts.begin(), pts.end(), [](auto& x, auto& y) { return x.bytes < y.bytes; });
-  const LinkPoint& small =
+  const double det = n * sxx - sx * sx;
+  double c = det > 0 ? (n * sxy - sx * sy) / det : 0;  // seconds per off-rank byte
+  const LinkPoint& largest =
+      *std::max_element(pts.begin(), pts.end(), [](auto& x, auto& y) { return x.bytes < y.bytes; });
+  const LinkPoint& smallest =
       *std::min_element(pts.begin(), pts.end(), [](auto& x, auto& y) { return x.bytes < y.bytes; });
-  if (!(c > 0)) c = big.seconds / (big.bytes * off_fraction);  // degenerate: the largest size's rate
-  if (!(lat > 0)) lat = small.seconds;                          // and the smallest size's time (an upper bound)
+  if (!(c > 0)) c = largest.seconds / (largest.bytes * off_fraction);  // degenerate: the largest size's rate
+  double lat = smallest.seconds - smallest.bytes * off_fraction * c;
+  if (!(lat > 0)) lat = smallest.seconds;
   return {lat * 1e6, 1 / c / 1e9};
 }
 
@@ -503,7 +513,7 @@ sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& na
                           sd.covered ? "" : " (they finished before the loop in some repetitions: a lower bound)")
             : "one rank, not measured (0)",
       g > 1 ? fmt::format("all-to-all over {} ranks (one node; devices_per_node = ranks), {} .. {} KiB per rank, "
-                          "t = latency + off-rank bytes / bandwidth, least squares in relative error",
+                          "t = latency + off-rank bytes / bandwidth: bandwidth from a least-squares slope over the sizes >= 1 MiB, latency from the smallest size",
                           g, link_pts.front().bytes / 1024, link_pts.back().bytes / 1024)
             : "NOT a link: one rank, so a local memcpy of 1 KiB .. 64 MiB stands in (a shared-memory copy rate); run "
               "under mpirun -np 2 or more to measure the all-to-all");
