@@ -304,6 +304,9 @@ int run_simulate(SimulateArgs& a) {
                        {"tflops_engine", p.tflops_engine},
                        {"tflops_megatron", p.tflops_megatron},
                        {"layers_s", layers},
+                       // what bench-layer times: the layers' forward and backward, without the gradient all-reduce
+                       // (a phase of its own after the last backward, so the two add exactly)
+                       {"layers_without_allreduce_s", layers - dp_ar_s},
                        {"speedup", ref->step_s / p.step_s},
                        {"flops_engine", nmb * (p.layer_flops + 6 * T * h * V)}});
   }
