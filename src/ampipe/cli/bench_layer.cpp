@@ -123,8 +123,7 @@ double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
 int run_bench_layer(BenchLayerArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
-  rt.set_check_collectives(a.comm.check_collectives);
-  rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
+  a.comm.apply();
   if (g_poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(g_poll_us));
   const bool auto_degree = a.degree_args.size() == 1 && a.degree_args[0] == "auto";
   if (!a.degree_args.empty() && !auto_degree) {

@@ -83,10 +83,7 @@ double norm(const Tensor& t) {
 int run_layer_check(LayerCheckArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
-  rt.set_check_collectives(a.comm.check_collectives);
-  if (!(a.comm.comm_timeout_s > 0))
-    throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", a.comm.comm_timeout_s));
-  rt.set_comm_timeout(std::chrono::milliseconds(int64_t(a.comm.comm_timeout_s * 1000)));
+  a.comm.apply();
   const int M = a.ampipe_degree;
   LayerFlags::check_degree(cfg, M);
   a.layer.check_pipe_experts(cfg, {M});

@@ -1,5 +1,10 @@
 #include "ampipe/cli/layer_flags.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 
 namespace ampipe::cli {
@@ -94,8 +99,19 @@ nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {
 void CommFlags::add_to(CLI::App& app) {
   app.add_flag("--check-collectives", check_collectives,
                "exchange a fingerprint of every collective and fail on every rank when ranks diverge");
-  app.add_option("--comm-timeout", comm_timeout_s, "seconds a wait may block before the job is aborted")
+  app.add_option("--comm-timeout", comm_timeout_s,
+                 "seconds a wait may block before the job is aborted (at most a week; larger values are clamped)")
       ->capture_default_str();
+}
+
+void CommFlags::apply() const {
+  if (!(comm_timeout_s > 0) || !std::isfinite(comm_timeout_s))
+    throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be a finite number of seconds > 0",
+                                  comm_timeout_s));
+  comm::Runtime& rt = comm::Runtime::current();
+  rt.set_check_collectives(check_collectives);
+  const double s = std::min(comm_timeout_s, kMaxTimeoutS);
+  rt.set_comm_timeout(std::chrono::milliseconds(std::max<int64_t>(1, int64_t(s * 1000))));
 }
 
 }  // namespace ampipe::cli

@@ -36,7 +36,12 @@ struct LayerFlags {
 struct CommFlags {
   bool check_collectives = false;
   double comm_timeout_s = 300;
+  // A wait longer than this is a timeout whatever --comm-timeout says (a week: the deadline arithmetic of the
+  // steady clock stays far from overflow).
+  static constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
   void add_to(CLI::App& app);
+  // Checks --comm-timeout (finite, > 0; values above kMaxTimeoutS are clamped to it) and sets both on the runtime.
+  void apply() const;
 };
 
 }  // namespace ampipe::cli

@@ -15,11 +15,8 @@ namespace ampipe::cli {
 int run_train(TrainFlags& flags) {
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
-  if (!(flags.comm.comm_timeout_s > 0))
-    throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be > 0 seconds", flags.comm.comm_timeout_s));
   cfg.validate(rt.size());
-  rt.set_check_collectives(flags.comm.check_collectives);
-  rt.set_comm_timeout(std::chrono::milliseconds(int64_t(flags.comm.comm_timeout_s * 1000)));
+  flags.comm.apply();
   if (rt.rank() == 0)
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
 
