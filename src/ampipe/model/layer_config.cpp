@@ -1,5 +1,8 @@
 #include "ampipe/model/layer_config.h"
 
+#include <cmath>
+#include <utility>
+
 #include "ampipe/core/error.h"
 #include "ampipe/model/gate.h"
 
@@ -27,6 +30,9 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--moe-router-topk {} is larger than --num-experts {}: a token cannot pick more "
                                   "experts than exist",
                                   moe_router_topk, num_experts));
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"--moe-train-capacity-factor", moe_train_capacity_factor},
+                                {"--hidden-dropout", hidden_dropout}, {"--init-method-std", init_method_std}})
+    if (!std::isfinite(v)) throw ConfigError(fmt::format("{} {} is invalid: it must be a finite number", flag, v));
   if (!(moe_train_capacity_factor > 0))
     throw ConfigError(fmt::format("--moe-train-capacity-factor {} is invalid: it must be > 0",
                                   moe_train_capacity_factor));

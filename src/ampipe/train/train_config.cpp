@@ -1,5 +1,8 @@
 #include "ampipe/train/train_config.h"
 
+#include <cmath>
+#include <utility>
+
 #include "ampipe/core/error.h"
 
 namespace ampipe::train {
@@ -132,6 +135,11 @@ void TrainConfig::validate(int world) const {
   if (train_iters < 1) throw ConfigError(fmt::format("--train-iters {} is invalid: it must be >= 1", train_iters));
   if (exit_interval < 0)
     throw ConfigError(fmt::format("--exit-interval {} is invalid: it must be >= 0", exit_interval));
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"--lr", lr}, {"--min-lr", min_lr},
+                                {"--weight-decay", weight_decay}, {"--adam-beta1", adam_beta1},
+                                {"--adam-beta2", adam_beta2}, {"--adam-eps", adam_eps}, {"--clip-grad", clip_grad},
+                                {"--moe-aux-loss-coeff", moe_aux_loss_coeff}, {"--valid-fraction", valid_fraction}})
+    if (!std::isfinite(v)) throw ConfigError(fmt::format("{} {} is invalid: it must be a finite number", flag, v));
   if (!(lr > 0)) throw ConfigError(fmt::format("--lr {} is invalid: it must be > 0", lr));
   if (!(min_lr >= 0 && min_lr <= lr))
     throw ConfigError(fmt::format("--min-lr {} is invalid: it must be in [0, --lr {}]", min_lr, lr));
