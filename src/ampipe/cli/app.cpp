@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
     if (rt) rt->abort(e.what());
     std::fprintf(stderr, "ampipe: error: %s\n", e.what());
     return 1;
+  } catch (const NumericError& e) {  // every rank stops together (the values were all-reduced)
+    print_error(e.what());
+    return 1;
   }
   return 0;
 }

@@ -22,6 +22,13 @@ class CommError : public std::runtime_error {
   explicit CommError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Training reached numbers that are not finite (a NaN or infinite loss or gradient norm): every rank detects it on
+// the same all-reduced values, so every rank stops at the same iteration.
+class NumericError : public std::runtime_error {
+ public:
+  explicit NumericError(const std::string& what) : std::runtime_error(what) {}
+};
+
 namespace core {
 [[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace core

@@ -178,6 +178,14 @@ IterationStats Trainer::train_step() {
   st.aux_loss = losses.get(1) / double(G_ / b_);
   st.reduce_ms = ms_since(t_opt);
   st.grad_norm = grad_norm();
+  // Megatron's --check-for-nan-in-loss-and-grad (on by default): the loss and the gradient norm are all-reduced, so
+  // every rank takes this branch together, before the optimizer writes anything.
+  if (!std::isfinite(st.lm_loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm))
+    throw NumericError(fmt::format("iteration {}: the {} is {} (lm loss {}, aux loss {}, grad norm {}); stopping "
+                                   "before the optimizer step, nothing saved (lower --lr, check the data)",
+                                   iteration_ + 1,
+                                   std::isfinite(st.lm_loss) && std::isfinite(st.aux_loss) ? "gradient norm" : "loss",
+                                   "not finite", st.lm_loss, st.aux_loss, st.grad_norm));
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && st.grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (st.grad_norm + 1e-6));
   opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
