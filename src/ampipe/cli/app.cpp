@@ -1,6 +1,7 @@
 #include "ampipe/cli/app.h"
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cstdio>
 #include <optional>
 
@@ -53,6 +54,23 @@ int main(int argc, char** argv) {
   CLI::App* si_cmd = app.add_subcommand(
       "simulate", "predict a training iteration of the train flags on a profile, for several AMPipe degrees");
   si.add_to(*si_cmd);
+
+  // Path options: an empty path is an error, not "no file" (`--save ""` used to write nothing and exit 0).
+  const CLI::Validator non_empty(
+      [](std::string& v) { return v.empty() ? std::string("an empty path is not a file or directory") : std::string(); },
+      "PATH");
+  for (CLI::App* sub : app.get_subcommands({}))
+    for (const char* flag : {"--save", "--load", "--data-path", "--trace", "--export", "--json", "--out",
+                             "--sim-profile", "--profile", "--config", "--tokenizer-model"})
+      if (CLI::Option* o = sub->get_option_no_throw(flag)) o->check(non_empty);
+  // A long flag with one dash (`-hidden-size 32`) would be read as a cluster of short flags (-h: help, exit 0).
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.size() > 2 && arg[0] == '-' && arg[1] != '-' && std::isalpha(static_cast<unsigned char>(arg[1]))) {
+      std::fprintf(stderr, "ampipe: error: %s: long flags take two dashes (-%s)\n", arg.c_str(), arg.c_str());
+      return 2;
+    }
+  }
 
   try {
     app.parse(argc, argv);

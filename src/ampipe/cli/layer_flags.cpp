@@ -27,7 +27,16 @@ void LayerFlags::add_to(CLI::App& app) {
   app.add_option("--hidden-dropout", cfg.hidden_dropout, "dropout after attention and after the MoE")
       ->capture_default_str();
   app.add_option("--init-method-std", cfg.init_method_std, "std of the normal weight init")->capture_default_str();
-  app.add_option("--seed", cfg.seed, "global random seed")->capture_default_str();
+  app.add_option("--seed", cfg.seed, "global random seed (0 .. 2^64-1)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const bool digits = !v.empty() && v.size() <= 20 &&
+                                v.find_first_not_of("0123456789") == std::string::npos &&
+                                (v.size() < 20 || v <= "18446744073709551615");
+            return digits ? std::string() : v + " is not an integer in [0, 18446744073709551615]";
+          },
+          "UINT64"))
+      ->capture_default_str();
   app.add_flag("--bf16", cfg.bf16, "bf16 GEMM inputs and all-to-all payloads, fp32 accumulation");
   app.add_option("--expert-model-parallel-size", cfg.expert_model_parallel_size, "expert-parallel size ep")
       ->capture_default_str();

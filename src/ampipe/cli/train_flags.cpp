@@ -1,5 +1,7 @@
 #include "ampipe/cli/train_flags.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -151,6 +153,10 @@ train::TrainConfig TrainFlags::finish() {
       }
     }
   }
+  // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
+  // checked as it is.
+  if (const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr; w && w->count() == 0)
+    cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
   auto_degree = ampipe_degree == "auto";
   if (auto_degree) {
     cfg.ampipe_degree = 1;  // until run_train has asked the simulator
