@@ -158,6 +158,17 @@ int run_bench_layer(BenchLayerArgs& a) {
                                   a.warmup));
   const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
   comm::Groups groups = rt.make_groups(layout);
+  {
+    nlohmann::json agree = a.layer.to_json(cfg);
+    agree["seed"] = cfg.seed;
+    agree["hidden_dropout"] = cfg.hidden_dropout;
+    agree["ampipe_degree"] = a.degree_args;
+    agree["pipe_experts_sweep"] = a.pipe_experts_sweep;
+    agree["num_layers"] = a.num_layers;
+    agree["iters"] = a.iters;
+    agree["warmup"] = a.warmup;
+    check_ranks_agree(agree, groups.world);
+  }
   const comm::Layout::Coord me = layout.coord(rt.rank());
   if (auto_degree) {
     const DegreeChoice choice = choose_degree(cfg, a.num_layers, groups, a.sim_profile, nullptr);

@@ -97,6 +97,14 @@ int run_layer_check(LayerCheckArgs& a) {
                                   "size {}: every rank must process the same number of micro-batches",
                                   G, b, dp));
   comm::Groups groups = rt.make_groups(layout);
+  {
+    nlohmann::json agree = a.layer.to_json(cfg);
+    agree["seed"] = cfg.seed;
+    agree["ampipe_degree"] = M;
+    agree["global_batch_size"] = G;
+    agree["hidden_dropout"] = cfg.hidden_dropout;
+    check_ranks_agree(agree, groups.world);
+  }
   if (!a.export_dir.empty()) train::check_writable_dir("--export", a.export_dir, groups.world);
   const comm::Layout::Coord me = layout.coord(rt.rank());
   const int64_t K = G / (b * dp);

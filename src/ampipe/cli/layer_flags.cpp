@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 
@@ -103,6 +104,26 @@ nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {
           {"expert_model_parallel_size", c.expert_model_parallel_size},
           {"use_pipe_experts", c.use_pipe_experts},
           {"pipe_experts_multi_data", c.pipe_experts_multi_data}};
+}
+
+void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
+  if (world.size() == 1) return;
+  const std::vector<std::string> all = comm::all_gather_strings(world, config.dump(), "config.agree");
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const nlohmann::json mine = nlohmann::json::parse(all[0]), theirs = nlohmann::json::parse(all[r]);
+    std::string what = "their configurations";
+    for (const auto& [key, value] : mine.items())
+      if (!theirs.contains(key) || theirs[key] != value) {
+        what = fmt::format("--{} (rank 0: {}, rank {}: {})", key, value.dump(),
+                           r, theirs.contains(key) ? theirs[key].dump() : "unset");
+        std::replace(what.begin(), what.begin() + int(key.size()) + 2, '_', '-');
+        break;
+      }
+    throw ConfigError(fmt::format("the ranks were started with different settings: {}; every rank must get the same "
+                                  "flags and --config",
+                                  what));
+  }
 }
 
 void CommFlags::add_to(CLI::App& app) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ampipe/comm/group.h"
 #include "ampipe/model/layer_config.h"
 
 namespace ampipe::cli {
@@ -31,6 +32,11 @@ struct LayerFlags {
   // The layer flags as JSON (the "config" object of bench-layer's and plan's --json).
   nlohmann::json to_json(const model::LayerConfig& c) const;
 };
+
+// Every rank compares its configuration (the subcommand's flags as JSON, after --config) with rank 0's before the
+// first collective of the run, and all refuse together, naming the first setting that differs: ranks started with
+// different flags would otherwise reach MPI's truncation errors or train silently apart. Collective over `world`.
+void check_ranks_agree(const nlohmann::json& config, const comm::Group& world);
 
 // Runtime flags shared by every multi-rank subcommand.
 struct CommFlags {
