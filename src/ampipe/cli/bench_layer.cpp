@@ -169,6 +169,8 @@ int run_bench_layer(BenchLayerArgs& a) {
     agree["warmup"] = a.warmup;
     check_ranks_agree(agree, groups.world);
   }
+  check_output_file("--trace", a.trace_file, groups.world);
+  check_output_file("--json", a.json_file, groups.world);
   const comm::Layout::Coord me = layout.coord(rt.rank());
   if (auto_degree) {
     const DegreeChoice choice = choose_degree(cfg, a.num_layers, groups, a.sim_profile, nullptr);

@@ -105,6 +105,7 @@ int run_layer_check(LayerCheckArgs& a) {
     agree["hidden_dropout"] = cfg.hidden_dropout;
     check_ranks_agree(agree, groups.world);
   }
+  check_output_file("--trace", a.trace_file, groups.world);
   if (!a.export_dir.empty()) train::check_writable_dir("--export", a.export_dir, groups.world);
   const comm::Layout::Coord me = layout.coord(rt.rank());
   const int64_t K = G / (b * dp);

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
+#include "ampipe/train/checkpoint.h"
 #include "ampipe/core/error.h"
 
 namespace ampipe::cli {
@@ -124,6 +126,12 @@ void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
                                   "flags and --config",
                                   what));
   }
+}
+
+void check_output_file(const std::string& flag, const std::string& path, const comm::Group& world) {
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  train::check_writable_dir(flag, parent.empty() ? std::string(".") : parent.string(), world);
 }
 
 void CommFlags::add_to(CLI::App& app) {

@@ -38,6 +38,10 @@ struct LayerFlags {
 // different flags would otherwise reach MPI's truncation errors or train silently apart. Collective over `world`.
 void check_ranks_agree(const nlohmann::json& config, const comm::Group& world);
 
+// An output file the run writes later (--trace, --json): its directory is created and probed now, on rank 0, and
+// every rank refuses together when it cannot be written (not at the end of the run). Collective over `world`.
+void check_output_file(const std::string& flag, const std::string& path, const comm::Group& world);
+
 // Runtime flags shared by every multi-rank subcommand.
 struct CommFlags {
   bool check_collectives = false;

@@ -30,6 +30,7 @@ int run_train(TrainFlags& flags) {
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
   check_ranks_agree(train::to_json(cfg), groups.world);
+  check_output_file("--trace", cfg.trace, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
     const int world = rt.size();

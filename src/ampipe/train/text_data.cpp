@@ -18,11 +18,21 @@ std::string read_all(const std::string& path, const std::string& what) {
     throw ConfigError(fmt::format("{} {}: the file does not exist", what, path));
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError(fmt::format("{} {}: is a directory, expected a plain-text file", what, path));
+  // A regular file of known size, read up to that size: a device such as /dev/zero would be read without bound.
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw ConfigError(fmt::format("{} {}: is not a regular file (a device, a pipe or a socket)", what, path));
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw ConfigError(fmt::format("{} {}: the file cannot be read ({})", what, path, ec.message()));
+  constexpr uintmax_t kMaxBytes = uintmax_t(16) << 30;  // 16 GiB: more than any corpus this engine trains on here
+  if (size > kMaxBytes)
+    throw ConfigError(fmt::format("{} {}: {} bytes is more than the {} bytes this engine reads into memory", what,
+                                  path, size, kMaxBytes));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{} {}: the file cannot be read", what, path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string bytes(size_t(size), '\0');
+  in.read(bytes.data(), std::streamsize(size));
+  bytes.resize(size_t(in.gcount()));
+  return bytes;
 }
 
 // Bytes that are not text: NUL, or control characters other than tab, newline, carriage return, form feed.
