@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,4 +45,22 @@ TEST(Safetensors, CorruptFilesNameThePath) {
   }
   EXPECT_THROW(core::load_safetensors(path + ".missing"), ConfigError);
   EXPECT_THROW(core::save_safetensors("/nonexistent-dir/x.safetensors", {}), ConfigError);
+}
+
+TEST(Safetensors, AWriteRemovesTempFilesOfKilledWritesOfThatPathOnly) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ampipe_st_tmp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "model.safetensors").string();
+  // pid 2^22 + 1 is above Linux's default pid_max (2^22): no live process has it.
+  const std::string stale = path + ".tmp.4194305", other = (dir / "other.safetensors.tmp.4194305").string();
+  const std::string not_ours = path + ".tmp.x1";
+  for (const std::string& f : {stale, other, not_ours}) std::ofstream(f) << "left by a killed save";
+  core::save_safetensors(path, {{"w", Tensor::zeros({2})}}, {});
+  EXPECT_FALSE(fs::exists(stale));    // this path's temp of a dead writer: removed
+  EXPECT_TRUE(fs::exists(other));     // another file's temp: not ours to remove
+  EXPECT_TRUE(fs::exists(not_ours));  // not a name the writer makes
+  EXPECT_TRUE(fs::exists(path));
+  fs::remove_all(dir);
 }

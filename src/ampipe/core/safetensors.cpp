@@ -1,17 +1,43 @@
 #include "ampipe/core/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace ampipe::core {
 
+namespace {
+// Removes `<path>.tmp.<pid>` files that an earlier, killed write of this path left behind (only names this function
+// itself makes, and only when that process is gone), so interrupted saves do not pile up optimizer-sized files.
+void remove_stale_temps(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
+    const pid_t pid = pid_t(std::stol(pid_text));
+    if (pid == ::getpid()) continue;
+    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // that writer is still alive
+    std::error_code rm;
+    fs::remove(e.path(), rm);
+  }
+}
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
+  remove_stale_temps(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw ConfigError(fmt::format("{}: cannot write file: {}", path, std::strerror(errno)));
