@@ -40,10 +40,10 @@ int64_t g_poll_us = -1;
 void BenchLayerArgs::add_to(CLI::App& app) {
   layer.add_to(app);
   comm.add_to(app);
-  app.add_option("--ampipe-degree", degree_args,
+  app.add_option("--ampipe-degree", degree_text,
                  "AMPipe degrees to compare, e.g. 1,2,4,8 (default 1,2,4), or auto: the degree the simulator predicts "
                  "fastest (on --sim-profile, else a self-calibration), run next to degree 1")
-      ->delimiter(',');
+      ->capture_default_str();
   app.add_option("--sim-profile", sim_profile,
                  "hardware profile (ampipe calibrate): for --ampipe-degree auto, and to print the simulator's "
                  "predicted step next to every measured one");
@@ -125,25 +125,9 @@ int run_bench_layer(BenchLayerArgs& a) {
   comm::Runtime& rt = comm::Runtime::current();
   a.comm.apply();
   if (g_poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(g_poll_us));
-  const bool auto_degree = a.degree_args.size() == 1 && a.degree_args[0] == "auto";
-  if (!a.degree_args.empty() && !auto_degree) {
-    a.degrees.clear();
-    for (const std::string& d : a.degree_args) {
-      size_t used = 0;
-      int M = 0;
-      try {
-        M = std::stoi(d, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != d.size() || d.empty())
-        throw ConfigError(fmt::format("--ampipe-degree {}: not an integer (give a comma list such as 1,2,4, or auto)",
-                                      d));
-      a.degrees.push_back(M);
-    }
-  }
-  if (auto_degree) a.degrees = {1};  // the choice is made once the groups exist (it may calibrate)
-  if (a.degrees.empty()) throw ConfigError("--ampipe-degree needs at least one degree");
+  const bool auto_degree = a.degree_text == "auto";
+  // With auto the choice is made once the groups exist (it may calibrate); degree 1 runs next to it.
+  a.degrees = auto_degree ? std::vector<int>{1} : parse_degree_list(a.degree_text);
   for (int M : a.degrees)
     if (M < 1 || cfg.seq_length % M != 0)
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
@@ -162,7 +146,7 @@ int run_bench_layer(BenchLayerArgs& a) {
     nlohmann::json agree = a.layer.to_json(cfg);
     agree["seed"] = cfg.seed;
     agree["hidden_dropout"] = cfg.hidden_dropout;
-    agree["ampipe_degree"] = a.degree_args;
+    agree["ampipe_degree"] = a.degree_text;
     agree["pipe_experts_sweep"] = a.pipe_experts_sweep;
     agree["num_layers"] = a.num_layers;
     agree["iters"] = a.iters;

@@ -12,8 +12,8 @@ namespace ampipe::cli {
 struct BenchLayerArgs {
   LayerFlags layer;
   CommFlags comm;
-  std::vector<int> degrees{1, 2, 4};
-  std::vector<std::string> degree_args;  // --ampipe-degree as given: integers, or `auto`
+  std::string degree_text = "1,2,4";  // --ampipe-degree as given: a comma list, or `auto`
+  std::vector<int> degrees;           // the degrees run (from degree_text; with auto, 1 and the chosen one)
   std::string sim_profile;               // --sim-profile (with --ampipe-degree auto)
   std::vector<int> pipe_experts_sweep;  // --pipe-experts-sweep: N values (0 = without) crossed with the degrees
   int num_layers = 1;

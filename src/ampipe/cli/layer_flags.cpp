@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
@@ -106,6 +107,36 @@ nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {
           {"expert_model_parallel_size", c.expert_model_parallel_size},
           {"use_pipe_experts", c.use_pipe_experts},
           {"pipe_experts_multi_data", c.pipe_experts_multi_data}};
+}
+
+std::vector<int> parse_degree_list(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int M = 0;
+    try {
+      M = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || M < 1)
+      throw ConfigError(fmt::format("--ampipe-degree {}: \"{}\" is not a positive integer (give a comma list of "
+                                    "degrees, e.g. 1,2,4,8, or auto)",
+                                    text, item));
+    if (std::find(out.begin(), out.end(), M) == out.end()) out.push_back(M);
+  }
+  if (out.empty() || text.back() == ',')
+    throw ConfigError(fmt::format("--ampipe-degree {}: give a comma list of degrees, e.g. 1,2,4,8, or auto", text));
+  return out;
+}
+
+std::vector<int> auto_degree_candidates(int64_t s, const std::vector<int>& candidates) {
+  std::vector<int> out;
+  for (int M : candidates)
+    if (s % M == 0) out.push_back(M);
+  return out;
 }
 
 void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {

@@ -33,6 +33,11 @@ struct LayerFlags {
   nlohmann::json to_json(const model::LayerConfig& c) const;
 };
 
+// --ampipe-degree as a comma list of positive integers (duplicates dropped, order kept); ConfigError otherwise.
+std::vector<int> parse_degree_list(const std::string& text);
+// The degrees of `candidates` that divide the sequence length s (what `auto` considers).
+std::vector<int> auto_degree_candidates(int64_t s, const std::vector<int>& candidates);
+
 // Every rank compares its configuration (the subcommand's flags as JSON, after --config) with rank 0's before the
 // first collective of the run, and all refuse together, naming the first setting that differs: ranks started with
 // different flags would otherwise reach MPI's truncation errors or train silently apart. Collective over `world`.

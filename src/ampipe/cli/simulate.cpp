@@ -95,35 +95,6 @@ void SimulateArgs::add_to(CLI::App& app) {
 
 namespace {
 
-// "auto" or a comma list of positive integers (duplicates dropped, order kept).
-std::vector<int> parse_degrees(const std::string& text, int64_t s) {
-  std::vector<int> out;
-  if (text == "auto") {
-    for (int M : {1, 2, 4, 8, 16})
-      if (s % M == 0) out.push_back(M);
-    return out;
-  }
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    int M = 0;
-    try {
-      M = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || M < 1)
-      throw ConfigError(fmt::format("--ampipe-degree {}: \"{}\" is not a positive integer (give a comma list of "
-                                    "degrees, e.g. 1,2,4,8, or auto)",
-                                    text, item));
-    if (std::find(out.begin(), out.end(), M) == out.end()) out.push_back(M);
-  }
-  if (out.empty() || text.back() == ',')
-    throw ConfigError(fmt::format("--ampipe-degree {}: give a comma list of degrees, e.g. 1,2,4,8, or auto", text));
-  return out;
-}
-
 struct Prediction {
   int M = 1;
   sim::SimResult last, mid;  // the last micro-batch (with the gradient all-reduce), another one
@@ -174,7 +145,8 @@ int run_simulate(SimulateArgs& a) {
     base.layer.pipe_experts_multi_stream = false;
     base.validate(W);
   }
-  const std::vector<int> degrees = parse_degrees(a.degrees, cfg.layer.seq_length);
+  const std::vector<int> degrees = a.degrees == "auto" ? auto_degree_candidates(cfg.layer.seq_length, {1, 2, 4, 8, 16})
+                                                        : parse_degree_list(a.degrees);
   std::vector<int> valid;
   std::vector<std::string> skipped;  // "degree M: reason"
   for (int M : degrees) {

@@ -199,7 +199,9 @@ BufferLayout BufferLayout::make(const LayerDims& d) {
   BufferLayout l;
   l.specs = layer_buffers(d);
   l.offset.assign(size_t(kNumBufs), {});
+  l.spec_index.assign(size_t(kNumBufs), -1);
   for (const BufferSpec& s : l.specs) {
+    l.spec_index[size_t(s.id)] = int(&s - l.specs.data());
     size_t& end = s.scope == Scope::saved ? l.saved_bytes : l.shared_bytes;
     std::vector<size_t>& off = l.offset[size_t(s.id)];
     for (int c = 0; c < s.chunks; ++c) {
@@ -211,9 +213,8 @@ BufferLayout BufferLayout::make(const LayerDims& d) {
 }
 
 const BufferSpec* BufferLayout::spec(Buf b) const {
-  for (const BufferSpec& s : specs)
-    if (s.id == b) return &s;
-  return nullptr;
+  const int i = spec_index[size_t(b)];
+  return i < 0 ? nullptr : &specs[size_t(i)];
 }
 
 void Arena::reserve(size_t bytes) {

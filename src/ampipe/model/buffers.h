@@ -108,6 +108,7 @@ std::vector<BufferSpec> layer_buffers(const LayerDims& d);
 struct BufferLayout {
   std::vector<BufferSpec> specs;                      // in Buf order, needed buffers only
   std::vector<std::vector<size_t>> offset;            // [Buf][slot]; empty for a buffer not needed
+  std::vector<int> spec_index;                        // [Buf] position in specs, -1 for a buffer not needed
   size_t saved_bytes = 0, shared_bytes = 0;           // one layer's saved region, the shared region
   static BufferLayout make(const LayerDims& d);
   const BufferSpec* spec(Buf b) const;

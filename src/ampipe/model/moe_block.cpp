@@ -15,8 +15,9 @@ namespace {
 core::PhiloxKey dropout_key(const LayerConfig& cfg) {
   return {cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::mlp_dropout};
 }
-// Rows [l*R, (l+1)*R) of a per-chunk [L, R, *] buffer: local expert l's slots.
-Tensor expert_rows(const Tensor& t, int64_t l) {
+// Rows [l*R, (l+1)*R) of a per-chunk [L, R, *] buffer (expert_out, d_expert_in): local expert l's slots of this
+// chunk. (The expert-major buffers that hold every chunk are LayerMemory::expert_rows.)
+Tensor chunk_expert_rows(const Tensor& t, int64_t l) {
   const int64_t R = t.size(1);
   return t.view({t.size(0) * R, t.size(2)}).rows(l * R, (l + 1) * R);
 }
@@ -138,7 +139,7 @@ void MoeBlock::experts(int c, int p) {
   piece_to_experts(s.mem.get(Buf::dispatch_recv, c, p), Buf::expert_in, c, pc);
   const Tensor out = s.mem.get(Buf::expert_out, c);
   for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
-    Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n), o = expert_rows(out, l).rows(r0, r0 + n);
+    Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n), o = chunk_expert_rows(out, l).rows(r0, r0 + n);
     // bf16: the fp32 activation is one expert's staging, the bf16 copy is kept; fp32: the activation is kept
     Tensor a = s.bf16() ? s.mem.get(Buf::act, c).rows(0, n) : s.mem.expert_rows(Buf::act, l, c).rows(r0, r0 + n);
     const Tensor in = s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n);
@@ -217,7 +218,7 @@ void MoeBlock::experts_backward(int c, int p) {
       d_h1_bf16 = s.mem.expert_rows(Buf::d_fc1_bf16, l, c).rows(r0, r0 + n);
       d_h1_bf16.copy_from(d_h1);
     }
-    Tensor d_in_l = expert_rows(d_in, l).rows(r0, r0 + n);
+    Tensor d_in_l = chunk_expert_rows(d_in, l).rows(r0, r0 + n);
     linear_input_grad(d_h1_bf16, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l);  // fc1
     if (wgrad_now) {
       Tensor gw1_l = gw1.rows(l * F1, (l + 1) * F1);

@@ -35,7 +35,12 @@ void LayerStack::build(int M) {
 }
 
 void LayerStack::set_degree(int M) {
-  if (M != M_) build(M);
+  if (layers_.empty()) {
+    M_ = M;
+    return;
+  }
+  const model::LayerConfig& c = layers_.front()->cfg;
+  replan(M, c.use_pipe_experts ? c.pipe_experts_multi_data : 0);  // the same pipe-experts setting
 }
 
 void LayerStack::replan(int M, int pipe_experts_n) {
