@@ -26,7 +26,7 @@ int run_train(TrainFlags& flags) {
   cfg.vocab_size = corpus.vocab_size;
   auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, cfg.valid_fraction,
                                                       cfg.layer.seed, source + ", " + corpus.format);
-  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
   check_ranks_agree(train::to_json(cfg), groups.world);

@@ -49,13 +49,10 @@ void TrainFlags::add_to(CLI::App& a) {
                "on --sim-profile, else on a self-calibration at start-up)")
       ->capture_default_str();
   a.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate --out)");
-  a.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "tensor-parallel size tp")
-      ->capture_default_str();
   a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp")->capture_default_str();
   a.add_option("--context-parallel-algo", c.context_parallel_algo, "context-parallel algorithm")
       ->capture_default_str();
-  a.add_flag("--sequence-parallel", c.sequence_parallel, "Megatron sequence parallelism");
-  a.add_flag("--ampipe-tp-sp-comm-overlap", c.ampipe_tp_sp_comm_overlap, "hide the SP collectives of the MLP too");
+  // --tensor-model-parallel-size, --sequence-parallel, --ampipe-tp-sp-comm-overlap: layer flags (LayerFlags).
   // --use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream: layer flags (LayerFlags).
   a.add_flag("--use-ascend-mc2", c.use_ascend_mc2, "(incompatible with AMPipe)");
   a.add_flag("--overlap-grad-reduce", c.overlap_grad_reduce, "(incompatible with AMPipe)");
