@@ -58,13 +58,15 @@ int run_train(TrainFlags& flags) {
   const int64_t G = cfg.global_batch(rt.size());
   int64_t n_params = 0;
   for (auto& p : trainer.model().params())
-    n_params += p.expert ? p.param.numel() * l.expert_model_parallel_size : p.param.numel();
+    n_params += p.param.numel() * (p.expert ? l.expert_model_parallel_size : 1) * (p.tp_sharded(l) ? l.tp() : 1);
   if (rank0) {
+    const std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
     fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
-               "ranks={} ep={} dp={} ampipe-degree={} | global batch {} x {} tokens, micro-batch {}\n",
+               "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
                cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
-               l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
-               layout.ep, layout.dp, cfg.ampipe_degree, G, l.seq_length, l.micro_batch_size);
+               l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(), tp,
+               layout.ep, layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
+               l.seq_length, l.micro_batch_size);
     fmt::print("  data: {} ({} tokens) | {} training / {} validation sequences\n", data->source(),
                data->tokens(), data->train_samples(), data->valid_samples());
     if (start > 0) fmt::print("  resumed from {} at iteration {}\n", cfg.load, start);

@@ -21,20 +21,30 @@ void move_blocks(const Tensor& src, Tensor& dst, int M, int t, int r, bool to_sh
 }
 }  // namespace
 
-Tensor sequence_shard(const Tensor& full, int M, int t, int r) {
-  AMPIPE_CHECK(full.dim() == 3 && full.size(0) % (int64_t(M) * t) == 0 && full.dtype() == DType::f32,
-               "sequence_shard of {} for M {} t {}", shape_str(full.shape()), M, t);
-  Tensor out = Tensor::empty({full.size(0) / t, full.size(1), full.size(2)});
+void sequence_shard_into(const Tensor& full, Tensor& out, int M, int t, int r) {
+  AMPIPE_CHECK(full.dim() == 3 && full.size(0) % (int64_t(M) * t) == 0 && full.dtype() == DType::f32 &&
+                   out.shape() == (Shape{full.size(0) / t, full.size(1), full.size(2)}) && out.is_contiguous(),
+               "sequence_shard of {} into {} for M {} t {}", shape_str(full.shape()), shape_str(out.shape()), M, t);
   move_blocks(full, out, M, t, r, /*to_shard=*/true);
+}
+
+Tensor sequence_shard(const Tensor& full, int M, int t, int r) {
+  Tensor out = Tensor::empty({full.size(0) / t, full.size(1), full.size(2)});
+  sequence_shard_into(full, out, M, t, r);
   return out;
 }
 
-Tensor sequence_unshard(const Tensor& shards, int M, int t) {
-  AMPIPE_CHECK(shards.dim() == 3 && shards.size(0) % (int64_t(M) * t) == 0 && shards.dtype() == DType::f32,
-               "sequence_unshard of {} for M {} t {}", shape_str(shards.shape()), M, t);
+void sequence_unshard_into(const Tensor& shards, Tensor& out, int M, int t) {
+  AMPIPE_CHECK(shards.dim() == 3 && shards.size(0) % (int64_t(M) * t) == 0 && shards.dtype() == DType::f32 &&
+                   out.shape() == shards.shape() && out.is_contiguous(),
+               "sequence_unshard of {} into {} for M {} t {}", shape_str(shards.shape()), shape_str(out.shape()), M, t);
   const int64_t per = shards.size(0) / t;
-  Tensor out = Tensor::empty(shards.shape());
   for (int r = 0; r < t; ++r) move_blocks(shards.rows(r * per, (r + 1) * per), out, M, t, r, /*to_shard=*/false);
+}
+
+Tensor sequence_unshard(const Tensor& shards, int M, int t) {
+  Tensor out = Tensor::empty(shards.shape());
+  sequence_unshard_into(shards, out, M, t);
   return out;
 }
 

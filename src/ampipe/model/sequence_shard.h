@@ -9,10 +9,12 @@
 
 namespace ampipe::model {
 
-// Rank r's rows [s/t, b, h] of a natural-order activation [s, b, h].
+// Rank r's rows [s/t, b, h] of a natural-order activation [s, b, h] (the _into forms write a given tensor).
 Tensor sequence_shard(const Tensor& full, int M, int t, int r);
+void sequence_shard_into(const Tensor& full, Tensor& out, int M, int t, int r);
 // The natural-order [s, b, h] activation from every rank's rows, `shards` = [t * s/t, b, h] in tp-rank order
 // (an all-gather of sequence_shard's results).
 Tensor sequence_unshard(const Tensor& shards, int M, int t);
+void sequence_unshard_into(const Tensor& shards, Tensor& out, int M, int t);
 
 }  // namespace ampipe::model

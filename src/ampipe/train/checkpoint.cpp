@@ -16,35 +16,44 @@ namespace fs = std::filesystem;
 
 std::string checkpoint_subdir(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
-namespace {
-
-// Full tensor of a parameter-shaped local tensor: expert tensors all-gathered over EP (dim 0), others as is.
-Tensor full_tensor(const Tensor& local, bool expert, const comm::Groups& g, const std::string& tag) {
-  if (!expert || g.ep.size() == 1) return local;
-  Shape full = local.shape();
+Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
+                   const std::string& tag) {
+  Tensor t = local;
+  if (p.tp_sharded(cfg)) {  // the tp shards joined into this EP rank's tensor
+    Tensor all = Tensor::empty({int64_t(g.tp.size()) * local.numel()});
+    comm::all_gather_sync(g.tp, local.clone().view({local.numel()}), all, tag + ".tp");
+    Shape whole = model::full_shape(cfg, p.layer_param);
+    if (p.expert) whole[0] = cfg.local_experts();
+    t = model::tp_join(cfg, p.layer_param, all, whole);
+  }
+  if (!p.expert || g.ep.size() == 1) return t;
+  Shape full = t.shape();
   full[0] *= g.ep.size();
   Tensor all = Tensor::empty(full);
-  comm::all_gather_sync(g.ep, local, all, tag);
+  comm::all_gather_sync(g.ep, t, all, tag);
   return all;
 }
 
-// This rank's rows of a full tensor read from `path`, checked against the local shape.
-void take_shard(const core::TensorMap& m, const std::string& key, Tensor& local, bool expert, const comm::Groups& g,
-                const std::string& path) {
+namespace {
+
+// This rank's part of a full tensor read from `path`, checked against the full shape: the EP rows of an expert
+// tensor, then the tp shard of a tensor cut over tp.
+void take_shard(const core::TensorMap& m, const std::string& key, Tensor& local, const NamedParam& p,
+                const model::LayerConfig& cfg, const comm::Groups& g, const std::string& path) {
   auto it = m.find(key);
   if (it == m.end()) throw ConfigError(fmt::format("--load {}: tensor {} is missing", path, key));
   const Tensor& full = it->second;
-  Shape want = local.shape();
-  if (expert) want[0] *= g.ep.size();
+  const Shape want = p.layer_param.empty() ? local.shape() : model::full_shape(cfg, p.layer_param);
   if (full.shape() != want || full.dtype() != DType::f32)
     throw ConfigError(fmt::format("--load {}: tensor {} is {} {}, this run needs f32 {}", path, key,
                                   dtype_name(full.dtype()), shape_str(full.shape()), shape_str(want)));
-  if (expert) {
-    const int64_t L = local.size(0);
-    local.copy_from(full.rows(g.ep.rank() * L, (g.ep.rank() + 1) * L));
-  } else {
-    local.copy_from(full);
+  Tensor mine = full;
+  if (p.expert) {
+    const int64_t L = cfg.local_experts();
+    mine = full.rows(g.ep.rank() * L, (g.ep.rank() + 1) * L);
   }
+  if (p.tp_sharded(cfg)) mine = model::tp_take(cfg, p.layer_param, mine.clone(), g.tp.rank());
+  local.copy_from(mine);
 }
 
 std::string read_text(const std::string& path, const std::string& what) {
@@ -84,9 +93,9 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
   auto& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     const NamedParam& p = params[i];
-    model_map[p.name] = full_tensor(p.param, p.expert, groups, "ckpt." + p.name);
-    opt_map["exp_avg." + p.name] = full_tensor(opt.exp_avg(i), p.expert, groups, "ckpt.m." + p.name);
-    opt_map["exp_avg_sq." + p.name] = full_tensor(opt.exp_avg_sq(i), p.expert, groups, "ckpt.v." + p.name);
+    model_map[p.name] = full_tensor(p.param, p, cfg.layer, groups, "ckpt." + p.name);
+    opt_map["exp_avg." + p.name] = full_tensor(opt.exp_avg(i), p, cfg.layer, groups, "ckpt.m." + p.name);
+    opt_map["exp_avg_sq." + p.name] = full_tensor(opt.exp_avg_sq(i), p, cfg.layer, groups, "ckpt.v." + p.name);
   }
   int64_t failed = 0;
   std::string why;
@@ -167,9 +176,9 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   auto& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     NamedParam& p = params[i];
-    take_shard(mm, p.name, p.param, p.expert, groups, model_path);
-    take_shard(om, "exp_avg." + p.name, opt.exp_avg(i), p.expert, groups, opt_path);
-    take_shard(om, "exp_avg_sq." + p.name, opt.exp_avg_sq(i), p.expert, groups, opt_path);
+    take_shard(mm, p.name, p.param, p, cfg.layer, groups, model_path);
+    take_shard(om, "exp_avg." + p.name, opt.exp_avg(i), p, cfg.layer, groups, opt_path);
+    take_shard(om, "exp_avg_sq." + p.name, opt.exp_avg_sq(i), p, cfg.layer, groups, opt_path);
   }
   return meta;
 }

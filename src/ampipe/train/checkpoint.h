@@ -41,6 +41,12 @@ struct SaveOptions {
 
 // Collective over groups.world (every rank calls it). Throws ConfigError naming --save and the path on failure,
 // on every rank.
+// The full tensor of a parameter-shaped local tensor (the parameter, or its optimizer state): a tensor cut over tp
+// all-gathered over the tp group and joined (model::tp_join), then expert tensors all-gathered over EP (dim 0).
+// Collective over the groups the parameter is split over.
+Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
+                   const std::string& tag);
+
 void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const TrainConfig& cfg, GptModel& model,
                      AdamW& opt, const comm::Groups& groups, const SaveOptions& opts = {});
 

@@ -97,7 +97,7 @@ class Trainer {
   std::vector<int64_t> offset_;  // per parameter: its offset in dense_buf_ or expert_buf_
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
-  double dense_sumsq_ = 0, expert_sumsq_ = 0;
+  double dense_sumsq_ = 0, expert_sumsq_ = 0, tp_sharded_sumsq_ = 0;
   SaveOptions save_opts_;
 };
 
