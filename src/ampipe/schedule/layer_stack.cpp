@@ -46,7 +46,7 @@ void LayerStack::set_degree(int M) {
   replan(M, c.use_pipe_experts ? c.pipe_experts_multi_data : 0);  // the same pipe-experts setting
 }
 
-void LayerStack::replan(int M, int pipe_experts_n) {
+void LayerStack::replan(int M, int pipe_experts_n, int tp_overlap) {
   bool changed = M != M_;
   for (auto& e : layers_) {
     const bool on = pipe_experts_n > 0;
@@ -54,6 +54,10 @@ void LayerStack::replan(int M, int pipe_experts_n) {
     changed |= e->cfg.use_pipe_experts != on || e->cfg.pipe_experts_multi_data != n;
     e->cfg.use_pipe_experts = on;
     e->cfg.pipe_experts_multi_data = n;
+    if (tp_overlap >= 0) {
+      changed |= e->cfg.ampipe_tp_sp_comm_overlap != (tp_overlap > 0);
+      e->cfg.ampipe_tp_sp_comm_overlap = tp_overlap > 0;
+    }
   }
   if (changed) build(M);
 }

@@ -34,9 +34,10 @@ class LayerStack {
   int tp_rank() const { return tp_rank_; }
   // Re-plans every layer for degree M (between steps; parameters and gradients are kept).
   void set_degree(int M);
-  // Re-plans for degree M and pipe-experts with N slices per expert (N = 0: without pipe-experts); the caller has
-  // checked the combination (LayerConfig::check_pipe_experts).
-  void replan(int M, int pipe_experts_n);
+  // Re-plans for degree M and pipe-experts with N slices per expert (N = 0: without pipe-experts), and with or
+  // without --ampipe-tp-sp-comm-overlap (tp_overlap -1: as configured); the caller has checked the combination
+  // (LayerConfig::check_pipe_experts, check_tensor_parallel).
+  void replan(int M, int pipe_experts_n, int tp_overlap = -1);
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
   // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
