@@ -7,12 +7,35 @@
 
 #include "ampipe/cli/auto_degree.h"
 #include "ampipe/comm/runtime.h"
+#include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
 
 namespace ampipe::cli {
 
+namespace {
+
+// The one line of a run stopped by a signal (every rank agreed on it), and the exit code 128 + signal number.
+int report_stop(const train::TrainResult& res, const train::TrainConfig& cfg, bool rank0) {
+  const int64_t it = res.iterations.empty() ? res.start_iteration : res.iterations.back().iteration;
+  if (rank0) {
+    std::fflush(stdout);
+    const std::string saved =
+        cfg.save.empty() ? std::string("no --save given, nothing saved")
+                         : fmt::format("checkpoint saved to {}/{}; resume with --load {}", cfg.save,
+                                       train::checkpoint_subdir(it), cfg.save);
+    fmt::print(stderr, "ampipe: stopped by {} after iteration {} of {} on every rank: {}\n",
+               train::signal_name(res.stop_signal), it, cfg.train_iters, saved);
+    std::fflush(stderr);
+  }
+  return 128 + res.stop_signal;
+}
+
+}  // namespace
+
 int run_train(TrainFlags& flags) {
+  // SIGTERM / SIGINT from here on finish the current iteration on every rank and save (train/stop_signal.h).
+  const train::StopSignalGuard stop_guard;
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
   cfg.validate(rt.size());
@@ -75,6 +98,7 @@ int run_train(TrainFlags& flags) {
     std::fflush(stdout);
   });
 
+  if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
   if (rank0 && !res.iterations.empty()) {
     const auto& its = res.iterations;
     const size_t n = its.size(), w = std::min<size_t>(10, n);

@@ -92,6 +92,8 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--load", c.load, "checkpoint directory to resume from");
   a.add_option("--save-interval", c.save_interval, "save every N iterations (0: only at the end)")
       ->capture_default_str();
+  a.add_flag("--exit-signal-handler", exit_signal_handler,
+             "on SIGTERM or SIGINT finish the iteration on every rank, save (with --save) and exit (always on)");
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
