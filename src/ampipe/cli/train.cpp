@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "ampipe/cli/auto_degree.h"
+#include "ampipe/cli/train_agreement.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
@@ -52,7 +53,7 @@ int run_train(TrainFlags& flags) {
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
-  check_ranks_agree(train::to_json(cfg), groups.world);
+  check_ranks_agree(train_agreement(cfg, flags, corpus), groups.world);
   check_output_file("--trace", cfg.trace, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice

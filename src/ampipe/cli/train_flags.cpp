@@ -1,5 +1,7 @@
 #include "ampipe/cli/train_flags.h"
 
+#include "ampipe/cli/config_keys.h"
+
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
@@ -131,6 +133,7 @@ train::TrainConfig TrainFlags::finish() {
     }
     if (!j.is_object())
       throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
+    check_config_keys_once(ss.str(), j, config_file, *app);
     for (const auto& [key, value] : j.items()) {
       std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
       for (char& ch : flag)
