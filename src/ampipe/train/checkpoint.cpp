@@ -161,7 +161,12 @@ core::TensorMap load_checked(const std::string& path, const std::string& file, i
                              const nlohmann::json& meta, const std::string& meta_path) {
   std::map<std::string, std::string> st_meta;
   core::SafetensorsInfo info;
-  core::TensorMap m = core::load_safetensors(path, {.require_checksums = true}, &st_meta, &info);
+  core::TensorMap m;
+  try {
+    m = core::load_safetensors(path, {.require_checksums = true}, &st_meta, &info);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("--load {}", e.what()));  // "--load <path>: <what is wrong>"
+  }
   const auto it = st_meta.find("iteration");
   if (it == st_meta.end() || it->second != std::to_string(iteration))
     throw ConfigError(fmt::format("--load {}: the file says iteration {}, its directory and {} say {} (a file of "
