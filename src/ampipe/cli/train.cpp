@@ -53,7 +53,11 @@ int run_train(TrainFlags& flags) {
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
+  // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
+  // none, and the comparison is what names the difference.
+  rt.set_check_collectives(false);
   check_ranks_agree(train_agreement(cfg, flags, corpus), groups.world);
+  rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
