@@ -6,13 +6,37 @@
 #include <memory>
 
 #include "ampipe/cli/auto_degree.h"
+#include "ampipe/cli/train_agreement.h"
 #include "ampipe/comm/runtime.h"
+#include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
 
 namespace ampipe::cli {
 
+namespace {
+
+// The one line of a run stopped by a signal (every rank agreed on it), and the exit code 128 + signal number.
+int report_stop(const train::TrainResult& res, const train::TrainConfig& cfg, bool rank0) {
+  const int64_t it = res.iterations.empty() ? res.start_iteration : res.iterations.back().iteration;
+  if (rank0) {
+    std::fflush(stdout);
+    const std::string saved =
+        cfg.save.empty() ? std::string("no --save given, nothing saved")
+                         : fmt::format("checkpoint saved to {}/{}; resume with --load {}", cfg.save,
+                                       train::checkpoint_subdir(it), cfg.save);
+    fmt::print(stderr, "ampipe: stopped by {} after iteration {} of {} on every rank: {}\n",
+               train::signal_name(res.stop_signal), it, cfg.train_iters, saved);
+    std::fflush(stderr);
+  }
+  return 128 + res.stop_signal;
+}
+
+}  // namespace
+
 int run_train(TrainFlags& flags) {
+  // SIGTERM / SIGINT from here on finish the current iteration on every rank and save (train/stop_signal.h).
+  const train::StopSignalGuard stop_guard;
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
   cfg.validate(rt.size());
@@ -29,7 +53,11 @@ int run_train(TrainFlags& flags) {
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
-  check_ranks_agree(train::to_json(cfg), groups.world);
+  // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
+  // none, and the comparison is what names the difference.
+  rt.set_check_collectives(false);
+  check_ranks_agree(train_agreement(cfg, flags, corpus), groups.world);
+  rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
@@ -77,6 +105,7 @@ int run_train(TrainFlags& flags) {
     std::fflush(stdout);
   });
 
+  if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
   if (rank0 && !res.iterations.empty()) {
     const auto& its = res.iterations;
     const size_t n = its.size(), w = std::min<size_t>(10, n);

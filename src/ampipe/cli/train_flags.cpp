@@ -1,5 +1,7 @@
 #include "ampipe/cli/train_flags.h"
 
+#include "ampipe/cli/config_keys.h"
+
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
@@ -89,6 +91,8 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--load", c.load, "checkpoint directory to resume from");
   a.add_option("--save-interval", c.save_interval, "save every N iterations (0: only at the end)")
       ->capture_default_str();
+  a.add_flag("--exit-signal-handler", exit_signal_handler,
+             "on SIGTERM or SIGINT finish the iteration on every rank, save (with --save) and exit (always on)");
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
@@ -126,6 +130,7 @@ train::TrainConfig TrainFlags::finish() {
     }
     if (!j.is_object())
       throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
+    check_config_keys_once(ss.str(), j, config_file, *app);
     for (const auto& [key, value] : j.items()) {
       std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
       for (char& ch : flag)

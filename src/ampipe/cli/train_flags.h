@@ -20,6 +20,7 @@ struct TrainFlags {
   std::string ampipe_degree;  // --ampipe-degree as given: an integer, or `auto`
   bool auto_degree = false;   // --ampipe-degree auto: run_train asks the simulator (auto_degree.h)
   std::string sim_profile;    // --sim-profile FILE for it
+  bool exit_signal_handler = true;  // Megatron's --exit-signal-handler: accepted; this engine always does it
   CLI::App* app = nullptr;
 
   void add_to(CLI::App& app);

@@ -13,6 +13,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
+#include "ampipe/train/stop_signal.h"
 
 namespace ampipe::train {
 
@@ -330,8 +331,11 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                   std::string(size_t(width - done), '.').c_str(), (long long)st.iteration, (long long)end);
       std::fflush(stdout);
     }
-    const bool last = st.iteration == end;
-    if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || last)) {
+    // SIGTERM / SIGINT (stop_signal.h): every rank learns here whether any rank got one, so all stop together,
+    // after this iteration, saving it as the end of a run is saved (but without its evaluation).
+    res.stop_signal = stop_agreed(g_.world);
+    const bool last = st.iteration == end || res.stop_signal != 0;
+    if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || st.iteration == end)) {
       const double vl = evaluate();
       res.evals.push_back({st.iteration, vl});
       if (tty) std::fputs("\r\033[K", stdout);
@@ -343,6 +347,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       say(fmt::format(" saved checkpoint at iteration {} to {}/{}", st.iteration, cfg_.save,
                       checkpoint_subdir(st.iteration)));
     }
+    if (res.stop_signal != 0) break;
   }
   comm::Trace::clear();
   comm::Trace::set_enabled(false);

@@ -50,6 +50,7 @@ struct TrainResult {
   std::vector<EvalStats> evals;
   double wall_s = 0;
   int64_t start_iteration = 0;
+  int stop_signal = 0;  // the SIGTERM / SIGINT that stopped the run early on every rank (stop_signal.h); 0: none
 };
 
 class Trainer {
