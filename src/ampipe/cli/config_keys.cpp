@@ -28,7 +28,8 @@ void check_config_keys_once(const std::string& text, const nlohmann::json& j, co
     return true;
   };
   try {
-    (void)nlohmann::json::parse(text, on_event);
+    const nlohmann::json parsed = nlohmann::json::parse(text, on_event);
+    (void)parsed;
   } catch (const nlohmann::json::exception&) {
     return;  // the caller has parsed it already; nothing more to say here
   }

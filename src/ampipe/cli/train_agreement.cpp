@@ -11,11 +11,11 @@ nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& 
   j["pipe_experts_multi_stream"] = l.pipe_experts_multi_stream;
   j["use_flash_attn"] = cfg.use_flash_attn;
   j["add_bias_linear"] = cfg.add_bias_linear;
-  j["tensor_model_parallel_size"] = cfg.tensor_model_parallel_size;
+  j["tensor_model_parallel_size"] = l.tensor_model_parallel_size;
   j["context_parallel_size"] = cfg.context_parallel_size;
   j["context_parallel_algo"] = cfg.context_parallel_algo;
-  j["sequence_parallel"] = cfg.sequence_parallel;
-  j["ampipe_tp_sp_comm_overlap"] = cfg.ampipe_tp_sp_comm_overlap;
+  j["sequence_parallel"] = l.sequence_parallel;
+  j["ampipe_tp_sp_comm_overlap"] = l.ampipe_tp_sp_comm_overlap;
   j["use_ascend_mc2"] = cfg.use_ascend_mc2;
   j["overlap_grad_reduce"] = cfg.overlap_grad_reduce;
   j["overlap_param_gather"] = cfg.overlap_param_gather;
