@@ -158,22 +158,31 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
 
   // Forward. LN1 + QKV per chunk: chunk c's attention needs K and V of rows [0, (c+1)*s/M) only (causality), so
   // chunk 0's dispatch is issued after one chunk's QKV, not the whole sequence's.
+  // tp > 1: LN1 on this rank's rows, with sequence parallelism all-gathered to every row of the chunk. With the tp
+  // overlap the attention side's tp collectives hide behind the next chunk too: chunk c+1's LN1 and all-gather are
+  // issued before chunk c's attention, and its QKV projection runs while chunk c's out-projection is reduced.
+  const bool ahead = tp && d.overlap_tp;
+  auto qkv_input = [&](int c) {
+    const uint32_t l1 = b.add(Dir::fwd, Stage::ln1, c, {});
+    if (!sp) return l1;
+    return b.tp(Dir::fwd, Stage::tp_qkv_in, c, {l1}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
+                bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
+  };
   std::vector<uint32_t> qkv;
+  std::optional<uint32_t> next_input;  // ahead: chunk c+1's QKV input
   for (int c = 0; c < M; ++c) {
     const size_t i = size_t(c);
     if (!tp) {
       qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
-    } else {  // LN1 on this rank's rows; sequence parallel: all-gathered to every row of the chunk
-      uint32_t in = b.add(Dir::fwd, Stage::ln1, c, {});
-      if (sp)
-        in = b.tp(Dir::fwd, Stage::tp_qkv_in, c, {in}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
-                  bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
-      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
-    }
+    } else if (!ahead || c == 0) {
+      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {qkv_input(c)}));
+    }  // else: qkv(c) was issued under chunk c-1's out-projection reduction
+    if (ahead && c + 1 < M) next_input = qkv_input(c + 1);
     const uint32_t att = b.add(Dir::fwd, Stage::attention, c, qkv);
     uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
     if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows, or all-reduced
       proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce, sp ? Buf::proj_partial : Buf::proj, Buf::proj);
+    if (ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
     // --ampipe-tp-sp-comm-overlap: the earlier chunks' first expert all-gather starts under the last chunk's
     // residual, LN2 and gate (MindSpeed's prefetch; not earlier: the tp lane is in order, and an all-gather waiting
     // for its dispatch must not hold up this chunk's attention-side collectives).
@@ -262,6 +271,14 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     if (sync_reduce) deps.push_back(*sync_reduce);
     b.add(Dir::bwd, Stage::expert_wgrad, -1, deps);
   }
+  // With the tp overlap, chunk c's LN1 backward waits until the next chunk's backward (or the weight gradients)
+  // has run, so the reduction of its input gradient hides behind them.
+  int pending_c = -1;  // the chunk whose LN1 backward waits, and its reduction
+  uint32_t pending_red = 0;
+  auto flush_ln1 = [&] {
+    if (pending_c >= 0) b.add(Dir::bwd, Stage::ln1, pending_c, {pending_red});
+    pending_c = -1;
+  };
   for (int c = M - 1; c >= 0; --c) {
     std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
     deps.push_back(aux);
@@ -280,11 +297,15 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
       input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, attention_bwd));
       const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce, Buf::d_ln1_out,
                                 sp ? Buf::d_ln1_local : Buf::d_ln1_out);
-      b.add(Dir::bwd, Stage::ln1, c, {red});
+      flush_ln1();
+      pending_c = c;
+      pending_red = red;
+      if (!d.overlap_tp) flush_ln1();
     }
   }
   // The QKV and out-projection weight gradients over all rows at once.
   b.add(Dir::bwd, Stage::attention_wgrad, -1, input_grads);
+  flush_ln1();
   return std::move(b.plan);
 }
 
