@@ -33,12 +33,17 @@ void expect_in_flight_during(const std::map<std::string, Span>& rec, const std::
   }
 }
 
-// One set of groups for the whole binary (EP over the world): groups are created before the first operation.
-const comm::Groups& ep_world_groups() {
+// The binary's groups, all created before the first operation: EP over the world, and tp 2 x EP (world / 2).
+struct AllGroups {
+  comm::Groups ep_world, tp2;
+};
+const AllGroups& all_groups() {
   comm::Runtime& rt = comm::Runtime::current();
-  static comm::Groups groups = rt.make_groups(comm::Layout::make(rt.size(), 1, 1, rt.size()));
-  return groups;
+  static AllGroups g{rt.make_groups(comm::Layout::make(rt.size(), 1, 1, rt.size())),
+                     rt.make_groups(comm::Layout::make(rt.size(), 2, 1, rt.size() / 2))};
+  return g;
 }
+const comm::Groups& ep_world_groups() { return all_groups().ep_world; }
 
 }  // namespace
 
@@ -126,4 +131,70 @@ TEST(ScheduleTrace, PipeExpertsPiecesOverlapEachOther) {
     expect_in_flight_during(rec, fmt::format("L0.fwd.combine.c0.p{}", q), fmt::format("L0.fwd.experts.c0.p{}", q + 1));
     expect_in_flight_during(rec, fmt::format("L0.bwd.combine.c0.p{}", q + 1), fmt::format("L0.bwd.experts.c0.p{}", q));
   }
+}
+
+TEST(ScheduleTrace, TensorParallelCollectivesOverlapExpertPieces) {
+  // --ampipe-tp-sp-comm-overlap (tp 2, sequence parallel, degree 2, E = 4: pieces per (chunk, local expert), in
+  // chunk-major order): the tp all-gather of piece p+1 is issued before piece p's expert GEMMs start, and the
+  // reduce-scatter of piece p is not waited for before piece p+1's expert GEMMs end; in the backward the same for
+  // the all-gather of the output gradient and the reduce-scatter of the input gradient (pieces in reverse chunk
+  // order). The collective sequence on the tp group is identical on both tp ranks (fingerprints checked too).
+  comm::Runtime& rt = comm::Runtime::current();
+  const comm::Groups& groups = all_groups().tp2;
+  rt.set_check_collectives(true);
+  model::LayerConfig cfg;
+  cfg.seq_length = 256;
+  cfg.micro_batch_size = 1;
+  cfg.hidden_size = 64;
+  cfg.ffn_hidden_size = 256;
+  cfg.num_attention_heads = 4;
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.expert_model_parallel_size = rt.size() / 2;
+  cfg.tensor_model_parallel_size = 2;
+  cfg.sequence_parallel = true;
+  cfg.ampipe_tp_sp_comm_overlap = true;
+  const int M = 2;
+  const comm::Layout::Coord me = groups.layout.coord(rt.rank());
+  schedule::LayerStack stack(cfg, 1, M, me.ep, &groups);
+  const int pieces = int(stack.plan(0).dims.pieces.size());
+  ASSERT_EQ(pieces, int(cfg.local_experts()));
+  const Shape act{cfg.seq_length / 2, 1, cfg.hidden_size};
+  const Tensor x = ampipe::testing::seeded_normal(act, 5, uint64_t(2 * rt.rank()));
+  const Tensor dy = ampipe::testing::seeded_normal(act, 5, uint64_t(2 * rt.rank() + 1));
+  comm::barrier_sync(groups.world, "trace_tp.start");
+  comm::Trace::clear();
+  comm::Trace::set_enabled(true);
+  stack.forward(x, uint64_t(me.dp * cfg.tokens()));
+  stack.backward(dy, 0.01f);
+  comm::barrier_sync(groups.world, "trace_tp.end");
+  comm::Trace::set_enabled(false);
+  std::map<std::string, Span> rec;
+  std::string sequence;
+  for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
+    rec[r.name] = {r.issued_us, r.start_us, r.end_us};
+    if (r.name.find(".tp_") != std::string::npos && r.name.rfind("wait:", 0) != 0)
+      sequence += fmt::format("{}#{};", r.seq, r.name);
+  }
+  std::vector<std::string> fwd, bwd;  // piece suffixes in each direction's order
+  for (int c = 0; c < M; ++c)
+    for (int q = 0; q < pieces; ++q) fwd.push_back(fmt::format("c{}.p{}", c, q));
+  for (int c = M - 1; c >= 0; --c)
+    for (int q = 0; q < pieces; ++q) bwd.push_back(fmt::format("c{}.p{}", c, q));
+  auto issued_before_start = [&](const std::string& coll, const std::string& task) {
+    ASSERT_TRUE(rec.count(coll)) << coll;
+    ASSERT_TRUE(rec.count(task)) << task;
+    EXPECT_LE(rec.at(coll).issued, rec.at(task).start) << coll << " issued after " << task << " started";
+  };
+  for (size_t i = 0; i + 1 < fwd.size(); ++i) {
+    issued_before_start("L0.fwd.tp_expert_in." + fwd[i + 1], "L0.fwd.experts." + fwd[i]);
+    expect_in_flight_during(rec, "L0.fwd.tp_expert_out." + fwd[i], "L0.fwd.experts." + fwd[i + 1]);
+    issued_before_start("L0.bwd.tp_expert_out." + bwd[i + 1], "L0.bwd.experts." + bwd[i]);
+    expect_in_flight_during(rec, "L0.bwd.tp_expert_in." + bwd[i], "L0.bwd.experts." + bwd[i + 1]);
+  }
+  // The attention side: chunk 1's LN1 all-gather in flight during chunk 0's attention.
+  expect_in_flight_during(rec, "L0.fwd.tp_qkv_in.c1", "L0.fwd.attention.c0");
+  const auto all = comm::all_gather_strings(groups.tp, sequence, "trace_tp.sequences");
+  for (const std::string& q : all) EXPECT_EQ(q, sequence);
+  rt.set_check_collectives(false);
 }

@@ -31,11 +31,21 @@ comm::Event Executor::issue(const Task& t, model::Layer& layer, std::vector<comm
   Tensor recv = layer.buffer(c.recv, t.chunk, t.piece);
   const comm::Group* g = groups_ ? &groups_->get(c.group) : nullptr;
   if (g == nullptr || !g->valid() || g->size() == 1) {
-    // A one-rank collective is a copy made now, so what it reads must be complete: its producers on other lanes
-    // (e.g. a one-rank EP all-to-all after a tensor-parallel reduction) are waited for here.
-    for (const comm::Event& e : after) e.wait();
-    run_locally(c, send, recv, tag);
-    return {};
+    // A one-rank collective is a copy; what it reads must be complete. Its producers on other lanes (e.g. a
+    // one-rank EP all-to-all after a tensor-parallel reduction) may still run: then the copy is deferred.
+    bool ready = true;
+    for (const comm::Event& e : after) ready = ready && e.ready();
+    if (ready) {
+      for (const comm::Event& e : after) e.wait();  // rethrows a failed producer
+      run_locally(c, send, recv, tag);
+      return {};
+    }
+    Deferred d{c, send, recv, std::move(after), std::make_shared<comm::EventState>(), tag};
+    d.state->info.tag = tag;
+    d.state->info.lane = t.lane;
+    d.state->info.chunk = t.chunk;
+    deferred_.push_back(std::move(d));
+    return comm::Event(deferred_.back().state);
   }
   comm::Issue how;
   how.after = std::move(after);
@@ -60,6 +70,25 @@ comm::Event Executor::issue(const Task& t, model::Layer& layer, std::vector<comm
   return {};
 }
 
+void Executor::finish(Deferred& d) {
+  for (const comm::Event& e : d.after) e.wait();  // blocks only for a task that needs the copy now
+  run_locally(d.spec, d.send, d.recv, d.tag);
+  d.state->complete();
+}
+
+void Executor::poll_deferred() {
+  for (size_t i = 0; i < deferred_.size();) {
+    bool ready = true;
+    for (const comm::Event& e : deferred_[i].after) ready = ready && e.ready();
+    if (!ready) {
+      ++i;
+      continue;
+    }
+    finish(deferred_[i]);
+    deferred_.erase(deferred_.begin() + std::ptrdiff_t(i));
+  }
+}
+
 void Executor::run(const Plan& plan, Dir dir, model::Layer& layer) {
   if (done_.size() != plan.tasks.size()) done_.assign(plan.tasks.size(), comm::Event());
   std::vector<uint32_t> issued;  // collectives of this direction, all waited for before returning
@@ -67,7 +96,16 @@ void Executor::run(const Plan& plan, Dir dir, model::Layer& layer) {
     if (t.dir != dir) continue;
     if (!t.is_collective()) {
       const int64_t w0 = comm::Trace::now_us();
-      for (uint32_t d : t.deps) done_[d].wait();  // the only place compute blocks
+      poll_deferred();
+      for (uint32_t d : t.deps) {
+        for (size_t i = 0; i < deferred_.size(); ++i)  // a deferred local copy this task reads: made now
+          if (deferred_[i].state == done_[d].state()) {
+            finish(deferred_[i]);
+            deferred_.erase(deferred_.begin() + std::ptrdiff_t(i));
+            break;
+          }
+        done_[d].wait();  // the only place compute blocks
+      }
       const int64_t t0 = comm::Trace::now_us();
       stats_.blocked_us += t0 - w0;
       layer.run(t.stage, t.dir, t.chunk, t.piece);
@@ -86,6 +124,10 @@ void Executor::run(const Plan& plan, Dir dir, model::Layer& layer) {
   // Every collective of a layer step has a consumer in the same step, so these waits are normally free; they make
   // the promise that the shared buffers are idle when the next layer starts.
   const int64_t w0 = comm::Trace::now_us();
+  while (!deferred_.empty()) {
+    finish(deferred_.front());
+    deferred_.erase(deferred_.begin());
+  }
   for (uint32_t id : issued)
     if (!done_[id].ready() || done_[id].failed()) done_[id].wait();  // a failure throws here
   stats_.blocked_us += comm::Trace::now_us() - w0;

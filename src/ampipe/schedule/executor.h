@@ -35,12 +35,25 @@ class Executor {
   void reset_stats() { stats_ = {}; }
 
   // Issues one collective task on its group and lane, reading and writing the layer's buffers (also used by
-  // bench-layer to time the communication alone).
+  // bench-layer to time the communication alone). A collective over a one-rank group is a local copy: made at once
+  // when its `after` events are complete, else deferred (the returned Event completes when run() makes the copy,
+  // at the latest before the first compute task that depends on it), so it never blocks the compute lane early.
   comm::Event issue(const Task& t, model::Layer& layer, std::vector<comm::Event> after, const std::string& tag);
 
  private:
+  struct Deferred {  // a one-rank collective waiting for producers on other lanes
+    CollectiveSpec spec;
+    Tensor send, recv;
+    std::vector<comm::Event> after;
+    std::shared_ptr<comm::EventState> state;
+    std::string tag;
+  };
+  void finish(Deferred& d);  // waits for its `after` events, makes the copy, completes its event
+  void poll_deferred();                  // finishes every deferred copy whose producers are done
+
   const comm::Groups* groups_;
   std::vector<comm::Event> done_;  // per task id
+  std::vector<Deferred> deferred_;
   ExecStats stats_;
 };
 
