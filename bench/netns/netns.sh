@@ -6,6 +6,8 @@
 #   netns_setup 1gbit                  # two namespaces + veth pair, tbf on both egresses ("none" = unshaped)
 #   netns_set_rate 200mbit             # re-shape the live pair (tc qdisc replace; "none" removes the shaping)
 #   netns_mpirun ./app args...         # OpenMPI, rank 0 in ${PREFIX}0, rank 1 in ${PREFIX}1, TCP over the veth
+#   netns_mpirun_n N ./app args...     # 2N ranks: 0..N-1 in ${PREFIX}0, N..2N-1 in ${PREFIX}1; inside a namespace
+#                                      # (a "node") unshaped TCP over loopback, between them TCP over the veth
 #   (teardown is automatic: netns_setup installs an EXIT/INT/TERM trap that calls netns_teardown)
 #
 # Set NETNS_PREFIX to something of your own so that two benchmarks can run at once without touching each
@@ -86,6 +88,22 @@ netns_mpirun() {
   # shellcheck disable=SC2086
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ip netns exec "$NS0" \
     mpirun -np 2 --host "$IP0,$IP1" --mca plm_rsh_agent "$NETNS_WORK/nsagent.sh" \
+    --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET.0/24" \
+    --mca oob_tcp_if_include "$NETNS_SUBNET.0/24" --mca btl_tcp_links 2 --bind-to none ${NETNS_MPI_EXTRA:-} "$@"
+}
+
+# N ranks per namespace (2N in all), filled in rank order: ranks 0..N-1 in the first, N..2N-1 in the second, so
+# with tp = N the tensor-parallel groups stay inside a namespace and everything else crosses the shaped veth, as tp
+# inside a node and EP / DP across nodes on a cluster. Ranks of one namespace share its address, so their TCP
+# traffic takes the loopback route, which tbf (on the veth) does not shape. (Not vader: both namespaces have the
+# same host name, so OpenMPI would take all ranks for one node and move cross-namespace bytes through shared memory,
+# and the two daemons' session directories collide; it crashed in mca_btl_vader_poll_handle_frag.)
+netns_mpirun_n() {
+  local n=$1
+  shift
+  # shellcheck disable=SC2086
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ip netns exec "$NS0" \
+    mpirun -np $((2 * n)) --host "$IP0:$n,$IP1:$n" --map-by slot --mca plm_rsh_agent "$NETNS_WORK/nsagent.sh" \
     --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$NETNS_SUBNET.0/24" \
     --mca oob_tcp_if_include "$NETNS_SUBNET.0/24" --mca btl_tcp_links 2 --bind-to none ${NETNS_MPI_EXTRA:-} "$@"
 }

@@ -108,7 +108,7 @@ struct ConfigResult {
 };
 
 // One lane's collectives alone: the same Plan tasks and buffers, in Plan order, back to back on their lane (ep: the
-// all-to-alls; tp: every tensor-parallel collective).
+// all-to-alls; tp: every tensor-parallel collective, the experts' on the etp lane included).
 double time_comm_alone(schedule::LayerStack& st, const comm::Group& group, comm::Lane lane) {
   if (group.size() == 1) return 0.0;
   comm::barrier_sync(group, "comm_alone.start");
@@ -117,7 +117,7 @@ double time_comm_alone(schedule::LayerStack& st, const comm::Group& group, comm:
   for (int i = 0; i < st.num_layers(); ++i)
     for (const schedule::Task& t : st.plan(i).tasks) {
       // compute tasks are skipped, and so are the tiny capacity all-gathers of --moe-no-drop
-      if (!t.is_collective() || t.lane != lane) continue;
+      if (!t.is_collective() || (t.lane != lane && !(lane == comm::Lane::tp && t.lane == comm::Lane::etp))) continue;
       if (lane == comm::Lane::ep && t.collective->kind != schedule::CollKind::all_to_all) continue;
       evs.push_back(st.executor().issue(t, st.layer(i), {}, "alone." + t.name()));
     }

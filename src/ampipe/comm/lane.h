@@ -9,10 +9,12 @@
 
 namespace ampipe::comm {
 
-enum class Lane : uint8_t { compute, ep, tp, cp, dp };
+// etp: the experts' tensor-parallel collectives (on the tp group), a queue of their own so that an expert all-gather
+// waiting for its dispatch never holds up the attention side's tp collectives, nor the other way round.
+enum class Lane : uint8_t { compute, ep, tp, cp, dp, etp };
 
-inline constexpr int kNumLanes = 5;
-inline constexpr std::array<Lane, 4> kCommLanes = {Lane::ep, Lane::tp, Lane::cp, Lane::dp};
+inline constexpr int kNumLanes = 6;
+inline constexpr std::array<Lane, 5> kCommLanes = {Lane::ep, Lane::tp, Lane::cp, Lane::dp, Lane::etp};
 
 constexpr int lane_index(Lane l) { return int(l); }
 
@@ -23,6 +25,7 @@ constexpr std::string_view lane_name(Lane l) {
     case Lane::tp: return "tp";
     case Lane::cp: return "cp";
     case Lane::dp: return "dp";
+    case Lane::etp: return "etp";
   }
   return "?";
 }

@@ -69,10 +69,12 @@ void AttentionBlock::out_proj(int c) {
     in.copy_from(attn);
   }
   linear_forward(in, s.w.proj, proj);
+  if (s.dims.sp && s.bf16()) s.mem.get(Buf::proj_send).copy_from(proj);  // bf16 payload, as Megatron's
 }
 
 void AttentionBlock::residual_ln2(int c) {
   LayerState& s = st_;
+  if (s.dims.sp && s.bf16()) s.rows(Buf::proj, c).copy_from(s.rows(Buf::proj_recv, c));  // the reduced rows
   Tensor ln_in = s.rows(Buf::ln_in, c), ln2 = s.rows(Buf::ln2_out, c);
   kernels::dropout_add_forward(s.rows(Buf::proj, c), s.rows(s.x, c), s.cfg.dropout_p(), dropout_key(s.cfg),
                                s.chunk_token0(c), ln_in);
@@ -136,10 +138,12 @@ void AttentionBlock::qkv_backward(int c) {
     in.copy_from(dqkv);
   }
   linear_input_grad(in, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
+  if (s.dims.sp && s.bf16()) s.mem.get(Buf::d_ln1_send, c).copy_from(d_xn);  // bf16 payload of the reduction
 }
 
 void AttentionBlock::ln1_backward(int c) {
   LayerState& s = st_;
+  if (s.dims.sp && s.bf16()) s.mem.get(Buf::d_ln1_local, c).copy_from(s.mem.get(Buf::d_ln1_recv, c));
   const Tensor d_xn = s.mem.get(s.dims.sp ? Buf::d_ln1_local : Buf::d_ln1_out, c);  // this rank's rows, reduced
   Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c);
   kernels::layernorm_backward(d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c),

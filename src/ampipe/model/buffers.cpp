@@ -32,6 +32,7 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"ln1_local", false},       {"ln1_send", false},        {"proj_partial", false},    {"d_proj_full", false},
     {"d_proj_send", false},     {"d_ln1_local", true},      {"expert_gather", true},    {"combine_partial", true},
     {"d_gather", true},         {"dispatch_bwd_partial", true}, {"gate_stats", false},
+    {"proj_send", false},       {"proj_recv", false},       {"d_ln1_send", true},       {"d_ln1_recv", true},
 };
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
@@ -49,7 +50,11 @@ bool needed(const LayerDims& d, Buf b) {
     case Buf::dispatch_bwd_partial:
     case Buf::gate_stats: return d.sp;
     case Buf::ln1_send:
-    case Buf::d_proj_send: return d.sp && bf16;
+    case Buf::d_proj_send:
+    case Buf::proj_send:
+    case Buf::proj_recv:
+    case Buf::d_ln1_send:
+    case Buf::d_ln1_recv: return d.sp && bf16;
     case Buf::d_proj_full: return d.sp && !bf16;
     case Buf::ln1_out_bf16:
     case Buf::qkv_bf16:
@@ -95,7 +100,11 @@ bool in_compute_dtype(Buf b) {
     case Buf::expert_gather:
     case Buf::combine_partial:
     case Buf::d_gather:
-    case Buf::dispatch_bwd_partial: return true;
+    case Buf::dispatch_bwd_partial:
+    case Buf::proj_send:
+    case Buf::proj_recv:
+    case Buf::d_ln1_send:
+    case Buf::d_ln1_recv: return true;
     default: return false;
   }
 }
@@ -142,6 +151,7 @@ bool chunked_by_rows(Buf b) {
     case Buf::ln1_out:
     case Buf::ln1_out_bf16:
     case Buf::proj:
+    case Buf::proj_recv:
     case Buf::d_proj:
     case Buf::d_proj_full:
     case Buf::d_proj_bf16: return true;
@@ -170,6 +180,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::attn_bf16:
     case Buf::d_attn: return {T, hl};
     case Buf::proj:
+    case Buf::proj_recv:
     case Buf::ln_in:
     case Buf::ln2_out:
     case Buf::moe_out:
@@ -217,9 +228,12 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::ln1_local:
     case Buf::ln1_send:
     case Buf::d_proj_send:
-    case Buf::d_ln1_local: return {Scl, h};
+    case Buf::d_ln1_local:
+    case Buf::d_ln1_recv: return {Scl, h};
     case Buf::d_ln1_out:
-    case Buf::proj_partial: return {Sc, h};
+    case Buf::proj_partial:
+    case Buf::proj_send:
+    case Buf::d_ln1_send: return {Sc, h};
     case Buf::d_weight: return {Scl, d.k};
     case Buf::d_act: return {R, d.Fl};
     case Buf::d_logits: return {Scl, E};

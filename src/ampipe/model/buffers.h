@@ -95,8 +95,13 @@ enum class Buf : uint8_t {
   d_gather,            // [t*ep, L, C, h] per chunk: combine_bwd_recv all-gathered over tp
   dispatch_bwd_partial,  // [t*ep, L, C, h] per chunk: the experts' partial input gradients (reduce-scattered)
   gate_stats,          // [2E + 1] the gate statistics of the local rows (sum probs, first-choice counts, tokens)
+  // sequence parallel in bf16: the attention side's reductions carry bf16 (reduced in fp32, rounded once)
+  proj_send,           // [S_c, h] bf16 copy of proj_partial, one slot
+  proj_recv,           // [Tl, h] bf16: the reduce-scattered rows of every chunk (converted into proj)
+  d_ln1_send,          // [S_c, h] bf16 copy of d_ln1_out, per chunk
+  d_ln1_recv,          // [Scl, h] bf16, per chunk (converted into d_ln1_local)
 };
-inline constexpr int kNumBufs = int(Buf::gate_stats) + 1;
+inline constexpr int kNumBufs = int(Buf::d_ln1_recv) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 

@@ -140,10 +140,11 @@ double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
     case Stage::combine: return slots * h * e;
     case Stage::capacity: return fwd ? 4 : 0;
     // all-gather: this rank's block; reduce-scatter: the t blocks it reduces; all-reduce: the whole buffer
-    case Stage::tp_qkv_in:  // fwd: gather the LN1 rows (compute dtype); bwd: reduce the fp32 input gradient
-      return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * f;
-    case Stage::tp_proj_out:  // fwd: reduce the fp32 partial sums; bwd: gather the output gradient (compute dtype)
-      return fwd ? double(d.Sc) * h * f : (d.sp ? double(d.Scl) * h * e : 0);
+    // the attention side's reductions: fp32, or bf16 with sequence parallelism in bf16 (the all-reduce stays fp32)
+    case Stage::tp_qkv_in:  // fwd: gather the LN1 rows (compute dtype); bwd: reduce the input gradient
+      return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * (d.sp ? e : f);
+    case Stage::tp_proj_out:  // fwd: reduce the partial sums; bwd: gather the output gradient (compute dtype)
+      return fwd ? double(d.Sc) * h * (d.sp ? e : f) : (d.sp ? double(d.Scl) * h * e : 0);
     case Stage::tp_expert_in:  // fwd: gather the received slots; bwd: reduce the input gradient
       return fwd ? (d.sp ? slots * h * e : 0) : (d.sp ? double(d.tp) : 1.0) * slots * h * e;
     case Stage::tp_expert_out:  // fwd: reduce the partial outputs; bwd: gather their gradient

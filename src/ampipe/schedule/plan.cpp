@@ -43,8 +43,8 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::tp,       // tp_qkv_in
     Lane::tp,       // tp_proj_out
     Lane::tp,       // tp_aux_stats
-    Lane::tp,       // tp_expert_in
-    Lane::tp,       // tp_expert_out
+    Lane::etp,      // tp_expert_in
+    Lane::etp,      // tp_expert_out
 };
 }  // namespace
 
@@ -180,13 +180,10 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     if (ahead && c + 1 < M) next_input = qkv_input(c + 1);
     const uint32_t att = b.add(Dir::fwd, Stage::attention, c, qkv);
     uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
-    if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows, or all-reduced
-      proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce, sp ? Buf::proj_partial : Buf::proj, Buf::proj);
+    if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows (bf16: a bf16 payload), or all-reduced
+      proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce,
+                  sp ? (bf16 ? Buf::proj_send : Buf::proj_partial) : Buf::proj, sp && bf16 ? Buf::proj_recv : Buf::proj);
     if (ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
-    // --ampipe-tp-sp-comm-overlap: the earlier chunks' first expert all-gather starts under the last chunk's
-    // residual, LN2 and gate (MindSpeed's prefetch; not earlier: the tp lane is in order, and an all-gather waiting
-    // for its dispatch must not hold up this chunk's attention-side collectives).
-    if (d.overlap_tp && M > 1 && c == M - 1) expert_gather(Dir::fwd, 0);
     const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
     gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
     if (d.agree_capacity) {
@@ -197,6 +194,11 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     for (size_t q = 0; q < nP; ++q)  // pipe-experts: every piece's dispatch issued at once, in piece order
       dispatch[i][q] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all,
                                     Buf::dispatch_send, Buf::dispatch_recv, pieces[q]);
+    // --ampipe-tp-sp-comm-overlap: the experts' all-gathers of every chunk but the last are issued as soon as its
+    // dispatch is, so that they run under the next chunk's attention (on the etp lane: waiting for a dispatch they
+    // hold up no attention-side collective); the last chunk's follow the pieces one ahead.
+    if (d.overlap_tp && c + 1 < M)
+      for (size_t q = 0; q < nP; ++q) expert_gather(Dir::fwd, i * nP + q);
   }
   // Sequence parallel: the aux loss needs the gate statistics of every tp rank's rows.
   std::vector<uint32_t> aux_deps = gate;
@@ -272,14 +274,10 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     b.add(Dir::bwd, Stage::expert_wgrad, -1, deps);
   }
   // With the tp overlap, chunk c's LN1 backward waits until the next chunk's backward (or the weight gradients)
-  // has run, so the reduction of its input gradient hides behind them.
-  int pending_c = -1;  // the chunk whose LN1 backward waits, and its reduction
-  uint32_t pending_red = 0;
-  auto flush_ln1 = [&] {
-    if (pending_c >= 0) b.add(Dir::bwd, Stage::ln1, pending_c, {pending_red});
-    pending_c = -1;
-  };
-  for (int c = M - 1; c >= 0; --c) {
+  // has run, so the reduction of its input gradient hides behind them; and chunk c-1's gate and residual backward
+  // and its out-projection gradient all-gather run before chunk c's QKV backward, so that all-gather is not queued
+  // behind chunk c's reduction.
+  auto head = [&](int c) {  // gate and residual backward of chunk c, and (sequence parallel) the all-gather
     std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
     deps.push_back(aux);
     const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, deps);
@@ -287,16 +285,30 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     if (sp)  // the out-projection's output gradient of every row of the chunk
       rb = b.tp(Dir::bwd, Stage::tp_proj_out, c, {rb}, CollKind::all_gather, bf16 ? Buf::d_proj_send : Buf::d_proj,
                 bf16 ? Buf::d_proj_bf16 : Buf::d_proj_full);
+    return rb;
+  };
+  std::optional<uint32_t> next_head;
+  if (ahead) next_head = head(M - 1);
+  int pending_c = -1;  // the chunk whose LN1 backward waits, and its reduction
+  uint32_t pending_red = 0;
+  auto flush_ln1 = [&] {
+    if (pending_c >= 0) b.add(Dir::bwd, Stage::ln1, pending_c, {pending_red});
+    pending_c = -1;
+  };
+  for (int c = M - 1; c >= 0; --c) {
+    const uint32_t rb = ahead ? *next_head : head(c);
     const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
     attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
+    if (ahead && c > 0) next_head = head(c - 1);
     // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
     input_grads.push_back(pb);
     if (!tp) {
       input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd));
     } else {  // the QKV input gradient's partial sums over the local heads, reduced to this rank's rows
       input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, attention_bwd));
-      const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce, Buf::d_ln1_out,
-                                sp ? Buf::d_ln1_local : Buf::d_ln1_out);
+      const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce,
+                                sp && bf16 ? Buf::d_ln1_send : Buf::d_ln1_out,
+                                sp ? (bf16 ? Buf::d_ln1_recv : Buf::d_ln1_local) : Buf::d_ln1_out);
       flush_ln1();
       pending_c = c;
       pending_red = red;
