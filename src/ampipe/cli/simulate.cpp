@@ -143,6 +143,7 @@ int run_simulate(SimulateArgs& a) {
     base.layer.use_pipe_experts = false;
     base.layer.pipe_experts_multi_data = 1;
     base.layer.pipe_experts_multi_stream = false;
+    base.layer.ampipe_tp_sp_comm_overlap = false;  // needs a degree > 1: checked per degree below
     base.validate(W);
   }
   const std::vector<int> degrees = a.degrees == "auto" ? auto_degree_candidates(cfg.layer.seq_length, {1, 2, 4, 8, 16})
@@ -180,10 +181,13 @@ int run_simulate(SimulateArgs& a) {
   const int nmb = int(G / (l.micro_batch_size * dp));
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
   const double F1 = swiglu ? 2 * F : F;
-  const double dense_layer = 4 * h * h + 4 * h + E * h, expert_layer = double(l.local_experts()) * (F1 * h + h * F);
+  // per device: the attention matrices and the experts' F columns are cut over tp (docs/ampipe.md §5)
+  const double tp = double(l.tp());
+  const double dense_layer = 4 * h * h / tp + 4 * h + E * h,
+               expert_layer = double(l.local_experts()) * (F1 * h + h * F) / tp;
   const double dense_params = nl * dense_layer + V * h + s * h + 2 * h + (cfg.untie_embeddings_and_output_weights ? V * h : 0);
   const double expert_params = nl * expert_layer;
-  const double matrix_params = nl * (4 * h * h + expert_layer);  // layer matrices with bf16 copies (not the gate)
+  const double matrix_params = nl * (4 * h * h / tp + expert_layer);  // layer matrices with bf16 copies (not the gate)
 
   const sim::ComputeRates& r32 = prof.fp32;
   const double head_gemm = 3 * 2 * T * h * V / sim::gemm_rate(r32, std::min({T, h, V}));
@@ -191,7 +195,10 @@ int run_simulate(SimulateArgs& a) {
   const double optim_s = ((dense_params + expert_params) * 36 + (l.bf16 ? 6 * matrix_params : 0)) / (prof.elementwise_gbps * 1e9);
 
   sim::SimOptions opts;
-  opts.ep_spans_nodes = K > 1 && ep > W / K;
+  // rank = tp fastest: a tp group is tp consecutive devices, an EP group's members lie tp apart
+  opts.tp_size = l.tp();
+  opts.tp_spans_nodes = K > 1 && l.tp() > W / K;
+  opts.ep_spans_nodes = K > 1 && ep * l.tp() > W / K;
   opts.dp_size = dp;
   opts.dp_spans_nodes = K > 1;
   if (dp > 1) {
@@ -247,10 +254,14 @@ int run_simulate(SimulateArgs& a) {
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const bool inter_missing = (opts.ep_spans_nodes || (opts.dp_spans_nodes && dp > 1)) && !prof.links.count("inter");
   fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {} | {} "
-             "device{} on {} node{}, ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
+             "device{} on {} node{}, {}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
              cfg.num_layers, l.seq_length, l.micro_batch_size, l.hidden_size, l.ffn_hidden_size,
              l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.vocab_size, l.bf16 ? "bf16" : "fp32",
-             swiglu ? "swiglu" : "gelu", W, W == 1 ? "" : "s", K, K == 1 ? "" : "s", ep,
+             swiglu ? "swiglu" : "gelu", W, W == 1 ? "" : "s", K, K == 1 ? "" : "s",
+             l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
+                                      opts.tp_spans_nodes ? " (across nodes)" : "")
+                        : std::string(),
+             ep,
              opts.ep_spans_nodes ? " (across nodes)" : "", dp, G, nmb, nmb == 1 ? "" : "es", prof.name);
   fmt::print("  per iteration besides the layers: LM head {} ms x {}, optimizer {} ms, gradient all-reduce {} ms "
              "({:.1f} MiB{}){}\n",
