@@ -7,6 +7,8 @@
 
 #include "ampipe/cli/auto_degree.h"
 #include "ampipe/comm/runtime.h"
+#include "ampipe/core/error.h"
+#include "ampipe/train/megatron_args.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
 
@@ -15,17 +17,39 @@ namespace ampipe::cli {
 int run_train(TrainFlags& flags) {
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
+  flags.resolve(cfg, rt.size());
   cfg.validate(rt.size());
   flags.comm.apply();
-  if (rt.rank() == 0)
-    for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
 
   // Data before any collective: a bad file fails identically on every rank.
   const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
   const train::Corpus corpus = train::load_corpus(cfg.data_path);
   cfg.vocab_size = corpus.vocab_size;
-  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, cfg.valid_fraction,
+  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, train::data_split(cfg),
                                                       cfg.layer.seed, source + ", " + corpus.format);
+  {
+    // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
+    // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
+    const int64_t G = cfg.global_batch(rt.size());
+    if (cfg.eval_interval > 0 && cfg.eval_iters * G > data->valid_samples()) {
+      const int64_t fit = data->valid_samples() / G;
+      if (fit < 1)
+        throw ConfigError(fmt::format("--eval-iters {}: the validation split holds {} sequences, fewer than one global "
+                                      "batch of {}: give it more of the data (--split or --valid-fraction) or pass "
+                                      "--eval-interval 0",
+                                      cfg.eval_iters, data->valid_samples(), G));
+      flags.layer.notices.push_back(fmt::format("--eval-iters {} needs {} validation sequences, the validation split "
+                                                "holds {}: evaluating on {} global batches",
+                                                cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
+      cfg.eval_iters = fit;
+    }
+    if (cfg.eval_interval > 0 && data->test_samples() < G && train::data_split(cfg).test > 0)
+      flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
+                                                "batch of {}: no test evaluation",
+                                                train::split_str(train::data_split(cfg)), data->test_samples(), G));
+  }
+  if (rt.rank() == 0)
+    for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
@@ -65,8 +89,9 @@ int run_train(TrainFlags& flags) {
                cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
                l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
                layout.ep, layout.dp, cfg.ampipe_degree, G, l.seq_length, l.micro_batch_size);
-    fmt::print("  data: {} ({} tokens) | {} training / {} validation sequences\n", data->source(),
-               data->tokens(), data->train_samples(), data->valid_samples());
+    fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
+               data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
+               data->valid_samples(), data->test_samples());
     if (start > 0) fmt::print("  resumed from {} at iteration {}\n", cfg.load, start);
     std::fflush(stdout);
   }
@@ -104,6 +129,8 @@ int run_train(TrainFlags& flags) {
                res.start_iteration + 1, its.back().iteration, res.wall_s, first, last, w);
     if (!res.evals.empty())
       fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    if (!res.tests.empty())
+      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
     fmt::print("\n  speed: {:.1f} ms/iteration, {:.0f} tokens/s, {:.4f} TFLOP/s per rank | exposed comm {:.2f} ms/iter",
                iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
     if (a2a > 0) fmt::print(", all-to-all {:.2f} ms/iter of which {:.1f}% hidden", a2a / k, 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));

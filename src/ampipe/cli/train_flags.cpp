@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/megatron_args.h"
 
 namespace ampipe::cli {
 
@@ -42,6 +43,15 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_flag("--use-flash-attn", c.use_flash_attn,
              "flash attention (this engine's only attention kernel; required with --ampipe-degree > 1)");
   a.add_flag("--add-bias-linear", c.add_bias_linear, "biases in linear layers (not supported)");
+  a.add_option("--max-position-embeddings", c.max_position_embeddings,
+               "Megatron's position-embedding size: must be >= --seq-length (the embedding has --seq-length rows, "
+               "the only positions a sequence uses)");
+  a.add_option("--attention-dropout", c.attention_dropout,
+               "dropout on the attention probabilities: only 0 (the fused attention has none)")
+      ->capture_default_str();
+  a.add_option("--distributed-backend", c.distributed_backend,
+               "nccl, gloo or mpi: accepted for launch scripts, no effect (this engine always communicates over MPI)")
+      ->capture_default_str();
   // Parallelism.
   ampipe_degree = std::to_string(c.ampipe_degree);
   a.add_option("--ampipe-degree", ampipe_degree,
@@ -70,11 +80,18 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--global-batch-size", c.global_batch_size,
                "sequences per iteration (default: micro-batch size x data-parallel size)");
   a.add_option("--train-iters", c.train_iters, "iterations")->capture_default_str();
+  a.add_option("--train-samples", c.train_samples,
+               "train for this many sequences instead: --train-iters = samples / global batch (Megatron's meaning)");
   a.add_option("--exit-interval", c.exit_interval, "stop after this many iterations of this run")
       ->capture_default_str();
   a.add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
-  a.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  a.add_option("--min-lr", c.min_lr, "learning rate at the end of the decay")->capture_default_str();
   a.add_option("--lr-warmup-iters", c.lr_warmup_iters, "linear warm-up iterations")->capture_default_str();
+  a.add_option("--lr-decay-style", c.lr_decay_style, "after the warm-up: constant, linear or cosine (to --min-lr)")
+      ->capture_default_str();
+  a.add_option("--lr-decay-iters", c.lr_decay_iters,
+               "iteration at which the decay reaches --min-lr (0: --train-iters)")
+      ->capture_default_str();
   a.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")
       ->capture_default_str();
   a.add_option("--adam-beta1", c.adam_beta1, "AdamW beta1")->capture_default_str();
@@ -83,8 +100,11 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--clip-grad", c.clip_grad, "clip the global gradient norm to this (0: off)")->capture_default_str();
   // Data.
   a.add_option("--data-path", c.data_path, "training data: a plain-text file, or a pre-tokenized llm.c token file (default: the bundled corpus)");
-  a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation")
+  a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation (the split 1-f,f,0)")
       ->capture_default_str();
+  a.add_option("--split", c.split,
+               "train,valid,test weights of the token stream, in that order, e.g. 969,30,1 (instead of "
+               "--valid-fraction)");
   a.add_option("--eval-interval", c.eval_interval, "evaluate every N iterations (0: never)")->capture_default_str();
   a.add_option("--eval-iters", c.eval_iters, "global batches per evaluation")->capture_default_str();
   // Checkpoints.
@@ -97,6 +117,7 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
   a.add_option("--trace-iteration", c.trace_iteration, "which iteration --trace records (1-based)")
       ->capture_default_str();
+  refused.add_to(a, "Megatron flags this engine refuses (each says why)");
 }
 
 namespace {
@@ -153,10 +174,21 @@ train::TrainConfig TrainFlags::finish() {
       }
     }
   }
+  refused.check();
+  auto given = [&](const char* flag) {
+    const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
+    return o != nullptr && o->count() > 0;
+  };
+  for (const auto& [a, b] : {std::pair{"--train-iters", "--train-samples"}, {"--valid-fraction", "--split"}})
+    if (given(a) && given(b))
+      throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
   // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
   // checked as it is.
-  if (const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr; w && w->count() == 0)
-    cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
+  if (!given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
+  if (cfg.distributed_backend != "mpi" && given("--distributed-backend"))
+    layer.notices.push_back(fmt::format("--distributed-backend {} has no effect: this engine always communicates "
+                                        "over MPI",
+                                        cfg.distributed_backend));
   auto_degree = ampipe_degree == "auto";
   if (auto_degree) {
     cfg.ampipe_degree = 1;  // until run_train has asked the simulator
@@ -178,6 +210,13 @@ train::TrainConfig TrainFlags::finish() {
     layer.notices.push_back(notice);
   }
   return cfg;
+}
+
+void TrainFlags::resolve(train::TrainConfig& c, int world) const {
+  if (c.train_samples <= 0) return;
+  train::resolve_train_samples(c, world);
+  const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr;
+  if (w == nullptr || w->count() == 0) c.lr_warmup_iters = std::min(train::TrainConfig{}.lr_warmup_iters, c.train_iters);
 }
 
 }  // namespace ampipe::cli

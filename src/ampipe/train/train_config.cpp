@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/megatron_args.h"
 
 namespace ampipe::train {
 
@@ -146,6 +147,12 @@ void TrainConfig::validate(int world) const {
   if (lr_warmup_iters < 0 || lr_warmup_iters > train_iters)
     throw ConfigError(fmt::format("--lr-warmup-iters {} is invalid: it must be in [0, --train-iters {}]",
                                   lr_warmup_iters, train_iters));
+  if (lr_decay_style != "constant" && lr_decay_style != "linear" && lr_decay_style != "cosine")
+    throw ConfigError(fmt::format("--lr-decay-style {} is not one of constant, linear, cosine", lr_decay_style));
+  if (lr_decay_iters < 0 || (lr_decay_iters > 0 && lr_decay_iters < lr_warmup_iters))
+    throw ConfigError(fmt::format("--lr-decay-iters {} is invalid: it must be >= --lr-warmup-iters {} (the decay "
+                                  "starts after the warm-up; 0 = --train-iters)",
+                                  lr_decay_iters, lr_warmup_iters));
   if (!(weight_decay >= 0))
     throw ConfigError(fmt::format("--weight-decay {} is invalid: it must be >= 0", weight_decay));
   if (!(adam_beta1 >= 0 && adam_beta1 < 1))
@@ -168,6 +175,7 @@ void TrainConfig::validate(int world) const {
     throw ConfigError(fmt::format("--save-interval {} is invalid: it must be >= 0", save_interval));
   if (save_interval > 0 && save.empty())
     throw ConfigError(fmt::format("--save-interval {} needs --save DIR: there is nowhere to write", save_interval));
+  validate_megatron_args(*this);
   if (!trace.empty() && (trace_iteration < 1 || trace_iteration > train_iters))
     throw ConfigError(fmt::format("--trace-iteration {} is invalid: it must be in [1, --train-iters {}]",
                                   trace_iteration, train_iters));
@@ -218,13 +226,16 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["lr"] = c.lr;
   j["min_lr"] = c.min_lr;
   j["lr_warmup_iters"] = c.lr_warmup_iters;
+  j["lr_decay_style"] = c.lr_decay_style;
+  j["lr_decay_iters"] = c.lr_decay_iters;
   j["weight_decay"] = c.weight_decay;
   j["adam_beta1"] = c.adam_beta1;
   j["adam_beta2"] = c.adam_beta2;
   j["adam_eps"] = c.adam_eps;
   j["clip_grad"] = c.clip_grad;
   j["data_path"] = c.data_path;
-  j["valid_fraction"] = c.valid_fraction;
+  j["split"] = split_str(data_split(c));  // --valid-fraction f is the split 1-f,f,0
+  j["max_position_embeddings"] = c.max_position_embeddings;
   return j;
 }
 

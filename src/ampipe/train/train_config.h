@@ -55,6 +55,8 @@ struct TrainConfig {
   double lr = 1.5e-3;
   double min_lr = 1.5e-4;
   int64_t lr_warmup_iters = 30;
+  std::string lr_decay_style = "cosine";  // after the warm-up: constant, linear or cosine (Megatron's styles)
+  int64_t lr_decay_iters = 0;             // the decay reaches --min-lr here; 0: --train-iters
   double weight_decay = 0.1;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.95;
@@ -76,6 +78,13 @@ struct TrainConfig {
   int64_t log_interval = 20;
   std::string trace;
   int64_t trace_iteration = 2;
+
+  // ---- Megatron launch-script flags (train/megatron_args.h; docs/training.md, "Megatron launch scripts") ----
+  int64_t max_position_embeddings = 0;  // 0: --seq-length; must be >= it
+  int64_t train_samples = 0;            // > 0: train_iters = train_samples / global batch (resolve_train_samples)
+  std::string split;                    // "969,30,1": train / valid / test weights; empty: from valid_fraction
+  double attention_dropout = 0;         // this engine has none: only 0 is accepted
+  std::string distributed_backend = "mpi";  // nccl, gloo, mpi: accepted, every one runs over MPI
 
   // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
   void validate(int world) const;

@@ -1,5 +1,6 @@
 #include "ampipe/train/trainer.h"
 
+#include <algorithm>
 #include <functional>
 
 #include <tuple>
@@ -55,11 +56,13 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
 }
 
 // tokens_/targets_ [s, b] of micro-batch samples first_sample + [0, b): token (i, bb) at i*b + bb.
-void Trainer::fill_batch(int64_t first_sample, bool valid) {
+void Trainer::fill_batch(int64_t first_sample, Split which) {
   std::vector<int32_t> in(static_cast<size_t>(s_)), tg(static_cast<size_t>(s_));
   for (int64_t bb = 0; bb < b_; ++bb) {
-    if (valid)
+    if (which == Split::valid)
       data_->valid_sample(first_sample + bb, in, tg);
+    else if (which == Split::test)
+      data_->test_sample(first_sample + bb, in, tg);
     else
       data_->train_sample(first_sample + bb, in, tg);
     for (int64_t i = 0; i < s_; ++i) {
@@ -159,7 +162,7 @@ IterationStats Trainer::train_step() {
   double loss_sum = 0, aux_sum = 0;
   for (int64_t j = 0; j < K_; ++j) {
     const int64_t first = consumed_ + (dp_rank_ * K_ + j) * b_;
-    fill_batch(first, false);
+    fill_batch(first, Split::train);
     loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
     aux_sum += model_.aux_loss();
     // The last micro-batch completes each layer's gradients: start its reduction while the layers below compute.
@@ -206,18 +209,22 @@ IterationStats Trainer::train_step() {
   return st;
 }
 
-double Trainer::evaluate() {
+int64_t Trainer::test_eval_iters() const { return std::min(cfg_.eval_iters, data_->test_samples() / G_); }
+
+double Trainer::evaluate(bool test) {
+  const int64_t iters = test ? test_eval_iters() : cfg_.eval_iters;
+  AMPIPE_CHECK(iters > 0, "evaluate: no global batch to evaluate");
   double sum = 0;
-  for (int64_t e = 0; e < cfg_.eval_iters; ++e)
+  for (int64_t e = 0; e < iters; ++e)
     for (int64_t j = 0; j < K_; ++j) {
       const int64_t first = e * G_ + (dp_rank_ * K_ + j) * b_;
-      fill_batch(first, true);
+      fill_batch(first, test ? Split::test : Split::valid);
       sum += model_.evaluate(tokens_, targets_, uint64_t(first * s_));
     }
   Tensor t = scalars_.rows(0, 1);
   t.fill(float(sum));
-  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, "eval.loss");
-  return t.get(0) / double(cfg_.eval_iters * (G_ / b_));
+  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, test ? "test.loss" : "eval.loss");
+  return t.get(0) / double(iters * (G_ / b_));
 }
 
 std::map<std::string, Tensor> Trainer::full_params() {
@@ -332,6 +339,12 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration,
                       vl, std::exp(vl)));
+      if (last && test_eval_iters() > 0) {
+        const double tl = evaluate(true);
+        res.tests.push_back({st.iteration, tl});
+        say(fmt::format(" test loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration, tl,
+                        std::exp(tl)));
+      }
     }
     if (!cfg_.save.empty() && ((cfg_.save_interval > 0 && st.iteration % cfg_.save_interval == 0) || last)) {
       save(st.iteration);

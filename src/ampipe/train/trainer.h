@@ -48,6 +48,7 @@ struct EvalStats {
 struct TrainResult {
   std::vector<IterationStats> iterations;
   std::vector<EvalStats> evals;
+  std::vector<EvalStats> tests;  // the test split's loss at the end (when --split gives it a global batch)
   double wall_s = 0;
   int64_t start_iteration = 0;
 };
@@ -63,8 +64,11 @@ class Trainer {
   // > 0, whichever comes first); the last iteration of the call is evaluated and saved as the end of a run is.
   // `print`: called on rank 0 with each output line (log, evaluation, checkpoint); may be empty.
   TrainResult train(const std::function<void(const std::string&)>& print = {}, int64_t max_iterations = 0);
-  // Mean validation loss over --eval-iters global batches (collective).
-  double evaluate();
+  // Mean validation loss over --eval-iters global batches (collective). test: over the test split of --split
+  // instead, on min(--eval-iters, test_eval_iters()) global batches.
+  double evaluate(bool test = false);
+  // Global batches the test split holds (0: no test evaluation).
+  int64_t test_eval_iters() const;
   // Every parameter as the full tensor (expert tensors gathered over EP), by name (collective).
   std::map<std::string, Tensor> full_params();
 
@@ -76,7 +80,8 @@ class Trainer {
 
  private:
   IterationStats train_step();
-  void fill_batch(int64_t first_sample, bool valid);
+  enum class Split { train, valid, test };
+  void fill_batch(int64_t first_sample, Split which);
   // Data-parallel reduction of the gradients, started per layer during the last micro-batch's backward
   // (start_reduce(layer)), finished by reduce_gradients() (the remaining parameters, wait, scale, norms).
   void start_reduce(int layer);
