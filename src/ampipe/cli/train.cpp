@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "ampipe/cli/auto_degree.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/train/checkpoint_args.h"
 #include "ampipe/train/megatron_args.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
@@ -18,7 +23,21 @@ int run_train(TrainFlags& flags) {
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
   flags.resolve(cfg, rt.size());
+  // The checkpoint's configuration (files only, every rank): --use-checkpoint-args takes its model flags, and
+  // every other setting this run changes is said (load_checkpoint refuses a different model shape).
+  std::optional<train::CheckpointInfo> ckpt;
+  if (!cfg.load.empty() &&
+      (cfg.use_checkpoint_args || std::filesystem::exists(cfg.load + "/" + train::kLatestMarker)))
+    ckpt = train::read_checkpoint_info(cfg.load);
+  if (ckpt && cfg.use_checkpoint_args)
+    for (const std::string& line : train::apply_checkpoint_model_args(cfg, ckpt->config))
+      flags.layer.notices.push_back("--use-checkpoint-args: " + line + " (from the checkpoint)");
   cfg.validate(rt.size());
+  std::vector<std::string> resume_notes;  // said once the checkpoint has loaded (a model mismatch is an error)
+  if (ckpt)
+    for (const std::string& line : train::describe_resume_changes(ckpt->config, train::to_json(cfg)))
+      resume_notes.push_back(fmt::format("--load {} (iteration {}): this run changes {}", cfg.load, ckpt->iteration,
+                                         line));
   flags.comm.apply();
 
   // Data before any collective: a bad file fails identically on every rank.
@@ -77,6 +96,8 @@ int run_train(TrainFlags& flags) {
 
   train::Trainer trainer(cfg, groups, data);
   const int64_t start = trainer.maybe_load();
+  if (rt.rank() == 0)
+    for (const std::string& n : resume_notes) fmt::print(stderr, "ampipe: note: {}\n", n);
   const bool rank0 = rt.rank() == 0;
   const model::LayerConfig& l = cfg.layer;
   const int64_t G = cfg.global_batch(rt.size());
@@ -92,7 +113,12 @@ int run_train(TrainFlags& flags) {
     fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
                data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
                data->valid_samples(), data->test_samples());
-    if (start > 0) fmt::print("  resumed from {} at iteration {}\n", cfg.load, start);
+    if (cfg.finetune)
+      fmt::print("  finetuning the model of {} (iteration {}): a fresh optimizer, from iteration 0\n", cfg.load,
+                 ckpt ? ckpt->iteration : 0);
+    else if (!cfg.load.empty())
+      fmt::print("  resumed from {} at iteration {}{}\n", cfg.load, start,
+                 cfg.no_load_optim ? " (the model only: a fresh optimizer, --no-load-optim)" : "");
     std::fflush(stdout);
   }
   const train::TrainResult res = trainer.train([](const std::string& line) {

@@ -1,6 +1,7 @@
 #include "ampipe/cli/train_flags.h"
 
 #include <algorithm>
+#include <array>
 
 #include <nlohmann/json.hpp>
 
@@ -112,6 +113,11 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--load", c.load, "checkpoint directory to resume from");
   a.add_option("--save-interval", c.save_interval, "save every N iterations (0: only at the end)")
       ->capture_default_str();
+  a.add_flag("--no-load-optim", c.no_load_optim, "--load the model only: a fresh optimizer, the iteration continues");
+  a.add_flag("--finetune", c.finetune,
+             "--load the model only and start a new run: iteration 0, first sample, fresh optimizer");
+  a.add_flag("--use-checkpoint-args", c.use_checkpoint_args,
+             "take the model flags (layers, sizes, heads, experts, top-k, ...) from the --load checkpoint");
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
@@ -150,7 +156,25 @@ train::TrainConfig TrainFlags::finish() {
     }
     if (!j.is_object())
       throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
-    for (const auto& [key, value] : j.items()) {
+    // A checkpoint's metadata.json: its "config" object holds this run's flags.
+    if (j.contains("format") && j["format"] == "ampipe train checkpoint" && j.contains("config") &&
+        j["config"].is_object()) {
+      const nlohmann::json inner = j["config"];
+      j = inner;
+    }
+    for (const auto& item : j.items()) {
+      std::string key = item.key();
+      nlohmann::json value = item.value();
+      // Keys of checkpoints written before every config key was a flag: use_rts (true/false) and
+      // noisy_gate_policy as an enum number.
+      if (key == "use_rts" && value.is_boolean()) {
+        key = "no_use_rts";
+        value = !value.get<bool>();
+      }
+      if (key == "noisy_gate_policy" && value.is_number_integer() && value.get<int>() >= 0 && value.get<int>() < 3)
+        value = std::array<const char*, 3>{"None", "Jitter", "RSample"}[size_t(value.get<int>())];
+      if (value.is_string() && value.get<std::string>().empty()) continue;  // "": the default (as a checkpoint's
+                                                                             // data_path of the bundled corpus)
       std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
       for (char& ch : flag)
         if (ch == '_') ch = '-';

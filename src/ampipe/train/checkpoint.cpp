@@ -112,7 +112,7 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
 }
 
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
-                               const comm::Groups& groups) {
+                               const comm::Groups& groups, bool load_optim) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw ConfigError(fmt::format("--load {}: the directory does not exist", dir));
   const std::string marker = dir + "/" + kLatestMarker;
@@ -139,7 +139,7 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
     meta.json = nlohmann::json::parse(read_text(meta_path, "metadata.json"));
     meta.iteration = meta.json.at("iteration").get<int64_t>();
     meta.consumed_samples = meta.json.at("consumed_samples").get<int64_t>();
-    opt.set_steps(meta.json.at("optimizer_steps").get<int64_t>());
+    if (load_optim) opt.set_steps(meta.json.at("optimizer_steps").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("--load {}: corrupt metadata: {}", meta_path, e.what()));
   }
@@ -161,13 +161,15 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   }
   const std::string model_path = sub + "/model.safetensors", opt_path = sub + "/optimizer.safetensors";
   for (const std::string& p : {model_path, opt_path})
-    if (!fs::exists(p, ec))
+    if ((load_optim || p == model_path) && !fs::exists(p, ec))
       throw ConfigError(fmt::format("--load {}: the file is missing (the marker names iteration {})", p, iteration));
-  const core::TensorMap mm = core::load_safetensors(model_path), om = core::load_safetensors(opt_path);
+  const core::TensorMap mm = core::load_safetensors(model_path);
+  const core::TensorMap om = load_optim ? core::load_safetensors(opt_path) : core::TensorMap{};
   auto& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     NamedParam& p = params[i];
     take_shard(mm, p.name, p.param, p.expert, groups, model_path);
+    if (!load_optim) continue;
     take_shard(om, "exp_avg." + p.name, opt.exp_avg(i), p.expert, groups, opt_path);
     take_shard(om, "exp_avg_sq." + p.name, opt.exp_avg_sq(i), p.expert, groups, opt_path);
   }

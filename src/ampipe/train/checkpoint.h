@@ -46,8 +46,10 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
 
 // Reads the newest complete checkpoint of `dir` into model and optimizer (each rank its shard). Throws ConfigError
 // naming --load and the file for a missing marker, a missing or corrupt file, or a model that does not match.
+// load_optim false (--no-load-optim, --finetune): the optimizer file is neither read nor required, and `opt` keeps
+// its fresh state.
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
-                               const comm::Groups& groups);
+                               const comm::Groups& groups, bool load_optim = true);
 
 // Rank 0 creates `dir` and probes that it can write there; every rank of `world` learns the verdict, so all fail
 // together with one ConfigError naming `flag` (e.g. "--save", "--export"), the directory and the reason.

@@ -1,6 +1,7 @@
 #include "ampipe/train/megatron_args.h"
 
 #include <cmath>
+#include <utility>
 
 #include "ampipe/core/error.h"
 
@@ -26,6 +27,10 @@ void validate_megatron_args(const TrainConfig& c) {
   if (c.train_samples < 0)
     throw ConfigError(fmt::format("--train-samples {} is invalid: it must be >= 1", c.train_samples));
   if (!c.split.empty()) (void)parse_split(c.split);
+  for (const auto& [flag, on] : {std::pair{"--no-load-optim", c.no_load_optim}, {"--finetune", c.finetune},
+                                 {"--use-checkpoint-args", c.use_checkpoint_args}})
+    if (on && c.load.empty())
+      throw ConfigError(fmt::format("{} needs --load DIR: there is no checkpoint to take it from", flag));
 }
 
 DataSplit data_split(const TrainConfig& c) {

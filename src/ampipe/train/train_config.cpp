@@ -207,8 +207,10 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["moe_train_capacity_factor"] = l.moe_train_capacity_factor;
   j["moe_min_capacity"] = l.moe_min_capacity;
   j["moe_no_drop"] = l.moe_no_drop;
-  j["use_rts"] = l.use_rts;
-  j["noisy_gate_policy"] = int(l.noisy_gate_policy);
+  j["no_use_rts"] = !l.use_rts;  // the keys are flags: metadata.json's config is usable as --config
+  j["noisy_gate_policy"] = l.noisy_gate_policy == model::NoisyGatePolicy::jitter    ? "Jitter"
+                           : l.noisy_gate_policy == model::NoisyGatePolicy::rsample ? "RSample"
+                                                                                    : "None";
   j["swiglu"] = l.expert == model::ExpertKind::swiglu;
   j["hidden_dropout"] = l.hidden_dropout;
   j["init_method_std"] = l.init_method_std;

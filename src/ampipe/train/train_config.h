@@ -85,6 +85,9 @@ struct TrainConfig {
   std::string split;                    // "969,30,1": train / valid / test weights; empty: from valid_fraction
   double attention_dropout = 0;         // this engine has none: only 0 is accepted
   std::string distributed_backend = "mpi";  // nccl, gloo, mpi: accepted, every one runs over MPI
+  bool no_load_optim = false;        // --load: the model only, a fresh optimizer (the iteration continues)
+  bool finetune = false;             // --load: the model only, a fresh optimizer, from iteration 0 and sample 0
+  bool use_checkpoint_args = false;  // --load: the model flags come from the checkpoint (train/checkpoint_args.h)
 
   // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
   void validate(int world) const;

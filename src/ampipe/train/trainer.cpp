@@ -245,10 +245,12 @@ std::map<std::string, Tensor> Trainer::full_params() {
 
 int64_t Trainer::maybe_load() {
   if (cfg_.load.empty()) return 0;
-  const CheckpointMeta meta = load_checkpoint(cfg_.load, cfg_, model_, opt_, g_);
+  const CheckpointMeta meta =
+      load_checkpoint(cfg_.load, cfg_, model_, opt_, g_, !(cfg_.no_load_optim || cfg_.finetune));
   model_.stack().weights_changed();
-  iteration_ = meta.iteration;
-  consumed_ = meta.consumed_samples;
+  // --finetune (Megatron): the loaded model starts a new run, from iteration 0 and the first sample.
+  iteration_ = cfg_.finetune ? 0 : meta.iteration;
+  consumed_ = cfg_.finetune ? 0 : meta.consumed_samples;
   return iteration_;
 }
 

@@ -58,7 +58,8 @@ class Trainer {
   // cfg must be validated for groups.world.size(). The groups' layout must have cfg's EP size.
   Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared_ptr<const TextData> data);
 
-  // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load).
+  // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load or with
+  // --finetune; --no-load-optim and --finetune keep the fresh optimizer).
   int64_t maybe_load();
   // Trains from the current iteration to --train-iters (or --exit-interval iterations, or max_iterations when
   // > 0, whichever comes first); the last iteration of the call is evaluated and saved as the end of a run is.

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Usage: train_resume.sh AMPIPE CASE
+# Resume, finetune and evaluation-only runs of `ampipe train` from a checkpoint of a small model (docs/training.md,
+# "Checkpoints"). Each case prints what it checked; any failed check exits 1.
+set -u
+bin=$1
+case_name=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+small=(--hidden-size 64 --num-layers 1 --eval-iters 1 --log-interval 1)
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$dir/out"; exit 1; }
+run() { "$bin" train "$@" >"$dir/out" 2>&1; }
+expect() { grep -Eq -- "$1" "$dir/out" || fail "output does not match /$1/"; echo "ok: /$1/"; }
+# A checkpoint at iteration 4 of a 4-iteration run (evaluated at its end).
+run "${small[@]}" --train-iters 4 --eval-interval 4 --save "$dir/ck" || fail "the first run failed"
+valid_loss=$(grep -Eo 'validation loss at iteration 4 \| lm loss value: [0-9.E+-]+' "$dir/out" | awk '{print $NF}')
+[ -n "$valid_loss" ] || fail "the first run printed no validation loss"
+meta=$dir/ck/iter_0000004/metadata.json
+case $case_name in
+  config_from_metadata)  # the checkpoint's own metadata.json is a --config
+    run --config "$meta" --load "$dir/ck" --train-iters 6 || fail "--config metadata.json failed"
+    expect "resumed from .* at iteration 4"
+    expect "iteration +6/ +6"
+    ;;
+  changed_settings_are_said)  # another --data-path and global batch: one note each
+    run "${small[@]}" --load "$dir/ck" --train-iters 5 --data-path /usr/share/common-licenses/GPL-3 \
+        --global-batch-size 8 --eval-interval 0 || fail "the resume failed"
+    expect "note: --load .* \(iteration 4\): this run changes --data-path \(the bundled corpus\) -> /usr/share/common-licenses/GPL-3"
+    expect "note: --load .* \(iteration 4\): this run changes --global-batch-size 0 -> 8"
+    ;;
+  use_checkpoint_args)  # the model flags come from the checkpoint, not from the defaults (2 layers, h 128)
+    run --load "$dir/ck" --use-checkpoint-args --train-iters 5 --eval-interval 0 || fail "the resume failed"
+    expect "note: --use-checkpoint-args: --hidden-size 128 -> 64"
+    expect "GPT-MoE L=1 s=128 h=64 "
+    expect "iteration +5/ +5"
+    ;;
+  finetune)  # the model of iteration 4, from iteration 0 with a fresh optimizer
+    run "${small[@]}" --load "$dir/ck" --finetune --train-iters 2 --eval-interval 0 || fail "--finetune failed"
+    expect "finetuning the model of .* \(iteration 4\)"
+    expect "iteration +1/ +2 \| consumed samples: +4 "
+    ;;
+  no_load_optim)  # the optimizer file is not needed, and without the flag its absence is an error
+    rm "$dir/ck/iter_0000004/optimizer.safetensors"
+    run "${small[@]}" --load "$dir/ck" --train-iters 5 --eval-interval 0 && fail "a missing optimizer file loaded"
+    expect "optimizer.safetensors: the file is missing"
+    run "${small[@]}" --load "$dir/ck" --no-load-optim --train-iters 5 --eval-interval 0 || fail "--no-load-optim failed"
+    expect "resumed from .* at iteration 4 \(the model only"
+    expect "iteration +5/ +5"
+    ;;
+  *) echo "unknown case $case_name"; exit 2 ;;
+esac
