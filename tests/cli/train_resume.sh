@@ -11,6 +11,7 @@ small=(--hidden-size 64 --num-layers 1 --eval-iters 1 --log-interval 1)
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$dir/out"; exit 1; }
 run() { "$bin" train "$@" >"$dir/out" 2>&1; }
 expect() { grep -Eq -- "$1" "$dir/out" || fail "output does not match /$1/"; echo "ok: /$1/"; }
+expect_text() { grep -Fq -- "$1" "$dir/out" || fail "output does not contain \"$1\""; echo "ok: \"$1\""; }
 # A checkpoint at iteration 4 of a 4-iteration run (evaluated at its end).
 run "${small[@]}" --train-iters 4 --eval-interval 4 --save "$dir/ck" || fail "the first run failed"
 valid_loss=$(grep -Eo 'validation loss at iteration 4 \| lm loss value: [0-9.E+-]+' "$dir/out" | awk '{print $NF}')
@@ -46,6 +47,28 @@ case $case_name in
     run "${small[@]}" --load "$dir/ck" --no-load-optim --train-iters 5 --eval-interval 0 || fail "--no-load-optim failed"
     expect "resumed from .* at iteration 4 \(the model only"
     expect "iteration +5/ +5"
+    ;;
+  skip_train)  # evaluation only: the validation loss of the training run's end, exactly
+    run "${small[@]}" --load "$dir/ck" --skip-train || fail "--skip-train failed"
+    expect_text "validation loss at iteration 4 | lm loss value: $valid_loss "
+    expect "done: no iteration trained \(--skip-train"
+    if grep -Eq "iteration +[0-9]+/" "$dir/out"; then fail "--skip-train trained"; fi
+    ;;
+  at_train_iters)  # a checkpoint already at --train-iters: still the evaluation and the summary
+    run "${small[@]}" --load "$dir/ck" --train-iters 4 --eval-interval 4 || fail "the resume failed"
+    expect_text "validation loss at iteration 4 | lm loss value: $valid_loss "
+    expect "done: no iteration trained \(--train-iters 4 reached"
+    ;;
+  exit_interval)  # Megatron's --exit-interval: the first iteration divisible by it, from iteration 0 (6, not 4 + 3)
+    run "${small[@]}" --load "$dir/ck" --train-iters 10 --exit-interval 3 --eval-interval 0 || fail "the resume failed"
+    expect "iteration +6/ +10"
+    if grep -Eq "iteration +7/" "$dir/out"; then fail "trained past iteration 6"; fi
+    ;;
+  trace_after_resume)  # --trace-iteration K counts in this run: iteration 4 + 1
+    run "${small[@]}" --load "$dir/ck" --train-iters 6 --eval-interval 0 --trace "$dir/t.json" --trace-iteration 1 ||
+      fail "the resume failed"
+    expect "trace of iteration 5 written"
+    [ -s "$dir/t.json" ] || fail "no trace file"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

@@ -50,7 +50,8 @@ int run_train(TrainFlags& flags) {
     // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
     // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
     const int64_t G = cfg.global_batch(rt.size());
-    if (cfg.eval_interval > 0 && cfg.eval_iters * G > data->valid_samples()) {
+    const bool evaluates = cfg.eval_interval > 0 || cfg.skip_train;
+    if (evaluates && cfg.eval_iters * G > data->valid_samples()) {
       const int64_t fit = data->valid_samples() / G;
       if (fit < 1)
         throw ConfigError(fmt::format("--eval-iters {}: the validation split holds {} sequences, fewer than one global "
@@ -62,7 +63,7 @@ int run_train(TrainFlags& flags) {
                                                 cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
       cfg.eval_iters = fit;
     }
-    if (cfg.eval_interval > 0 && data->test_samples() < G && train::data_split(cfg).test > 0)
+    if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0)
       flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
                                                 "batch of {}: no test evaluation",
                                                 train::split_str(train::data_split(cfg)), data->test_samples(), G));
@@ -126,6 +127,16 @@ int run_train(TrainFlags& flags) {
     std::fflush(stdout);
   });
 
+  if (rank0 && res.iterations.empty()) {  // --skip-train, or the checkpoint is already at --train-iters
+    fmt::print("ampipe train: done: no iteration trained ({}; the model of iteration {})",
+               cfg.skip_train ? "--skip-train" : fmt::format("--train-iters {} reached", cfg.train_iters), start);
+    if (!res.evals.empty())
+      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    if (!res.tests.empty())
+      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
+    fmt::print("\n");
+    std::fflush(stdout);
+  }
   if (rank0 && !res.iterations.empty()) {
     const auto& its = res.iterations;
     const size_t n = its.size(), w = std::min<size_t>(10, n);

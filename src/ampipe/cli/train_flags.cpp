@@ -83,8 +83,10 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--train-iters", c.train_iters, "iterations")->capture_default_str();
   a.add_option("--train-samples", c.train_samples,
                "train for this many sequences instead: --train-iters = samples / global batch (Megatron's meaning)");
-  a.add_option("--exit-interval", c.exit_interval, "stop after this many iterations of this run")
+  a.add_option("--exit-interval", c.exit_interval,
+               "stop at the first iteration divisible by N, counted from iteration 0 as in Megatron (0: never)")
       ->capture_default_str();
+  a.add_flag("--skip-train", c.skip_train, "no training: evaluate the model (--load) on the validation and test splits");
   a.add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
   a.add_option("--min-lr", c.min_lr, "learning rate at the end of the decay")->capture_default_str();
   a.add_option("--lr-warmup-iters", c.lr_warmup_iters, "linear warm-up iterations")->capture_default_str();
@@ -121,7 +123,8 @@ void TrainFlags::add_to(CLI::App& a) {
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
-  a.add_option("--trace-iteration", c.trace_iteration, "which iteration --trace records (1-based)")
+  a.add_option("--trace-iteration", c.trace_iteration,
+               "which iteration of this run --trace records (1-based; after a resume at R: iteration R + K)")
       ->capture_default_str();
   refused.add_to(a, "Megatron flags this engine refuses (each says why)");
 }

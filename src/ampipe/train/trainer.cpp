@@ -278,6 +278,14 @@ void Trainer::save(int64_t iteration) {
   save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
 }
 
+void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say) {
+  if (test_eval_iters() == 0) return;
+  const double tl = evaluate(true);
+  res.tests.push_back({iteration_, tl});
+  say(fmt::format(" test loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", iteration_, tl,
+                  std::exp(tl)));
+}
+
 TrainResult Trainer::train(const std::function<void(const std::string&)>& print, int64_t max_iterations) {
   TrainResult res;
   res.start_iteration = iteration_;
@@ -288,9 +296,12 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
   // A progress bar only on a terminal, and not under mpirun (whose output forwarding looks like a terminal).
   const bool tty = rank0 && print && isatty(STDOUT_FILENO) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
                    std::getenv("PMI_SIZE") == nullptr;
-  int64_t end = cfg_.exit_interval > 0 ? std::min(cfg_.train_iters, iteration_ + cfg_.exit_interval)
-                                       : cfg_.train_iters;
+  // --exit-interval E (Megatron's): stop at the first iteration divisible by E, counted from iteration 0.
+  int64_t end = cfg_.train_iters;
+  if (cfg_.exit_interval > 0) end = std::min(end, (iteration_ / cfg_.exit_interval + 1) * cfg_.exit_interval);
   if (max_iterations > 0) end = std::min(end, iteration_ + max_iterations);
+  if (cfg_.skip_train) end = iteration_;
+  const int64_t trace_at = iteration_ + cfg_.trace_iteration;  // the K-th iteration of this run
   const bool tracing = !cfg_.trace.empty();
   comm::Trace::set_enabled(true);
   const auto t_start = Clock::now();
@@ -300,7 +311,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
     IterationStats st = train_step();
     res.iterations.push_back(st);
     window.push_back(st);
-    if (tracing && st.iteration == cfg_.trace_iteration) {
+    if (tracing && st.iteration == trace_at) {
       comm::Trace::write_chrome_trace(cfg_.trace);
       say(fmt::format(" trace of iteration {} written to {}", st.iteration, cfg_.trace));
     }
@@ -341,18 +352,22 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration,
                       vl, std::exp(vl)));
-      if (last && test_eval_iters() > 0) {
-        const double tl = evaluate(true);
-        res.tests.push_back({st.iteration, tl});
-        say(fmt::format(" test loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration, tl,
-                        std::exp(tl)));
-      }
+      if (last) evaluate_test(res, say);
     }
     if (!cfg_.save.empty() && ((cfg_.save_interval > 0 && st.iteration % cfg_.save_interval == 0) || last)) {
       save(st.iteration);
       say(fmt::format(" saved checkpoint at iteration {} to {}/{}", st.iteration, cfg_.save,
                       checkpoint_subdir(st.iteration)));
     }
+  }
+  // Nothing to train (--skip-train, or a checkpoint already at --train-iters): the evaluation of the end of a
+  // run still runs, as in Megatron.
+  if (res.iterations.empty() && (cfg_.eval_interval > 0 || cfg_.skip_train)) {
+    const double vl = evaluate();
+    res.evals.push_back({iteration_, vl});
+    say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", iteration_, vl,
+                    std::exp(vl)));
+    evaluate_test(res, say);
   }
   comm::Trace::clear();
   comm::Trace::set_enabled(false);

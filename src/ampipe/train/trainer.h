@@ -61,8 +61,9 @@ class Trainer {
   // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load or with
   // --finetune; --no-load-optim and --finetune keep the fresh optimizer).
   int64_t maybe_load();
-  // Trains from the current iteration to --train-iters (or --exit-interval iterations, or max_iterations when
-  // > 0, whichever comes first); the last iteration of the call is evaluated and saved as the end of a run is.
+  // Trains from the current iteration to --train-iters (or the next multiple of --exit-interval, or
+  // max_iterations when > 0, whichever comes first); the last iteration of the call is evaluated and saved as the
+  // end of a run is. With nothing to train (--skip-train, or already at --train-iters) it evaluates only.
   // `print`: called on rank 0 with each output line (log, evaluation, checkpoint); may be empty.
   TrainResult train(const std::function<void(const std::string&)>& print = {}, int64_t max_iterations = 0);
   // Mean validation loss over --eval-iters global batches (collective). test: over the test split of --split
@@ -81,6 +82,8 @@ class Trainer {
 
  private:
   IterationStats train_step();
+  // The test split's loss at the end of a run (when it holds a global batch), printed through `say`.
+  void evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say);
   enum class Split { train, valid, test };
   void fill_batch(int64_t first_sample, Split which);
   // Data-parallel reduction of the gradients, started per layer during the last micro-batch's backward
