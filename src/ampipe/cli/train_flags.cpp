@@ -1,4 +1,5 @@
 #include "ampipe/cli/train_flags.h"
+#include "ampipe/cli/flag_help.h"
 
 #include <algorithm>
 #include <array>
@@ -60,13 +61,13 @@ void TrainFlags::add_to(CLI::App& a) {
                "on --sim-profile, else on a self-calibration at start-up)")
       ->capture_default_str();
   a.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate --out)");
-  a.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "tensor-parallel size tp")
+  a.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "tensor-parallel size tp (only 1 runs; larger is refused as not run yet)")
       ->capture_default_str();
-  a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp")->capture_default_str();
+  a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp (only 1 runs; larger is refused as not run yet)")->capture_default_str();
   a.add_option("--context-parallel-algo", c.context_parallel_algo, "context-parallel algorithm")
       ->capture_default_str();
-  a.add_flag("--sequence-parallel", c.sequence_parallel, "Megatron sequence parallelism");
-  a.add_flag("--ampipe-tp-sp-comm-overlap", c.ampipe_tp_sp_comm_overlap, "hide the SP collectives of the MLP too");
+  a.add_flag("--sequence-parallel", c.sequence_parallel, "Megatron sequence parallelism (refused: not run yet)");
+  a.add_flag("--ampipe-tp-sp-comm-overlap", c.ampipe_tp_sp_comm_overlap, "hide the SP collectives of the MLP too (refused: not run yet)");
   // --use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream: layer flags (LayerFlags).
   a.add_flag("--use-ascend-mc2", c.use_ascend_mc2, "(incompatible with AMPipe)");
   a.add_flag("--overlap-grad-reduce", c.overlap_grad_reduce, "(incompatible with AMPipe)");
@@ -126,7 +127,7 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--trace-iteration", c.trace_iteration,
                "which iteration of this run --trace records (1-based; after a resume at R: iteration R + K)")
       ->capture_default_str();
-  refused.add_to(a, "Megatron flags this engine refuses (each says why)");
+  refused.add_to(a, "Megatron flags this engine refuses (each says why)");  // the group name of flag_help.cpp
 }
 
 namespace {
@@ -183,7 +184,9 @@ train::TrainConfig TrainFlags::finish() {
         if (ch == '_') ch = '-';
       CLI::Option* opt = flag == "--config" ? nullptr : app->get_option_no_throw(flag);
       if (opt == nullptr)
-        throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {})", config_file, key, flag));
+        throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {}{})", config_file, key, flag,
+                                      closest_flag(*app, flag).empty() ? std::string()
+                                                                       : "; did you mean " + closest_flag(*app, flag) + "?"));
       if (opt->count() > 0) continue;  // the command line wins
       std::string arg;
       try {

@@ -32,12 +32,12 @@ void TrainConfig::validate(int world) const {
   if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
     throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
   if (M > 1 && moe_model_type != "deepspeed_moe")
-    throw ConfigError(fmt::format("--ampipe-degree {} needs --moe-model-type deepspeed_moe (got {}): ampipe only "
-                                  "supports the DeepSpeed-MoE layer (seed constraint 1)",
+    throw ConfigError(fmt::format("--ampipe-degree {} needs --moe-model-type deepspeed_moe (got {}): AMPipe chunks only "
+                                  "the DeepSpeed-MoE layer (its gate and all-to-alls); use --ampipe-degree 1 otherwise",
                                   M, moe_model_type));
   if (M > 1 && !use_flash_attn)
-    throw ConfigError(fmt::format("--ampipe-degree {} needs --use-flash-attn: ampipe only supports flash attention, "
-                                  "whose causal kernel runs a query chunk against the full K and V (seed constraint 1)",
+    throw ConfigError(fmt::format("--ampipe-degree {} needs --use-flash-attn: AMPipe runs each sequence chunk's queries "
+                                  "against the K and V of the rows before it, which only the flash attention kernel does",
                                   M));
 
   // Seed constraint 2: features that do not combine with AMPipe.
@@ -62,18 +62,18 @@ void TrainConfig::validate(int world) const {
   if (M > 1)
     for (const Incompatible& f : incompatible)
       if (f.on)
-        throw ConfigError(fmt::format("{} cannot be used with --ampipe-degree {}: {} (seed constraint 2)", f.flag, M,
+        throw ConfigError(fmt::format("{} cannot be used with --ampipe-degree {}: {}", f.flag, M,
                                       f.reason));
 
   // Seed constraint 3: every chunk has the same rows on every TP / CP rank.
   if (s % M != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have the "
-                                  "same number of rows (seed constraint 3)",
+                                  "same number of rows",
                                   s, M));
   if (sequence_parallel && s % (int64_t(M) * tp) != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
                                   "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "
-                                  "have the same rows on every TP rank (seed constraint 3)",
+                                  "have the same rows on every TP rank",
                                   s, M, tp, M * tp));
   if (cp > 1) {
     if (M > 1 && context_parallel_algo != "megatron_cp_algo")
@@ -83,12 +83,12 @@ void TrainConfig::validate(int world) const {
     if (s % (2 * int64_t(M) * cp) != 0)
       throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
                                     "--context-parallel-size {} (= {}): each CP rank holds two load-balanced halves, "
-                                    "each cut into the same chunks (seed constraint 3)",
+                                    "each cut into the same chunks",
                                     s, M, cp, 2 * M * cp));
     if (sequence_parallel && (s / (2 * int64_t(M) * cp)) % tp != 0)
       throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
                                     "--context-parallel-size {} x --tensor-model-parallel-size {} (= {}) with "
-                                    "--sequence-parallel (seed constraint 3)",
+                                    "--sequence-parallel: every chunk must have the same rows on every CP and TP rank",
                                     s, M, cp, tp, 2 * M * cp * tp));
   }
 
