@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <unistd.h>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "ampipe/cli/auto_degree.h"
+#include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint_args.h"
@@ -95,7 +97,15 @@ int run_train(TrainFlags& flags) {
     if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
   }
 
+  // Ranks on more than one host: the all-to-alls cross a wire and the share of them hidden means something.
+  bool multi_host = false;
+  {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    for (const std::string& h : comm::all_gather_strings(groups.world, host, "train.hosts")) multi_host |= h != host;
+  }
   train::Trainer trainer(cfg, groups, data);
+  trainer.set_report_a2a_hidden(multi_host);
   const int64_t start = trainer.maybe_load();
   if (rt.rank() == 0)
     for (const std::string& n : resume_notes) fmt::print(stderr, "ampipe: note: {}\n", n);
@@ -139,7 +149,9 @@ int run_train(TrainFlags& flags) {
   }
   if (rank0 && !res.iterations.empty()) {
     const auto& its = res.iterations;
-    const size_t n = its.size(), w = std::min<size_t>(10, n);
+    // The first and the last 10 iterations; a run shorter than 20 compares its first and its second half, so the
+    // two windows never overlap (one iteration: no comparison).
+    const size_t n = its.size(), w = n >= 20 ? 10 : n / 2;
     double first = 0, last = 0;
     for (size_t i = 0; i < w; ++i) {
       first += its[i].lm_loss / double(w);
@@ -161,16 +173,22 @@ int run_train(TrainFlags& flags) {
     }
     const double k = double(n - from);
     const double other = iter - layers - head - optim;
-    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | lm loss {:.3f} -> {:.3f} (mean of the first / last "
-               "{} iterations)",
-               res.start_iteration + 1, its.back().iteration, res.wall_s, first, last, w);
+    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | ", res.start_iteration + 1, its.back().iteration,
+               res.wall_s);
+    if (w > 0)
+      fmt::print("lm loss {:.3f} -> {:.3f} (mean of the first / last {} iterations)", first, last, w);
+    else
+      fmt::print("lm loss {:.3f} (one iteration)", its.back().lm_loss);
     if (!res.evals.empty())
       fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
     if (!res.tests.empty())
       fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
     fmt::print("\n  speed: {:.1f} ms/iteration, {:.0f} tokens/s, {:.4f} TFLOP/s per rank | exposed comm {:.2f} ms/iter",
                iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
-    if (a2a > 0) fmt::print(", all-to-all {:.2f} ms/iter of which {:.1f}% hidden", a2a / k, 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
+    if (layout.ep > 1) fmt::print(" (all-to-all {:.2f})", a2a_exp / k);
+    if (layout.ep > 1 && multi_host && a2a > 0)
+      fmt::print(", all-to-all {:.2f} ms/iter on the EP lane of which {:.1f}% hidden", a2a / k,
+                 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
     fmt::print("\n  time per iteration: layer steps {:.1f} ms ({:.1f}%), embedding + LM head + loss {:.1f} ms ({:.1f}%), "
                "gradient all-reduce {:.1f} ms + norm, clip, AdamW {:.1f} ms ({:.1f}% together), other {:.1f} ms ({:.1f}%) | loop overhead over the "
                "model's compute (layers + head): {:.1f}%\n",

@@ -328,16 +328,17 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       }
       const double n = double(window.size());
       const double ms = a.iter_ms / n;
-      const std::string hidden =
-          a.a2a_ms > 0 ? fmt::format("{:.1f}%", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0))
-                       : std::string("n/a (ep=1: no all-to-all)");
+      // Exposed times first (what the step waited for); the hidden share only where it means something.
+      std::string a2a = g_.ep.size() > 1 ? fmt::format(" a2a exposed (ms): {:.2f} |", a.a2a_exposed_ms / n) : "";
+      if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
+        a2a += fmt::format(" a2a hidden: {:.1f}% |", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
                       "tokens/s: {:.0f} | TFLOP/s per rank: {:.4f} | learning rate: {:.6E} | lm loss: {:.6E} | "
-                      "aux loss: {:.4E} | grad norm: {:.4f} | exposed comm (ms): {:.2f} | a2a hidden: {} |",
+                      "aux loss: {:.4E} | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}",
                       st.iteration, cfg_.train_iters, consumed_, ms, double(G_ * s_) / (ms / 1e3),
                       a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n, st.grad_norm,
-                      a.exposed_comm_ms / n, hidden));
+                      a.exposed_comm_ms / n, a2a));
       window.clear();
     } else if (tty) {
       const int width = 30, done = int(width * (st.iteration - res.start_iteration) / std::max<int64_t>(1, end - res.start_iteration));

@@ -78,6 +78,10 @@ class Trainer {
   int64_t consumed_samples() const { return consumed_; }
   GptModel& model() { return model_; }
   void set_save_options(SaveOptions o) { save_opts_ = o; }
+  // Whether the log states the share of the all-to-all time hidden behind compute: only where the all-to-alls
+  // cross a wire (ranks on more than one host). On shared memory the all-to-all is a copy on the same cores, and
+  // its time grows with the degree, so the share misleads; exposed times are printed always (docs/training.md).
+  void set_report_a2a_hidden(bool on) { report_a2a_hidden_ = on; }
   void save(int64_t iteration);  // collective
 
  private:
@@ -108,6 +112,7 @@ class Trainer {
   std::vector<comm::Event> pending_;  // reductions in flight
   double dense_sumsq_ = 0, expert_sumsq_ = 0;
   SaveOptions save_opts_;
+  bool report_a2a_hidden_ = false;
 };
 
 }  // namespace ampipe::train
