@@ -121,6 +121,14 @@ int run_train(TrainFlags& flags) {
                cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
                l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
                layout.ep, layout.dp, cfg.ampipe_degree, G, l.seq_length, l.micro_batch_size);
+    if (cfg.ampipe_degree > 1)
+      fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
+                 l.moe_no_drop
+                     ? "equals degree 1 up to summation order: --moe-no-drop drops no token"
+                     : fmt::format("equals degree 1 only while no token is dropped: each chunk of s/M positions routes "
+                                   "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
+                                   "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
+                                   l.moe_train_capacity_factor));
     fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
                data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
                data->valid_samples(), data->test_samples());

@@ -51,7 +51,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
     layer_of_.push_back(layer);
   }
   dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
-  scalars_ = Tensor::empty({2});
+  scalars_ = Tensor::empty({4});
   expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
 }
 
@@ -152,6 +152,18 @@ double Trainer::grad_norm() {
   return std::sqrt(dense_sumsq_ + expert);
 }
 
+// The expert choices (token, k) of the last forward's gates that found their expert full, over every layer and
+// chunk of this rank's tokens.
+void Trainer::count_drops(double& dropped, double& choices) {
+  schedule::LayerStack& stack = model_.stack();
+  for (int i = 0; i < stack.num_layers(); ++i)
+    for (int c = 0; c < stack.degree(); ++c)
+      for (int32_t slot : stack.layer(i).gate_ctx(c).routing.slot) {
+        dropped += slot < 0;
+        choices += 1;
+      }
+}
+
 IterationStats Trainer::train_step() {
   IterationStats st;
   const auto t_iter = Clock::now();
@@ -159,12 +171,13 @@ IterationStats Trainer::train_step() {
   model_.stack().executor().reset_stats();
   st.lr = learning_rate(cfg_, iteration_);
   model_.zero_grads();
-  double loss_sum = 0, aux_sum = 0;
+  double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0;
   for (int64_t j = 0; j < K_; ++j) {
     const int64_t first = consumed_ + (dp_rank_ * K_ + j) * b_;
     fill_batch(first, Split::train);
     loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
     aux_sum += model_.aux_loss();
+    count_drops(dropped, choices);
     // The last micro-batch completes each layer's gradients: start its reduction while the layers below compute.
     const bool last = j == K_ - 1;
     model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff),
@@ -176,9 +189,12 @@ IterationStats Trainer::train_step() {
   Tensor losses = scalars_;
   losses.set(0, float(loss_sum));
   losses.set(1, float(aux_sum));
+  losses.set(2, float(dropped));
+  losses.set(3, float(choices));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
   st.lm_loss = losses.get(0) / double(G_ / b_);
   st.aux_loss = losses.get(1) / double(G_ / b_);
+  st.drop_fraction = losses.get(3) > 0 ? losses.get(2) / losses.get(3) : 0.0;
   st.reduce_ms = ms_since(t_opt);
   st.grad_norm = grad_norm();
   // Megatron's --check-for-nan-in-loss-and-grad (on by default): the loss and the gradient norm are all-reduced, so
@@ -320,6 +336,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       for (const IterationStats& w : window) {
         a.lm_loss += w.lm_loss;
         a.aux_loss += w.aux_loss;
+        a.drop_fraction += w.drop_fraction;
         a.iter_ms += w.iter_ms;
         a.flops += w.flops;
         a.exposed_comm_ms += w.exposed_comm_ms;
@@ -335,10 +352,10 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
                       "tokens/s: {:.0f} | TFLOP/s per rank: {:.4f} | learning rate: {:.6E} | lm loss: {:.6E} | "
-                      "aux loss: {:.4E} | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}",
+                      "aux loss: {:.4E} | token drops: {:.2f}% | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}",
                       st.iteration, cfg_.train_iters, consumed_, ms, double(G_ * s_) / (ms / 1e3),
-                      a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n, st.grad_norm,
-                      a.exposed_comm_ms / n, a2a));
+                      a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n,
+                      100.0 * a.drop_fraction / n, st.grad_norm, a.exposed_comm_ms / n, a2a));
       window.clear();
     } else if (tty) {
       const int width = 30, done = int(width * (st.iteration - res.start_iteration) / std::max<int64_t>(1, end - res.start_iteration));

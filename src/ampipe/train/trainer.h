@@ -33,6 +33,7 @@ namespace ampipe::train {
 struct IterationStats {
   int64_t iteration = 0;  // 1-based, after the step
   double lm_loss = 0, aux_loss = 0, grad_norm = 0, lr = 0;
+  double drop_fraction = 0;  // expert choices (token, k) over capacity / all choices, every layer and rank
   double iter_ms = 0, layers_ms = 0, head_ms = 0, optim_ms = 0;  // this rank
   double reduce_ms = 0;  // part of optim_ms: gradient and loss all-reduce
   double flops = 0;                                            // this rank, forward + backward
@@ -86,6 +87,7 @@ class Trainer {
 
  private:
   IterationStats train_step();
+  void count_drops(double& dropped, double& choices);
   // The test split's loss at the end of a run (when it holds a global batch), printed through `say`.
   void evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say);
   enum class Split { train, valid, test };
