@@ -63,6 +63,36 @@ TEST(Faults, MismatchedTagOrSizeIsCaught) {
   EXPECT_NE(m.find("tag \"L1.bwd.b\""), std::string::npos) << m;
 }
 
+// --check-collectives compares element counts and dtypes; for an all_to_all, whose per-rank sizes legitimately
+// differ, what each rank sends must be what its peer expects (ranks with different shapes used to reach MPI's
+// truncation error).
+TEST(Faults, MismatchedCountsOrDtypesAreCaught) {
+  const Group& g = groups().ep;
+  CheckMode on;
+  const int n = g.size();
+  SplitCounts c{std::vector<int64_t>(size_t(n), 2), std::vector<int64_t>(size_t(n), 2)};
+  if (g.rank() == 0) c.recv[1] = 3;  // rank 0 expects 3 elements from group rank 1, which sends 2
+  Tensor send = Tensor::zeros({2 * n}), recv = Tensor::zeros({2 * n + 1});
+  std::string m = error_of(all_to_all(g, send, recv, c, "L0.fwd.dispatch.c0"));
+  const std::string expect = fmt::format("all_to_all counts disagree on group {} at seq=", g.label());
+  EXPECT_NE(m.find(expect), std::string::npos) << m;
+  EXPECT_NE(m.find(fmt::format("world rank {} sends 2 elements to world rank {}, which expects 3 from it",
+                               g.members()[1], g.members()[0])),
+            std::string::npos)
+      << m;
+  // Same bytes, other dtype and element count: 8 f32 against 16 bf16.
+  Tensor t = g.rank() == 0 ? Tensor::zeros({8}) : Tensor::zeros({16}, DType::bf16);
+  m = error_of(all_reduce(g, t, Reduce::sum, "dtype"));
+  EXPECT_NE(m.find("elements=8 bytes=32 dtype=f32"), std::string::npos) << m;
+  EXPECT_NE(m.find("elements=16 bytes=32 dtype=bf16"), std::string::npos) << m;
+  // Agreeing counts still run.
+  SplitCounts ok{std::vector<int64_t>(size_t(n), 2), std::vector<int64_t>(size_t(n), 2)};
+  Tensor s2 = Tensor::zeros({2 * n}), r2 = Tensor::zeros({2 * n});
+  s2.fill(1.0f);
+  all_to_all(g, s2, r2, ok, "L0.fwd.dispatch.ok").wait(30s);
+  EXPECT_EQ(r2.get(2 * n - 1), 1.0f);
+}
+
 TEST(Faults, FailedAfterEventFailsTheDependentOp) {
   const Group& g = groups().world;
   CheckMode on;

@@ -64,3 +64,89 @@ TEST(Safetensors, AWriteRemovesTempFilesOfKilledWritesOfThatPathOnly) {
   EXPECT_TRUE(fs::exists(path));
   fs::remove_all(dir);
 }
+
+namespace {
+
+// A safetensors file from a header (JSON text) and `data_bytes` bytes of data, as a hostile or damaged file would be.
+std::string write_raw(const std::string& name, const std::string& header, size_t data_bytes) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(char((n >> (8 * i)) & 0xff));
+  out << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+std::string load_error(const std::string& path, bool require_checksums = false) {
+  try {
+    core::load_safetensors(path, {.require_checksums = require_checksums}, nullptr, nullptr);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Safetensors, WritesAndVerifiesAChecksumPerTensor) {
+  const std::string path = ::testing::TempDir() + "/sum.safetensors";
+  core::TensorMap m;
+  m["a"] = Tensor::from({1, 2, 3, 4}, {4});
+  m["b"] = Tensor::from({5, 6}, {2});
+  const core::SafetensorsInfo info = core::save_safetensors(path, m, {{"k", "v"}});
+  std::map<std::string, std::string> meta;
+  core::SafetensorsInfo back;
+  core::load_safetensors(path, {.require_checksums = true}, &meta, &back);
+  EXPECT_EQ(meta, (std::map<std::string, std::string>{{"k", "v"}}));  // the checksums are not user metadata
+  EXPECT_EQ(back.file_bytes, info.file_bytes);
+  EXPECT_EQ(back.header_checksum, info.header_checksum);
+  EXPECT_EQ(back.file_bytes, uint64_t(std::filesystem::file_size(path)));
+  // One flipped bit in the last data byte (tensor "b"): refused, naming the file and the tensor.
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-1, std::ios::end);
+    f.put(char(c ^ 0x01));
+  }
+  const std::string e = load_error(path);
+  EXPECT_NE(e.find(path + ": tensor 'b': the data does not match its checksum"), std::string::npos) << e;
+}
+
+TEST(Safetensors, RefusesBadShapesOffsetsAndChecksumsBeforeAllocating) {
+  // Overlapping data sections.
+  EXPECT_NE(load_error(write_raw("overlap.safetensors",
+                                 R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                 R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                 16))
+                .find("the data of tensors 'a' [0, 8) and 'b' [4, 12) overlap"),
+            std::string::npos);
+  // A shape larger than any file (2^62 x 2^62 elements): refused from the header, nothing allocated.
+  EXPECT_NE(load_error(write_raw("huge.safetensors",
+                                 R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],)"
+                                 R"("data_offsets":[0,8]}})",
+                                 8))
+                .find("more data than the file holds"),
+            std::string::npos);
+  EXPECT_NE(load_error(write_raw("negative.safetensors",
+                                 R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8))
+                .find("a dimension is negative"),
+            std::string::npos);
+  EXPECT_NE(load_error(write_raw("outside.safetensors",
+                                 R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", 16))
+                .find("lie outside the data"),
+            std::string::npos);
+  EXPECT_NE(load_error(write_raw("array.safetensors", R"([1,2])", 0)).find("not a JSON object"), std::string::npos);
+  // Checksums: required but absent; recorded for a tensor the file does not hold.
+  const std::string plain = write_raw("plain.safetensors",
+                                      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  EXPECT_EQ(load_error(plain), "");
+  EXPECT_NE(load_error(plain, true).find("tensor 'a' has no recorded checksum"), std::string::npos);
+  EXPECT_NE(load_error(write_raw("extra_sum.safetensors",
+                                 R"({"__metadata__":{"ampipe.checksum.gone":"xxh64:0000000000000000"},)"
+                                 R"("a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+                                 0))
+                .find("records a checksum of tensor 'gone', which the file does not hold"),
+            std::string::npos);
+}

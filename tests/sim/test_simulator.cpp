@@ -164,7 +164,8 @@ TEST(SimCost, GemmAttentionElementwiseAndCollective) {
   p.task_overhead_us = 3;
   p.links["intra"] = LinkClass{7, 20};
   Plan plan = PlanBuilder().p;
-  plan.dims.h = 256;
+  plan.dims.h = plan.dims.hl = 256;  // tp = 1
+  plan.dims.Scl = plan.dims.Sc;
   plan.dims.E = 8;
   plan.dims.cd = DType::bf16;
   Task t;

@@ -1,7 +1,9 @@
 // Multi-rank trainer tests (mpirun -np 2 and 4): expert parallelism (EP = 2, and 4 where there are 4 ranks) equals
 // EP = 1 with the same data-parallel ranks, with AMPipe degree 1 and 2 (losses and final weights, fp32,
 // tensor-norm relative error 1e-5: only summation orders differ); a checkpoint saved with EP = 2 resumes with
-// EP = 1 (and degree 1) as the uninterrupted run.
+// EP = 1 (and degree 1) as the uninterrupted run. Tensor parallelism (tp 2 with sequence parallelism, AMPipe
+// degree 2 and --ampipe-tp-sp-comm-overlap, and with EP 2 on 4 ranks) trains as tp 1 over 20 iterations, and
+// checkpoints load across tp sizes both ways.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,21 +16,37 @@ using namespace ampipe::testing;
 
 namespace {
 
-// Groups for every EP size, created together before the first operation.
-const comm::Groups& groups_for(int ep) {
-  static std::map<int, comm::Groups> all;
+// Groups for every (tp, EP) layout, created together before the first operation.
+const comm::Groups& groups_for(int ep, int tp = 1) {
+  static std::map<std::pair<int, int>, comm::Groups> all;
   if (all.empty()) {
     comm::Runtime& rt = comm::Runtime::current();
-    for (int e = 1; e <= rt.size(); e *= 2) all.emplace(e, rt.make_groups(comm::Layout::make(rt.size(), 1, 1, e)));
+    for (int t = 1; t <= rt.size(); t *= 2)
+      for (int e = 1; e * t <= rt.size(); e *= 2)
+        all.emplace(std::pair{t, e}, rt.make_groups(comm::Layout::make(rt.size(), t, 1, e)));
   }
-  return all.at(ep);
+  return all.at({tp, ep});
 }
+
+
 
 train::TrainConfig mpi_config(int ep, int M) {
   train::TrainConfig c = tiny_config();
   c.train_iters = 6;
   c.layer.expert_model_parallel_size = ep;
   c.ampipe_degree = M;
+  return c;
+}
+
+// tp ranks with sequence parallelism, degree M, the tp overlap when M > 1; the global batch fixed (2 sequences
+// per rank of the world) so that every layout sees the same batches.
+train::TrainConfig tp_config(int tp, int ep, int M, int iters) {
+  train::TrainConfig c = mpi_config(ep, M);
+  c.train_iters = iters;
+  c.global_batch_size = 2 * comm::Runtime::current().size();
+  c.layer.tensor_model_parallel_size = tp;
+  c.layer.sequence_parallel = tp > 1;
+  c.layer.ampipe_tp_sp_comm_overlap = tp > 1 && M > 1;
   return c;
 }
 
@@ -64,4 +82,41 @@ TEST(MpiTrainer, CheckpointOfEp2ResumesWithEp1) {
   for (const auto& [name, w] : full.weights) EXPECT_LE(rel_err(tail.weights.at(name), w), 1e-5) << name;
   comm::barrier_sync(groups_for(1).world);
   if (rt.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(MpiTrainer, TensorSequenceParallelTrainsAsOneTpRank) {
+  const int world = comm::Runtime::current().size();
+  groups_for(1);
+  const RunResult ref = run_training(tp_config(1, 1, 1, 20), groups_for(1));
+  SCOPED_TRACE("tp 2, sequence parallel, degree 2, tp overlap");
+  expect_same_run(run_training(tp_config(2, 1, 2, 20), groups_for(1, 2)), ref, 1e-5);
+  if (world >= 4) {
+    SCOPED_TRACE("tp 2 x ep 2, sequence parallel, degree 2, tp overlap");
+    expect_same_run(run_training(tp_config(2, 2, 2, 20), groups_for(2, 2)), ref, 1e-5);
+  }
+}
+
+TEST(MpiTrainer, CheckpointsLoadAcrossTensorParallelSizes) {
+  comm::Runtime& rt = comm::Runtime::current();
+  if (rt.size() != 2) GTEST_SKIP() << "the 2-rank run covers it (tp 2 and tp 1 x dp 2)";
+  const RunResult full = run_training(tp_config(1, 1, 1, 6), groups_for(1));
+  for (const auto& [save_tp, load_tp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE(fmt::format("saved at tp {}, resumed at tp {}", save_tp, load_tp));
+    const std::string dir = (std::filesystem::temp_directory_path() / "ampipe_mpi_train_tp_ckpt").string();
+    if (rt.rank() == 0) std::filesystem::remove_all(dir);
+    comm::barrier_sync(groups_for(1).world);
+    train::TrainConfig first = tp_config(save_tp, 1, 2, 6);
+    first.save = dir;
+    first.exit_interval = 3;
+    run_training(first, groups_for(1, save_tp));
+    train::TrainConfig second = tp_config(load_tp, 1, 2, 6);
+    second.load = dir;
+    const RunResult tail = run_training(second, groups_for(1, load_tp));
+    ASSERT_EQ(tail.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_LE(std::abs(tail.losses[i] - full.losses[3 + i]) / full.losses[3 + i], 1e-5) << "iteration " << 4 + i;
+    for (const auto& [name, w] : full.weights) EXPECT_LE(rel_err(tail.weights.at(name), w), 1e-5) << name;
+    comm::barrier_sync(groups_for(1).world);
+    if (rt.rank() == 0) std::filesystem::remove_all(dir);
+  }
 }

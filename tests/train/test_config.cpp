@@ -25,11 +25,21 @@ std::string message(const train::TrainConfig& c, int world) {
 }
 }  // namespace
 
-TEST(TrainConfig, TensorParallelIsRefusedAsNotRunYet) {
+TEST(TrainConfig, TensorParallelRules) {
   train::TrainConfig c;
-  c.tensor_model_parallel_size = 2;
-  EXPECT_THAT(message(c, 2), ::testing::HasSubstr("--tensor-model-parallel-size 2 is not supported by this engine yet"));
+  c.layer.tensor_model_parallel_size = 2;
+  EXPECT_EQ(message(c, 2), "");
   EXPECT_THAT(message(c, 3), ::testing::HasSubstr("world size 3 is not tp x cp x dp"));
+  c.layer.tensor_model_parallel_size = 3;  // 64 hidden columns, 4 heads
+  EXPECT_THAT(message(c, 3), ::testing::HasSubstr("is not divisible by --tensor-model-parallel-size 3"));
+  c.layer.tensor_model_parallel_size = 2;
+  c.layer.ampipe_tp_sp_comm_overlap = true;
+  EXPECT_THAT(message(c, 2), ::testing::HasSubstr("--ampipe-tp-sp-comm-overlap needs --ampipe-degree > 1"));
+  c.ampipe_degree = 2;
+  c.use_flash_attn = true;
+  EXPECT_EQ(message(c, 2), "");
+  c.layer.tensor_model_parallel_size = 1;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--ampipe-tp-sp-comm-overlap needs --tensor-model-parallel-size > 1"));
 }
 
 TEST(TrainConfig, ContextParallelWorldSize) {
@@ -107,13 +117,13 @@ TEST(TrainConfig, PipeExpertsIsRefusedWithNoDrop) {
 }
 
 TEST(TrainConfig, PipeExpertsMultiStreamIsRefusedWithOneLine) {
-  // Sequence parallelism does not run yet: with or without --sequence-parallel the multi-stream line comes first.
+  // Multi-stream overlaps the pieces' tp collectives: it needs sequence parallelism over more than one tp rank.
   for (bool sp : {false, true}) {
     train::TrainConfig c = pipe_experts(2, 2);
     c.layer.pipe_experts_multi_stream = true;
-    c.sequence_parallel = sp;
+    c.layer.sequence_parallel = sp;
     EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--pipe-experts-multi-stream can only be used with "
-                                                    "--sequence-parallel, which this engine does not run yet"))
+                                                    "--sequence-parallel and --tensor-model-parallel-size > 1"))
         << sp;
   }
 }

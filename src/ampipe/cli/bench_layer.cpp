@@ -51,6 +51,10 @@ void BenchLayerArgs::add_to(CLI::App& app) {
                  "pipe-experts slice counts N to compare, crossed with --ampipe-degree (0 = without pipe-experts), "
                  "e.g. 0,1,2,4; combinations the pipe-experts rules refuse are skipped and listed")
       ->delimiter(',');
+  app.add_option("--tp-overlap-sweep", tp_overlap_sweep,
+                 "comma list of 0/1: run every degree without and/or with --ampipe-tp-sp-comm-overlap (tp > 1; "
+                 "degree 1 runs without it)")
+      ->delimiter(',');
   app.add_option("--num-layers", num_layers, "layers per step")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed repetitions per degree")->capture_default_str();
   app.add_option("--iters", iters, "timed repetitions per degree")->capture_default_str();
@@ -94,7 +98,8 @@ double median(std::vector<double> v) {
 struct ConfigResult {
   int degree = 1;
   int pipe_n = 0;  // pipe-experts slices per expert; 0: without pipe-experts
-  std::vector<double> step_s, compute_s, comm_s, exposed_s;
+  int tp_overlap = 0;  // --ampipe-tp-sp-comm-overlap
+  std::vector<double> step_s, compute_s, comm_s, comm_tp_s, exposed_s;
   double flops = 0;
   int64_t peak_rss = 0;
   int64_t peak_growth = 0;  // max over repetitions of (peak RSS during the step - RSS at its start)
@@ -102,16 +107,18 @@ struct ConfigResult {
   double predicted_s = 0;   // the simulator's step for the same Plans (--sim-profile), 0 without
 };
 
-// The step's all-to-alls alone: the same Plan tasks and buffers, in Plan order, back to back on their lane.
-double time_comm_alone(schedule::LayerStack& st, const comm::Group& ep) {
-  if (ep.size() == 1) return 0.0;
-  comm::barrier_sync(ep, "comm_alone.start");
+// One lane's collectives alone: the same Plan tasks and buffers, in Plan order, back to back on their lane (ep: the
+// all-to-alls; tp: every tensor-parallel collective).
+double time_comm_alone(schedule::LayerStack& st, const comm::Group& group, comm::Lane lane) {
+  if (group.size() == 1) return 0.0;
+  comm::barrier_sync(group, "comm_alone.start");
   const auto t0 = Clock::now();
   std::vector<comm::Event> evs;
   for (int i = 0; i < st.num_layers(); ++i)
     for (const schedule::Task& t : st.plan(i).tasks) {
       // compute tasks are skipped, and so are the tiny capacity all-gathers of --moe-no-drop
-      if (!t.is_collective() || t.collective->kind != schedule::CollKind::all_to_all) continue;
+      if (!t.is_collective() || t.lane != lane) continue;
+      if (lane == comm::Lane::ep && t.collective->kind != schedule::CollKind::all_to_all) continue;
       evs.push_back(st.executor().issue(t, st.layer(i), {}, "alone." + t.name()));
     }
   comm::wait_all(evs);
@@ -128,11 +135,21 @@ int run_bench_layer(BenchLayerArgs& a) {
   const bool auto_degree = a.degree_text == "auto";
   // With auto the choice is made once the groups exist (it may calibrate); degree 1 runs next to it.
   a.degrees = auto_degree ? std::vector<int>{1} : parse_degree_list(a.degree_text);
-  for (int M : a.degrees)
+  for (int M : a.degrees) {
     if (M < 1 || cfg.seq_length % M != 0)
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
                                     "divide the sequence length",
                                     M, cfg.seq_length));
+    model::LayerConfig c = cfg;
+    c.ampipe_tp_sp_comm_overlap = false;  // the sweep decides; the flag itself is checked with degree > 1 below
+    c.check_tensor_parallel(M);
+    if (cfg.ampipe_tp_sp_comm_overlap && a.tp_overlap_sweep.empty()) cfg.check_tensor_parallel(M);
+  }
+  for (int v : a.tp_overlap_sweep)
+    if ((v != 0 && v != 1) || (v == 1 && cfg.tp() < 2))
+      throw ConfigError(fmt::format("--tp-overlap-sweep {} is invalid: give 0 and/or 1, and 1 needs "
+                                    "--tensor-model-parallel-size > 1",
+                                    v));
   a.layer.check_pipe_experts(cfg, a.degrees);
   if (rt.rank() == 0)
     for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
@@ -140,7 +157,7 @@ int run_bench_layer(BenchLayerArgs& a) {
   if (a.iters < 1 || a.warmup < 0)
     throw ConfigError(fmt::format("--iters {} / --warmup {} are invalid: need iters >= 1, warmup >= 0", a.iters,
                                   a.warmup));
-  const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), 1, cfg.expert_model_parallel_size);
   comm::Groups groups = rt.make_groups(layout);
   {
     nlohmann::json agree = a.layer.to_json(cfg);
@@ -148,6 +165,7 @@ int run_bench_layer(BenchLayerArgs& a) {
     agree["hidden_dropout"] = cfg.hidden_dropout;
     agree["ampipe_degree"] = a.degree_text;
     agree["pipe_experts_sweep"] = a.pipe_experts_sweep;
+    agree["tp_overlap_sweep"] = a.tp_overlap_sweep;
     agree["num_layers"] = a.num_layers;
     agree["iters"] = a.iters;
     agree["warmup"] = a.warmup;
@@ -162,12 +180,14 @@ int run_bench_layer(BenchLayerArgs& a) {
     if (choice.degree != 1) a.degrees.push_back(choice.degree);
   }
 
-  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
+  // Sequence parallel: this tp rank's rows (the layout differs by degree, but any rows will do for timing).
+  const Shape act{cfg.seq_length / (cfg.sp() ? cfg.tp() : 1), cfg.micro_batch_size, cfg.hidden_size};
   Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
   const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
+  const int64_t base = cfg.sp() ? int64_t(me.tp) * x.numel() : 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
-    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(i));
-    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(i));
+    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
+    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
   }
   const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
 
@@ -176,12 +196,18 @@ int run_bench_layer(BenchLayerArgs& a) {
   // Configurations: every degree, crossed with --pipe-experts-sweep when given (else the layer flags' setting).
   std::vector<ConfigResult> res;
   std::vector<std::string> skipped;
+  const std::vector<int> overlaps =
+      a.tp_overlap_sweep.empty() ? std::vector<int>{cfg.ampipe_tp_sp_comm_overlap ? 1 : 0} : a.tp_overlap_sweep;
   for (int M : a.degrees) {
     if (a.pipe_experts_sweep.empty()) {
-      ConfigResult r;
-      r.degree = M;
-      r.pipe_n = cfg.use_pipe_experts ? cfg.pipe_experts_multi_data : 0;
-      res.push_back(r);
+      for (int v : overlaps) {
+        if (v == 1 && M == 1) continue;  // nothing to overlap across chunks
+        ConfigResult r;
+        r.degree = M;
+        r.pipe_n = cfg.use_pipe_experts ? cfg.pipe_experts_multi_data : 0;
+        r.tp_overlap = v;
+        res.push_back(r);
+      }
       continue;
     }
     for (int N : a.pipe_experts_sweep) {
@@ -201,15 +227,18 @@ int run_bench_layer(BenchLayerArgs& a) {
       ConfigResult r;
       r.degree = M;
       r.pipe_n = N;
+      r.tp_overlap = overlaps.front();
       res.push_back(r);
     }
   }
   if (res.empty()) throw ConfigError("--pipe-experts-sweep: no combination with --ampipe-degree is valid");
-  schedule::LayerStack st(cfg, a.num_layers, res[0].degree, me.ep, &groups);
+  model::LayerConfig first = cfg;
+  first.ampipe_tp_sp_comm_overlap = res[0].tp_overlap > 0;
+  schedule::LayerStack st(first, a.num_layers, res[0].degree, me.ep, &groups);
   if (!a.sim_profile.empty()) {  // the prediction of the very Plans that run (sim/simulator.h)
     const sim::Profile prof = sim::load_profile(a.sim_profile, "--sim-profile");
     for (ConfigResult& r : res) {
-      st.replan(r.degree, r.pipe_n);
+      st.replan(r.degree, r.pipe_n, r.tp_overlap);
       std::vector<schedule::Plan> plans;
       for (int i = 0; i < st.num_layers(); ++i) plans.push_back(st.plan(i));
       r.predicted_s = sim::simulate(plans, prof).step_s;
@@ -218,7 +247,7 @@ int run_bench_layer(BenchLayerArgs& a) {
   const bool tracing = !a.trace_file.empty();
   for (int rep = 0; rep < a.warmup + a.iters; ++rep)
     for (size_t c = 0; c < res.size(); ++c) {
-      st.replan(res[c].degree, res[c].pipe_n);
+      st.replan(res[c].degree, res[c].pipe_n, res[c].tp_overlap);
       const bool timed = rep >= a.warmup, last = rep == a.warmup + a.iters - 1;
       comm::Trace::set_enabled(tracing && last);
       st.executor().reset_stats();
@@ -231,16 +260,21 @@ int run_bench_layer(BenchLayerArgs& a) {
       st.backward(dy, float(a.layer.moe_aux_loss_coeff));
       const double step = seconds_since(t0);
       if (tracing && last)
-        comm::Trace::record(comm::Lane::compute, fmt::format("bench.step degree={} N={}", res[c].degree, res[c].pipe_n), -1,
+        comm::Trace::record(comm::Lane::compute,
+                            fmt::format("bench.step degree={} N={} tp-overlap={}", res[c].degree, res[c].pipe_n,
+                                        res[c].tp_overlap),
+                            -1,
                             comm::Trace::to_us(t0), comm::Trace::now_us(), 0, 0, "step");
       comm::Trace::set_enabled(false);
-      const double comm_alone = time_comm_alone(st, groups.ep);
+      const double comm_alone = time_comm_alone(st, groups.ep, comm::Lane::ep);
+      const double comm_tp_alone = time_comm_alone(st, groups.tp, comm::Lane::tp);
       if (timed) {
         ConfigResult& r = res[c];
         r.step_s.push_back(step);
         r.compute_s.push_back(double(st.executor().stats().compute_us) * 1e-6);
         r.exposed_s.push_back(double(st.executor().stats().blocked_us) * 1e-6);
         r.comm_s.push_back(comm_alone);
+        r.comm_tp_s.push_back(comm_tp_alone);
         r.flops = st.flops();
         r.planned = st.planned_bytes();
         r.peak_rss = std::max(r.peak_rss, peak_rss());
@@ -253,27 +287,34 @@ int run_bench_layer(BenchLayerArgs& a) {
   if (rt.rank() != 0) return 0;
   const double base_step = median(res[0].step_s);
   nlohmann::json out = nlohmann::json::array();
-  fmt::print("ampipe bench-layer: s={} b={} h={} F={} heads={} E={} top-{} {} layers={} | ranks={} ep={} | "
+  const bool tp = cfg.tp() > 1;
+  fmt::print("ampipe bench-layer: s={} b={} h={} F={} heads={} E={} top-{} {} layers={} | ranks={} {}ep={} | "
              "{} warm-up + {} timed repetitions, interleaved\n",
              cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
-             cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(), layout.ep,
-             a.warmup, a.iters);
+             cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(),
+             tp ? fmt::format("tp={}{} ", cfg.tp(), cfg.sp() ? " (sequence parallel)" : "") : "", layout.ep, a.warmup,
+             a.iters);
   for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
-  fmt::print("{:>6} {:>3} {:>10} {:>17} {:>10} {:>10} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}{}\n", "degree", "N",
-             "step ms",
-             "min..max", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB",
-             "peak MiB", "plan MiB", a.sim_profile.empty() ? "" : " predicted ms  error");
+  // comm ms: the all-to-alls alone; tp comm ms: the tensor-parallel collectives alone; hidden: the share of the
+  // smaller of compute and (all communication) that the step hides, (compute + comm + tp comm - step) / min.
+  fmt::print("{:>6} {:>3}{} {:>10} {:>17} {:>10} {:>10}{} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}{}\n", "degree",
+             "N", tp ? " tp-ov" : "", "step ms", "min..max", "compute ms", "comm ms", tp ? " tp comm ms" : "",
+             "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB", "peak MiB", "plan MiB",
+             a.sim_profile.empty() ? "" : " predicted ms  error");
   for (const ConfigResult& r : res) {
-    const double step = median(r.step_s), comp = median(r.compute_s), comm_t = median(r.comm_s),
-                 exposed = median(r.exposed_s);
+    const double step = median(r.step_s), comp = median(r.compute_s), comm_ep = median(r.comm_s),
+                 comm_tp = median(r.comm_tp_s), exposed = median(r.exposed_s);
+    const double comm_t = comm_ep + comm_tp;
     const double lo = *std::min_element(r.step_s.begin(), r.step_s.end());
     const double hi = *std::max_element(r.step_s.begin(), r.step_s.end());
     const double mn = std::min(comp, comm_t);
     const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
     fmt::print(
-        "{:>6} {:>3} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} {:>9.1f} "
-        "{:>9.1f}{}\n",
-        r.degree, r.pipe_n, 1e3 * step, 1e3 * lo, 1e3 * hi, 1e3 * comp, 1e3 * comm_t, 1e3 * exposed, hidden, base_step / step,
+        "{:>6} {:>3}{} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f}{} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} "
+        "{:>9.1f} {:>9.1f}{}\n",
+        r.degree, r.pipe_n, tp ? fmt::format(" {:>5}", r.tp_overlap ? "on" : "off") : "", 1e3 * step, 1e3 * lo,
+        1e3 * hi, 1e3 * comp, 1e3 * comm_ep, tp ? fmt::format(" {:>10.2f}", 1e3 * comm_tp) : "", 1e3 * exposed, hidden,
+        base_step / step,
         r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20),
         double(r.planned) / (1 << 20),
         r.predicted_s > 0 ? fmt::format(" {:>12.2f} {:>+6.1f}%", 1e3 * r.predicted_s, 100 * (r.predicted_s / step - 1))
@@ -287,7 +328,9 @@ int run_bench_layer(BenchLayerArgs& a) {
                    {"step_ms_max", 1e3 * hi},
                    {"step_ms_all", all_ms},
                    {"compute_ms", 1e3 * comp},
-                   {"comm_alone_ms", 1e3 * comm_t},
+                   {"tp_overlap", r.tp_overlap},
+                   {"comm_alone_ms", 1e3 * comm_ep},
+                   {"comm_tp_alone_ms", 1e3 * comm_tp},
                    {"exposed_ms", 1e3 * exposed},
                    {"hidden_fraction", hidden},
                    {"speedup", base_step / step},

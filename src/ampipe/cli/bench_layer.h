@@ -16,6 +16,7 @@ struct BenchLayerArgs {
   std::vector<int> degrees;           // the degrees run (from degree_text; with auto, 1 and the chosen one)
   std::string sim_profile;               // --sim-profile (with --ampipe-degree auto)
   std::vector<int> pipe_experts_sweep;  // --pipe-experts-sweep: N values (0 = without) crossed with the degrees
+  std::vector<int> tp_overlap_sweep;    // --tp-overlap-sweep: 0 / 1 (--ampipe-tp-sp-comm-overlap off / on) crossed too
   int num_layers = 1;
   int warmup = 2;
   int iters = 5;

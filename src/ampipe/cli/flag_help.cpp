@@ -39,7 +39,7 @@ const std::map<std::string, const char*>& group_of() {
                     "--context-parallel-algo", "--sequence-parallel", "--ampipe-tp-sp-comm-overlap",
                     "--distributed-backend", "--check-collectives", "--comm-timeout", "--world-size", "--nodes"});
     put(kTraining, {"--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples",
-                    "--exit-interval", "--skip-train", "--weight-decay", "--adam-beta1", "--adam-beta2",
+                    "--exit-interval", "--exit-signal-handler", "--skip-train", "--weight-decay", "--adam-beta1", "--adam-beta2",
                     "--adam-eps", "--clip-grad", "--config"});
     put(kLr, {"--lr", "--min-lr", "--lr-warmup-iters", "--lr-decay-style", "--lr-decay-iters"});
     put(kCheckpoint, {"--save", "--load", "--save-interval", "--no-load-optim", "--finetune", "--use-checkpoint-args"});

@@ -22,6 +22,7 @@
 #include "ampipe/core/safetensors.h"
 #include "ampipe/model/layer_params.h"
 #include "ampipe/model/layer.h"
+#include "ampipe/model/sequence_shard.h"
 #include "ampipe/schedule/layer_stack.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/train/checkpoint.h"
@@ -56,7 +57,8 @@ Tensor micro_batch_slice(const model::LayerConfig& cfg, int64_t G, int64_t m, ui
   return t;
 }
 
-// Full [s, G, h] tensor on rank 0 from every rank's K micro-batches ([K, s, b, h] each, world rank order).
+// Full [s, G, h] tensor from every data-parallel rank's K micro-batches ([K, s, b, h] each, in data-parallel
+// rank order: the dp_cp group of this rank's tp coordinate).
 Tensor gather_batch(const std::vector<Tensor>& mine, const comm::Group& world, int64_t G) {
   const int64_t K = int64_t(mine.size()), s = mine[0].size(0), b = mine[0].size(1), h = mine[0].size(2);
   Tensor packed = Tensor::empty({K, s, b, h});
@@ -86,10 +88,11 @@ int run_layer_check(LayerCheckArgs& a) {
   a.comm.apply();
   const int M = a.ampipe_degree;
   LayerFlags::check_degree(cfg, M);
+  cfg.check_tensor_parallel(M);
   a.layer.check_pipe_experts(cfg, {M});
   if (rt.rank() == 0)
     for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  const comm::Layout layout = comm::Layout::make(rt.size(), 1, 1, cfg.expert_model_parallel_size);
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), 1, cfg.expert_model_parallel_size);
   const int64_t b = cfg.micro_batch_size, dp = layout.dp;
   const int64_t G = a.global_batch_size > 0 ? a.global_batch_size : b * dp;
   if (G % (b * dp) != 0)
@@ -119,14 +122,25 @@ int run_layer_check(LayerCheckArgs& a) {
   std::vector<float> aux;
   int64_t dropped = 0, choices = 0;
   double step_s = 0, flops = 0;
+  // Sequence parallel: each tp rank feeds its rows (model/sequence_shard.h) and the outputs are put back together.
+  auto rows_of = [&](const Tensor& full) { return cfg.sp() ? model::sequence_shard(full, M, cfg.tp(), me.tp) : full; };
+  auto whole = [&](const Tensor& mine) {
+    if (!cfg.sp()) return mine.clone();
+    Tensor all = Tensor::empty({cfg.seq_length, b, cfg.hidden_size});
+    comm::all_gather_sync(groups.tp, mine, all, "sp_gather");
+    return model::sequence_unshard(all, M, cfg.tp());
+  };
   for (int64_t j = 0; j < K; ++j) {
     const int64_t m = me.dp * K + j;
     xs.push_back(micro_batch_slice(cfg, G, m, 0));
     dys.push_back(micro_batch_slice(cfg, G, m, 1));
+    const Tensor x = rows_of(xs.back()), dy = rows_of(dys.back());
     const auto t0 = Clock::now();
-    ys.push_back(stack.forward(xs.back(), uint64_t(m * cfg.tokens())).clone());
-    dxs.push_back(stack.backward(dys.back(), float(a.layer.moe_aux_loss_coeff)).clone());
+    const Tensor y = stack.forward(x, uint64_t(m * cfg.tokens()));
+    const Tensor dx = stack.backward(dy, float(a.layer.moe_aux_loss_coeff));
     step_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    ys.push_back(whole(y));
+    dxs.push_back(whole(dx));
     flops += layer.flops();
     aux.push_back(float(layer.aux_loss_value()));
     for (int c = 0; c < M; ++c)
@@ -141,6 +155,8 @@ int run_layer_check(LayerCheckArgs& a) {
   for (Tensor& dx : dxs)  // the loss is the mean over micro-batches, so x's gradient carries the factor too
     for (int64_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] *= inv;
   for (auto& [name, g] : grads.named()) {
+    if (cfg.sp() && model::LayerParams::is_sequence_parallel(name))  // each tp rank saw its rows only
+      comm::all_reduce_sync(groups.tp, g, comm::Reduce::sum, "grad.tp." + name);
     const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
     if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);
     float* p = g.data<float>();
@@ -149,16 +165,23 @@ int run_layer_check(LayerCheckArgs& a) {
   const int64_t total_dropped = comm::all_reduce_max(groups.world, dropped, "dropped");
 
   if (!a.export_dir.empty()) {
-    Tensor x_full = gather_batch(xs, groups.world, G), dy_full = gather_batch(dys, groups.world, G);
-    Tensor y_full = gather_batch(ys, groups.world, G), dx_full = gather_batch(dxs, groups.world, G);
+    Tensor x_full = gather_batch(xs, groups.dp_cp, G), dy_full = gather_batch(dys, groups.dp_cp, G);
+    Tensor y_full = gather_batch(ys, groups.dp_cp, G), dx_full = gather_batch(dxs, groups.dp_cp, G);
     Tensor aux_mine = Tensor::from(aux, {K});
     Tensor aux_all = Tensor::empty({G / b});
-    comm::all_gather_sync(groups.world, aux_mine, aux_all, "export_aux");
+    comm::all_gather_sync(groups.dp_cp, aux_mine, aux_all, "export_aux");
     core::TensorMap pmap, gmap;
     for (auto& [name, t] : params.named()) pmap[name] = t;
     for (auto& [name, t] : grads.named()) gmap[name] = t;
     for (core::TensorMap* mp : {&pmap, &gmap})
-      for (auto& [name, t] : *mp)
+      for (auto& [name, t] : *mp) {
+        if (cfg.tp() > 1 && model::tp_split(cfg, name).dim >= 0) {  // the tp shards, joined
+          Tensor all = Tensor::empty({int64_t(cfg.tp()) * t.numel()});
+          comm::all_gather_sync(groups.tp, t.clone().view({t.numel()}), all, "export.tp." + name);
+          Shape whole_shape = model::full_shape(cfg, name);
+          if (model::LayerParams::is_expert(name)) whole_shape[0] = cfg.local_experts();
+          t = model::tp_join(cfg, name, all, whole_shape);
+        }
         if (model::LayerParams::is_expert(name) && groups.ep.size() > 1) {
           Shape full = t.shape();
           full[0] *= groups.ep.size();
@@ -166,11 +189,14 @@ int run_layer_check(LayerCheckArgs& a) {
           comm::all_gather_sync(groups.ep, t, all, "export." + name);
           t = all;
         }
+      }
     if (rt.rank() == 0) {
       gmap["x"] = dx_full;
       const std::map<std::string, std::string> meta{{"format", "ampipe layer-check"},
                                                     {"ampipe_degree", std::to_string(M)},
-                                                    {"expert_model_parallel_size", std::to_string(layout.ep)}};
+                                                    {"expert_model_parallel_size", std::to_string(layout.ep)},
+                                                    {"tensor_model_parallel_size", std::to_string(layout.tp)},
+                                                    {"sequence_parallel", cfg.sp() ? "1" : "0"}};
       core::save_safetensors(a.export_dir + "/params.safetensors", pmap, meta);
       core::save_safetensors(a.export_dir + "/inputs.safetensors", {{"x", x_full}, {"grad_y", dy_full}}, meta);
       core::save_safetensors(a.export_dir + "/outputs.safetensors", {{"y", y_full}, {"aux_loss", aux_all}}, meta);
@@ -180,10 +206,11 @@ int run_layer_check(LayerCheckArgs& a) {
   if (!a.trace_file.empty()) comm::Trace::write_chrome_trace(a.trace_file);
 
   if (rt.rank() == 0) {
-    fmt::print("ampipe layer-check: s={} b={} h={} F={} heads={} E={} top-{} {} | ranks={} ep={} dp={} "
-               "micro-batches/rank={} ampipe-degree={}\n",
+    fmt::print("ampipe layer-check: s={} b={} h={} F={} heads={} E={} top-{} {} | ranks={} tp={}{} ep={} dp={} "
+               "micro-batches/rank={} ampipe-degree={}{}\n",
                cfg.seq_length, b, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, cfg.num_experts,
-               cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", rt.size(), layout.ep, dp, K, M);
+               cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", rt.size(), layout.tp, cfg.sp() ? " (sequence parallel)" : "",
+               layout.ep, dp, K, M, cfg.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "");
     fmt::print("  forward+backward: {:.1f} ms per micro-batch, {:.3f} TFLOP/s per rank, exposed comm {:.1f} ms\n",
                1e3 * step_s / double(K), flops / step_s / 1e12, stack.executor().stats().blocked_us / 1e3 / double(K));
     fmt::print("  |y| = {:.6g}   aux loss = {:.6g}   |dx| = {:.6g}   tokens dropped (max over ranks) = {} of {} "

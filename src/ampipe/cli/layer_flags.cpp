@@ -44,6 +44,13 @@ void LayerFlags::add_to(CLI::App& app) {
   app.add_flag("--bf16", cfg.bf16, "bf16 GEMM inputs and all-to-all payloads, fp32 accumulation");
   app.add_option("--expert-model-parallel-size", cfg.expert_model_parallel_size, "expert-parallel size ep")
       ->capture_default_str();
+  app.add_option("--tensor-model-parallel-size", cfg.tensor_model_parallel_size,
+                 "tensor-parallel size tp (Megatron's column/row-parallel attention and experts)")
+      ->capture_default_str();
+  app.add_flag("--sequence-parallel", cfg.sequence_parallel,
+               "Megatron sequence parallelism: LayerNorms, dropout, residual and gate on seq-length/tp rows per rank");
+  app.add_flag("--ampipe-tp-sp-comm-overlap", cfg.ampipe_tp_sp_comm_overlap,
+               "overlap the experts' tensor-parallel collectives per (chunk, local expert) piece");
   app.add_flag("--use-pipe-experts", cfg.use_pipe_experts, "slice each expert's tokens to overlap its all-to-all");
   app.add_flag("--pipe-experts-multi-stream", cfg.pipe_experts_multi_stream, "pipe-experts multi-stream");
   app.add_option("--pipe-experts-multi-data", cfg.pipe_experts_multi_data, "pipe-experts slices N")
@@ -106,7 +113,10 @@ nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {
           {"bf16", c.bf16},
           {"expert_model_parallel_size", c.expert_model_parallel_size},
           {"use_pipe_experts", c.use_pipe_experts},
-          {"pipe_experts_multi_data", c.pipe_experts_multi_data}};
+          {"pipe_experts_multi_data", c.pipe_experts_multi_data},
+          {"tensor_model_parallel_size", c.tensor_model_parallel_size},
+          {"sequence_parallel", c.sequence_parallel},
+          {"ampipe_tp_sp_comm_overlap", c.ampipe_tp_sp_comm_overlap}};
 }
 
 std::vector<int> parse_degree_list(const std::string& text) {

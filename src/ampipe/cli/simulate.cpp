@@ -206,7 +206,7 @@ int run_simulate(SimulateArgs& a) {
              : 0;
 
   // Megatron core_r0.7.0 (see the file comment).
-  const double V_pad = std::ceil(V / (128.0 * cfg.tensor_model_parallel_size)) * 128.0 * cfg.tensor_model_parallel_size;
+  const double V_pad = std::ceil(V / (128.0 * cfg.layer.tp())) * 128.0 * cfg.layer.tp();
   const double megatron_flops = 12 * double(G) * s * nl * h * h *
                                 ((1 + 1 + s / h) * 1 + (F / h) * k * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
 

@@ -11,17 +11,41 @@
 #include <vector>
 
 #include "ampipe/cli/auto_degree.h"
+#include "ampipe/cli/train_agreement.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint_args.h"
 #include "ampipe/train/megatron_args.h"
+#include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
 
 namespace ampipe::cli {
 
+namespace {
+
+// The one line of a run stopped by a signal (every rank agreed on it), and the exit code 128 + signal number.
+int report_stop(const train::TrainResult& res, const train::TrainConfig& cfg, bool rank0) {
+  const int64_t it = res.iterations.empty() ? res.start_iteration : res.iterations.back().iteration;
+  if (rank0) {
+    std::fflush(stdout);
+    const std::string saved =
+        cfg.save.empty() ? std::string("no --save given, nothing saved")
+                         : fmt::format("checkpoint saved to {}/{}; resume with --load {}", cfg.save,
+                                       train::checkpoint_subdir(it), cfg.save);
+    fmt::print(stderr, "ampipe: stopped by {} after iteration {} of {} on every rank: {}\n",
+               train::signal_name(res.stop_signal), it, cfg.train_iters, saved);
+    std::fflush(stderr);
+  }
+  return 128 + res.stop_signal;
+}
+
+}  // namespace
+
 int run_train(TrainFlags& flags) {
+  // SIGTERM / SIGINT from here on finish the current iteration on every rank and save (train/stop_signal.h).
+  const train::StopSignalGuard stop_guard;
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
   flags.resolve(cfg, rt.size());
@@ -72,10 +96,14 @@ int run_train(TrainFlags& flags) {
   }
   if (rt.rank() == 0)
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tensor_model_parallel_size,
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
-  check_ranks_agree(train::to_json(cfg), groups.world);
+  // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
+  // none, and the comparison is what names the difference.
+  rt.set_check_collectives(false);
+  check_ranks_agree(train_agreement(cfg, flags, corpus), groups.world);
+  rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
@@ -114,13 +142,15 @@ int run_train(TrainFlags& flags) {
   const int64_t G = cfg.global_batch(rt.size());
   int64_t n_params = 0;
   for (auto& p : trainer.model().params())
-    n_params += p.expert ? p.param.numel() * l.expert_model_parallel_size : p.param.numel();
+    n_params += p.param.numel() * (p.expert ? l.expert_model_parallel_size : 1) * (p.tp_sharded(l) ? l.tp() : 1);
   if (rank0) {
+    const std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
     fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
-               "ranks={} ep={} dp={} ampipe-degree={} | global batch {} x {} tokens, micro-batch {}\n",
+               "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
                cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
-               l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(),
-               layout.ep, layout.dp, cfg.ampipe_degree, G, l.seq_length, l.micro_batch_size);
+               l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(), tp,
+               layout.ep, layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
+               l.seq_length, l.micro_batch_size);
     if (cfg.ampipe_degree > 1)
       fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
                  l.moe_no_drop
@@ -145,6 +175,7 @@ int run_train(TrainFlags& flags) {
     std::fflush(stdout);
   });
 
+  if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
   if (rank0 && res.iterations.empty()) {  // --skip-train, or the checkpoint is already at --train-iters
     fmt::print("ampipe train: done: no iteration trained ({}; the model of iteration {})",
                cfg.skip_train ? "--skip-train" : fmt::format("--train-iters {} reached", cfg.train_iters), start);

@@ -1,6 +1,8 @@
 #include "ampipe/cli/train_flags.h"
 #include "ampipe/cli/flag_help.h"
 
+#include "ampipe/cli/config_keys.h"
+
 #include <algorithm>
 #include <array>
 
@@ -10,6 +12,7 @@
 #include <sstream>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/checkpoint.h"
 #include "ampipe/train/megatron_args.h"
 
 namespace ampipe::cli {
@@ -61,13 +64,10 @@ void TrainFlags::add_to(CLI::App& a) {
                "on --sim-profile, else on a self-calibration at start-up)")
       ->capture_default_str();
   a.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate --out)");
-  a.add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size, "tensor-parallel size tp (only 1 runs; larger is refused as not run yet)")
-      ->capture_default_str();
-  a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp (only 1 runs; larger is refused as not run yet)")->capture_default_str();
+  a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp")->capture_default_str();
   a.add_option("--context-parallel-algo", c.context_parallel_algo, "context-parallel algorithm")
       ->capture_default_str();
-  a.add_flag("--sequence-parallel", c.sequence_parallel, "Megatron sequence parallelism (refused: not run yet)");
-  a.add_flag("--ampipe-tp-sp-comm-overlap", c.ampipe_tp_sp_comm_overlap, "hide the SP collectives of the MLP too (refused: not run yet)");
+  // --tensor-model-parallel-size, --sequence-parallel, --ampipe-tp-sp-comm-overlap: layer flags (LayerFlags).
   // --use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream: layer flags (LayerFlags).
   a.add_flag("--use-ascend-mc2", c.use_ascend_mc2, "(incompatible with AMPipe)");
   a.add_flag("--overlap-grad-reduce", c.overlap_grad_reduce, "(incompatible with AMPipe)");
@@ -121,6 +121,8 @@ void TrainFlags::add_to(CLI::App& a) {
              "--load the model only and start a new run: iteration 0, first sample, fresh optimizer");
   a.add_flag("--use-checkpoint-args", c.use_checkpoint_args,
              "take the model flags (layers, sizes, heads, experts, top-k, ...) from the --load checkpoint");
+  a.add_flag("--exit-signal-handler", exit_signal_handler,
+             "on SIGTERM or SIGINT finish the iteration on every rank, save (with --save) and exit (always on)");
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
@@ -160,8 +162,9 @@ train::TrainConfig TrainFlags::finish() {
     }
     if (!j.is_object())
       throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
+    check_config_keys_once(ss.str(), j, config_file, *app);
     // A checkpoint's metadata.json: its "config" object holds this run's flags.
-    if (j.contains("format") && j["format"] == "ampipe train checkpoint" && j.contains("config") &&
+    if (j.contains("format") && j["format"] == train::kCheckpointFormat && j.contains("config") &&
         j["config"].is_object()) {
       const nlohmann::json inner = j["config"];
       j = inner;

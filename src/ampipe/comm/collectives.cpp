@@ -108,6 +108,8 @@ Event all_to_all(const Group& g, Tensor send, Tensor recv, const SplitCounts& co
   auto op = make_op(g, OpKind::all_to_all, size_t(stot) * dtype_size(send.dtype()), std::move(tag), how, true);
   op->dtype_code = dtype_code(send.dtype());
   op->check_bytes = 0;
+  op->check_counts = counts.send;
+  op->check_counts.insert(op->check_counts.end(), counts.recv.begin(), counts.recv.end());
   op->start = [send, recv, sc, sd, rc, rd](Op& o, MPI_Comm comm) mutable {
     MPI_Datatype t = move_type(send.dtype());
     o.reqs.emplace_back();

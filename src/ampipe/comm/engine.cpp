@@ -22,14 +22,29 @@ void mpi_check(int rc, const char* what, int rank) {
 }
 
 std::string describe(const CheckRecord& r) {
-  return fmt::format("{} seq={} bytes={} dtype={} tag \"{}\"", op_kind_name(OpKind(r.kind)), r.seq, r.bytes,
-                     r.dtype == 0 ? "f32" : r.dtype == 1 ? "bf16" : r.dtype == 2 ? "i64" : "bytes", r.tag);
+  return fmt::format("{} seq={} elements={} bytes={} dtype={} tag \"{}\"", op_kind_name(OpKind(r.kind)), r.seq,
+                     r.elements, r.bytes, r.dtype == 0 ? "f32" : r.dtype == 1 ? "bf16" : r.dtype == 2 ? "i64" : "bytes",
+                     r.tag);
+}
+
+uint64_t dtype_bytes(uint32_t code) { return code == 0 ? 4 : code == 1 ? 2 : code == 2 ? 8 : 1; }
+
+CheckRecord record_at(const std::vector<unsigned char>& all, size_t stride, size_t r) {
+  CheckRecord rec;
+  std::memcpy(&rec, all.data() + r * stride, sizeof rec);
+  return rec;
+}
+
+int64_t count_at(const std::vector<unsigned char>& all, size_t stride, size_t r, size_t i) {
+  int64_t v;
+  std::memcpy(&v, all.data() + r * stride + sizeof(CheckRecord) + i * sizeof(int64_t), sizeof v);
+  return v;
 }
 
 }  // namespace
 
 uint64_t fingerprint(const std::string& group, uint64_t seq, OpKind kind, uint32_t dtype, uint64_t bytes,
-                     const std::string& tag) {
+                     uint64_t elements, const std::string& tag) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* p, size_t n) {
     auto* b = static_cast<const unsigned char*>(p);
@@ -44,6 +59,7 @@ uint64_t fingerprint(const std::string& group, uint64_t seq, OpKind kind, uint32
   mix(&k, sizeof k);
   mix(&dtype, sizeof dtype);
   mix(&bytes, sizeof bytes);
+  mix(&elements, sizeof elements);
   mix(tag.data(), tag.size());
   return h;
 }
@@ -113,16 +129,25 @@ void Engine::admit(std::unique_ptr<Op> op) {
     // Post the fingerprint exchange now, in submit order, so every member's n-th exchange on the debug
     // communicator is its n-th collective on the group, whatever lane it runs on.
     const OpInfo& in = o.ev->info;
-    o.check_mine.seq = in.seq;
-    o.check_mine.kind = uint32_t(in.kind);
-    o.check_mine.dtype = o.dtype_code;
-    o.check_mine.bytes = o.check_bytes;
-    std::strncpy(o.check_mine.tag, in.tag.c_str(), sizeof o.check_mine.tag - 1);
-    o.check_mine.fingerprint = fingerprint(o.group->label, in.seq, in.kind, o.dtype_code, o.check_bytes,
-                                           std::string(o.check_mine.tag));
-    o.check_all.resize(o.group->members.size());
-    mpi_check(MPI_Iallgather(&o.check_mine, int(sizeof(CheckRecord)), MPI_BYTE, o.check_all.data(),
-                             int(sizeof(CheckRecord)), MPI_BYTE, o.group->comms->debug, &o.check_req),
+    const size_t n = o.group->members.size(), stride = sizeof(CheckRecord) + 2 * n * sizeof(int64_t);
+    CheckRecord rec;
+    rec.seq = in.seq;
+    rec.kind = uint32_t(in.kind);
+    rec.dtype = o.dtype_code;
+    rec.bytes = o.check_bytes;
+    rec.elements = o.check_bytes / dtype_bytes(o.dtype_code);
+    std::strncpy(rec.tag, in.tag.c_str(), sizeof rec.tag - 1);
+    rec.fingerprint = fingerprint(o.group->label, in.seq, in.kind, o.dtype_code, rec.bytes, rec.elements,
+                                  std::string(rec.tag));
+    o.check_mine.assign(stride, 0);
+    std::memcpy(o.check_mine.data(), &rec, sizeof rec);
+    AMPIPE_CHECK(o.check_counts.empty() || o.check_counts.size() == 2 * n, "{}: {} check counts for {} ranks",
+                 in.tag, o.check_counts.size(), n);
+    if (!o.check_counts.empty())
+      std::memcpy(o.check_mine.data() + sizeof rec, o.check_counts.data(), 2 * n * sizeof(int64_t));
+    o.check_all.assign(stride * n, 0);
+    mpi_check(MPI_Iallgather(o.check_mine.data(), int(stride), MPI_BYTE, o.check_all.data(), int(stride), MPI_BYTE,
+                             o.group->comms->debug, &o.check_req),
               "MPI_Iallgather (check)", world_rank_);
     o.check_pending = true;
     o.ev->stage = int(OpStage::checking);
@@ -192,11 +217,31 @@ bool Engine::step() {
         if (flag) {
           op.check_pending = false;
           progressed = true;
-          const auto& all = op.check_all;
+          const size_t n = op.group->members.size(), stride = op.check_all.size() / n;
+          std::vector<CheckRecord> all;
+          for (size_t r = 0; r < n; ++r) all.push_back(record_at(op.check_all, stride, r));
           std::vector<int> differ;
           for (size_t r = 1; r < all.size(); ++r)
             if (all[r].fingerprint != all[0].fingerprint) differ.push_back(int(r));
-          if (!differ.empty()) {
+          // Same op everywhere: for an all_to_all, what r sends to q must be what q receives from r.
+          std::string counts_error;
+          if (differ.empty() && OpKind(all[0].kind) == OpKind::all_to_all)
+            for (size_t r = 0; r < n && counts_error.empty(); ++r)
+              for (size_t q = 0; q < n; ++q) {
+                const int64_t sent = count_at(op.check_all, stride, r, q), expected = count_at(op.check_all, stride, q, n + r);
+                if (sent == expected) continue;
+                counts_error = fmt::format(
+                    "rank {}: all_to_all counts disagree on group {} at seq={} tag \"{}\" (--check-collectives): "
+                    "world rank {} sends {} elements to world rank {}, which expects {} from it. The op was not "
+                    "started on any member.",
+                    world_rank_, op.group->label, op.ev->info.seq, all[0].tag, op.group->members[r], sent,
+                    op.group->members[q], expected);
+                break;
+              }
+          if (!counts_error.empty()) {
+            fail_op(op, counts_error);
+            remove = true;
+          } else if (!differ.empty()) {
             std::string ops;
             for (size_t r = 0; r < all.size(); ++r)
               ops += fmt::format("{}  group rank {} (world {}): {}", r ? ";" : "", r, op.group->members[r],

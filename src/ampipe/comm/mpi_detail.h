@@ -49,11 +49,15 @@ struct GroupComms {
   GroupComms() { lane.fill(MPI_COMM_NULL); }
 };
 
-// One fingerprint record exchanged in --check-collectives mode (fixed size, sent as MPI_BYTE).
+// One fingerprint record exchanged in --check-collectives mode (sent as MPI_BYTE). On the wire each member sends
+// the record followed by 2 x (group size) int64 element counts: for all_to_all its send counts to and receive counts
+// from each group rank (zeros for other ops), so every member can check that what r sends to q is what q expects
+// from r (per-rank sizes of an all_to_all legitimately differ, so its record carries bytes = elements = 0).
 struct CheckRecord {
   uint64_t fingerprint = 0;
   uint64_t seq = 0;
-  uint64_t bytes = 0;  // rank-invariant size (0 for all_to_all, whose per-rank sizes legitimately differ)
+  uint64_t bytes = 0;     // rank-invariant size (0 for all_to_all)
+  uint64_t elements = 0;  // the same in elements of `dtype`
   uint32_t kind = 0;
   uint32_t dtype = 0;
   char tag[48] = {};
@@ -67,6 +71,7 @@ struct Op {
   bool check = false;      // set at submit from the runtime option
   uint32_t dtype_code = 0;
   uint64_t check_bytes = 0;
+  std::vector<int64_t> check_counts;  // all_to_all: send counts then recv counts (elements), one per group rank
   std::vector<Event> after;
   // Posts the non-blocking MPI call(s) on `comm`, appending to reqs. Runs on the engine thread.
   std::function<void(Op&, MPI_Comm comm)> start;
@@ -78,8 +83,8 @@ struct Op {
   bool started = false;
   MPI_Request check_req = MPI_REQUEST_NULL;
   bool check_pending = false;
-  CheckRecord check_mine;
-  std::vector<CheckRecord> check_all;
+  std::vector<unsigned char> check_mine;  // CheckRecord + 2 x group size int64 counts
+  std::vector<unsigned char> check_all;   // every member's, in group-rank order
 };
 
 struct EngineOptions {
@@ -124,8 +129,8 @@ class Engine {
   std::thread thread_;
 };
 
-// 64-bit FNV-1a over the check record fields (group label, seq, kind, dtype, bytes, tag).
+// 64-bit FNV-1a over the check record fields (group label, seq, kind, dtype, bytes, elements, tag).
 uint64_t fingerprint(const std::string& group, uint64_t seq, OpKind kind, uint32_t dtype, uint64_t bytes,
-                     const std::string& tag);
+                     uint64_t elements, const std::string& tag);
 
 }  // namespace ampipe::comm

@@ -2,7 +2,10 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cerrno>
 #include <cstring>
@@ -10,6 +13,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
+
+#include "ampipe/core/checksum.h"
 
 namespace ampipe::core {
 
@@ -70,10 +76,18 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   }
 }
 
-void save_safetensors(const std::string& path, const TensorMap& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+SafetensorsInfo save_safetensors(const std::string& path, const TensorMap& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::map<std::string, std::string> meta = metadata;
+  std::vector<Tensor> data;  // contiguous, in name order
+  data.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    data.push_back(t.is_contiguous() ? t : t.clone());
+    const Tensor& c = data.back();
+    meta[kChecksumKeyPrefix + name] = checksum_string(xxh64(c.raw(), c.nbytes()));
+  }
+  if (!meta.empty()) header["__metadata__"] = meta;
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
     const size_t bytes = t.nbytes();
@@ -89,19 +103,53 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   const uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) out.push_back(char((n >> (8 * i)) & 0xff));
   out += h;
-  for (const auto& [name, t] : tensors) {
-    const Tensor c = t.is_contiguous() ? t : t.clone();
-    out.append(static_cast<const char*>(c.raw()), c.nbytes());
-  }
+  for (const Tensor& c : data) out.append(static_cast<const char*>(c.raw()), c.nbytes());
   write_file_atomic(path, out);
+  return {uint64_t(out.size()), checksum_string(xxh64(h.data(), h.size()))};
 }
 
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string buf = ss.str();
+  return load_safetensors(path, SafetensorsLoadOptions{}, metadata, nullptr);
+}
+
+namespace {
+
+// The whole file, read once into memory (its size taken first: a file that is not regular is refused).
+std::string read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw ConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw ConfigError(fmt::format("{}: not a regular file", path));
+  }
+  std::string buf(size_t(st.st_size), '\0');
+  size_t done = 0;
+  while (done < buf.size()) {
+    const ssize_t r = ::read(fd, buf.data() + done, buf.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw ConfigError(fmt::format("{}: read failed after {} of {} bytes{}{}", path, done, buf.size(),
+                                    r < 0 ? ": " : " (the file shrank)", r < 0 ? std::strerror(err) : ""));
+    }
+    done += size_t(r);
+  }
+  ::close(fd);
+  return buf;
+}
+
+struct Section {
+  uint64_t begin, end;
+  std::string name;
+};
+
+}  // namespace
+
+TensorMap load_safetensors(const std::string& path, const SafetensorsLoadOptions& opts,
+                           std::map<std::string, std::string>* metadata, SafetensorsInfo* info) {
+  const std::string buf = read_whole_file(path);
   if (buf.size() < 8) throw ConfigError(fmt::format("{}: not a safetensors file: shorter than 8 bytes", path));
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(buf[size_t(i)])) << (8 * i);
@@ -110,34 +158,91 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
                                   buf.size()));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(buf.substr(8, n));
+    header = nlohmann::json::parse(buf.begin() + 8, buf.begin() + 8 + long(n));
   } catch (const std::exception& e) {
     throw ConfigError(fmt::format("{}: bad safetensors header: {}", path, e.what()));
   }
-  const size_t data_begin = 8 + n, data_size = buf.size() - data_begin;
-  TensorMap out;
-  for (auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      if (metadata) *metadata = v.get<std::map<std::string, std::string>>();
-      continue;
+  if (!header.is_object())
+    throw ConfigError(fmt::format("{}: bad safetensors header: not a JSON object", path));
+  if (info) *info = {uint64_t(buf.size()), checksum_string(xxh64(buf.data() + 8, size_t(n)))};
+  std::map<std::string, std::string> meta, checksums;
+  if (header.contains("__metadata__")) {
+    try {
+      for (const auto& [k, v] : header["__metadata__"].get<std::map<std::string, std::string>>()) {
+        if (k.rfind(kChecksumKeyPrefix, 0) == 0)
+          checksums[k.substr(std::char_traits<char>::length(kChecksumKeyPrefix))] = v;
+        else
+          meta[k] = v;
+      }
+    } catch (const nlohmann::json::exception&) {
+      throw ConfigError(fmt::format("{}: bad safetensors header: __metadata__ is not an object of strings", path));
     }
+  }
+  const size_t data_begin = 8 + n;
+  const uint64_t data_size = buf.size() - data_begin;
+  TensorMap out;
+  std::vector<Section> sections;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    Shape shape;
+    std::vector<uint64_t> off;
+    DType dtype = DType::f32;
     try {
       const std::string dt = v.at("dtype").get<std::string>();
       if (dt != "F32" && dt != "BF16")
         throw ConfigError(fmt::format("{}: tensor '{}' has dtype {}; only F32 and BF16 are supported", path, name,
                                       dt));
-      const Shape shape = v.at("shape").get<Shape>();
-      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      Tensor t = Tensor::empty(shape, dt == "F32" ? DType::f32 : DType::bf16);
-      if (off.size() != 2 || off[0] > off[1] || off[1] > data_size || off[1] - off[0] != t.nbytes())
-        throw ConfigError(fmt::format("{}: tensor '{}' {}: data offsets do not match its shape or the file size",
-                                      path, name, shape_str(shape)));
-      std::memcpy(t.raw(), buf.data() + data_begin + off[0], t.nbytes());
-      out.emplace(name, std::move(t));
+      dtype = dt == "F32" ? DType::f32 : DType::bf16;
+      shape = v.at("shape").get<Shape>();
+      off = v.at("data_offsets").get<std::vector<uint64_t>>();
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("{}: bad entry for tensor '{}': {}", path, name, e.what()));
     }
+    // The byte size of the shape, without overflow: every dimension >= 0 and the product no larger than the file.
+    uint64_t bytes = dtype_size(dtype);
+    for (int64_t d : shape) {
+      if (d < 0)
+        throw ConfigError(fmt::format("{}: tensor '{}' has shape {}: a dimension is negative", path, name,
+                                      shape_str(shape)));
+      if (d != 0 && bytes > data_size / uint64_t(d))
+        throw ConfigError(fmt::format("{}: tensor '{}' has shape {}: more data than the file holds ({} bytes)", path,
+                                      name, shape_str(shape), data_size));
+      bytes *= uint64_t(d);
+    }
+    if (off.size() != 2 || off[0] > off[1] || off[1] > data_size || off[1] - off[0] != bytes)
+      throw ConfigError(fmt::format("{}: tensor '{}' {}: data offsets {} do not match its shape ({} bytes) or lie "
+                                    "outside the data ({} bytes)",
+                                    path, name, shape_str(shape), nlohmann::json(off).dump(), bytes, data_size));
+    const char* src = buf.data() + data_begin + off[0];
+    if (auto it = checksums.find(name); it != checksums.end()) {
+      const std::string got = checksum_string(xxh64(src, size_t(bytes)));
+      if (got != it->second)
+        throw ConfigError(fmt::format("{}: tensor '{}': the data does not match its checksum (recorded {}, the data "
+                                      "has {}): the file is corrupt",
+                                      path, name, it->second, got));
+      checksums.erase(it);
+    } else if (opts.require_checksums) {
+      throw ConfigError(fmt::format("{}: tensor '{}' has no recorded checksum, so its data cannot be verified (not "
+                                    "written by ampipe, or the header was edited)",
+                                    path, name));
+    }
+    if (bytes > 0) sections.push_back({off[0], off[1], name});
+    Tensor t = Tensor::empty(shape, dtype);
+    std::memcpy(t.raw(), src, size_t(bytes));
+    out.emplace(name, std::move(t));
   }
+  if (!checksums.empty())
+    throw ConfigError(fmt::format("{}: the header records a checksum of tensor '{}', which the file does not hold "
+                                  "(a tensor was removed)",
+                                  path, checksums.begin()->first));
+  std::sort(sections.begin(), sections.end(),
+            [](const Section& a, const Section& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+  for (size_t i = 1; i < sections.size(); ++i)
+    if (sections[i].begin < sections[i - 1].end)
+      throw ConfigError(fmt::format("{}: the data of tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", path,
+                                    sections[i - 1].name, sections[i - 1].begin, sections[i - 1].end,
+                                    sections[i].name, sections[i].begin, sections[i].end));
+  if (metadata) *metadata = std::move(meta);
   return out;
 }
 

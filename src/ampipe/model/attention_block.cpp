@@ -9,9 +9,9 @@
 namespace ampipe::model {
 
 namespace {
-// Chunk c's attention: its sq query rows see the keys of rows [0, (c+1)*sq).
+// Chunk c's attention on the local heads: its sq query rows see the keys of rows [0, (c+1)*sq).
 kernels::AttentionShape chunk_shape(const LayerDims& d, int c) {
-  return {d.sq, (c + 1) * d.sq, d.b, d.n, d.d, c * d.sq};
+  return {d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};
 }
 core::PhiloxKey dropout_key(const LayerConfig& cfg) {
   return {cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::attn_dropout};
@@ -20,31 +20,55 @@ core::PhiloxKey dropout_key(const LayerConfig& cfg) {
 
 // ------------------------------------------------------------------------------------------------ forward
 
-void AttentionBlock::ln1_qkv(int c) {
+void AttentionBlock::ln1(int c) {
   LayerState& s = st_;
-  // bf16: the fp32 LN1 output and QKV are one chunk's staging, only their bf16 copies are kept
-  Tensor xn = s.bf16() ? s.mem.get(Buf::ln1_out) : s.rows(Buf::ln1_out, c);
+  // Sequence parallel: the chunk's local rows, all-gathered next (Stage::tp_qkv_in) from ln1_local (fp32) or
+  // ln1_send (bf16) into ln1_out / ln1_out_bf16. Otherwise every row of the chunk, written where QKV reads it
+  // (bf16: the fp32 output is one chunk's staging, only its bf16 copy is kept).
+  Tensor xn = s.dims.sp ? s.mem.get(Buf::ln1_local) : s.bf16() ? s.mem.get(Buf::ln1_out) : s.full_rows(Buf::ln1_out, c);
   Tensor mean = s.rows(Buf::ln1_mean, c), rstd = s.rows(Buf::ln1_rstd, c);
   kernels::layernorm_forward(s.rows(s.x, c), s.p.ln1_w, s.p.ln1_b, s.cfg.layernorm_epsilon, xn, mean, rstd);
-  Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.rows(Buf::qkv, c);
-  linear_forward(converted_rows(s, xn, Buf::ln1_out_bf16, c), s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h]: [q | k | v]
-  if (s.bf16()) s.rows(Buf::qkv_bf16, c).copy_from(qkv);
+  if (s.bf16()) {
+    Tensor copy = s.dims.sp ? s.mem.get(Buf::ln1_send) : s.full_rows(Buf::ln1_out_bf16, c);
+    copy.copy_from(xn);
+  }
+}
+
+void AttentionBlock::qkv(int c) {
+  LayerState& s = st_;
+  const Tensor xn = s.full_rows(s.bf16() ? Buf::ln1_out_bf16 : Buf::ln1_out, c);  // every row of the chunk
+  Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.full_rows(Buf::qkv, c);
+  linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h/t]: [q | k | v] of the local heads
+  if (s.bf16()) s.full_rows(Buf::qkv_bf16, c).copy_from(qkv);
+}
+
+void AttentionBlock::ln1_qkv(int c) {
+  ln1(c);
+  qkv(c);
 }
 
 void AttentionBlock::attention(int c) {
   LayerState& s = st_;
-  const int64_t h = s.dims.h;
+  const int64_t hl = s.dims.hl;
   const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, int64_t(c + 1) * s.dims.Sc);  // the rows chunk c can see
-  const Tensor q = s.rows(qkv, c).cols(0, h);
-  Tensor out = s.rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1);
-  kernels::attention_forward(chunk_shape(s.dims, c), q, kv.cols(h, 2 * h), kv.cols(2 * h, 3 * h), out, lse);
+  const Tensor q = s.full_rows(qkv, c).cols(0, hl);
+  Tensor out = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1);
+  kernels::attention_forward(chunk_shape(s.dims, c), q, kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), out, lse);
 }
 
 void AttentionBlock::out_proj(int c) {
   LayerState& s = st_;
-  Tensor proj = s.rows(Buf::proj, c);
-  linear_forward(converted_rows(s, s.rows(Buf::attn, c), Buf::attn_bf16, c), s.w.proj, proj);
+  // tp > 1: partial sums over the local heads, reduced next (Stage::tp_proj_out): reduce-scattered from
+  // proj_partial into the local rows of proj (sequence parallel), or all-reduced in place.
+  Tensor proj = s.dims.sp ? s.mem.get(Buf::proj_partial) : s.full_rows(Buf::proj, c);
+  const Tensor attn = s.full_rows(Buf::attn, c);
+  Tensor in = attn;
+  if (s.bf16()) {
+    in = s.full_rows(Buf::attn_bf16, c);
+    in.copy_from(attn);
+  }
+  linear_forward(in, s.w.proj, proj);
 }
 
 void AttentionBlock::residual_ln2(int c) {
@@ -60,6 +84,12 @@ void AttentionBlock::residual_ln2(int c) {
 
 void AttentionBlock::begin_backward() { st_.mem.get(Buf::dqkv).zero(); }
 
+Tensor AttentionBlock::d_proj_all() const {
+  const LayerState& s = st_;
+  if (s.bf16()) return s.mem.get(Buf::d_proj_bf16);               // converted or all-gathered
+  return s.mem.get(s.dims.sp ? Buf::d_proj_full : Buf::d_proj);  // all-gathered, or every row already
+}
+
 void AttentionBlock::residual_ln2_backward(int c) {
   // d ln_in = dy (residual) + LN2'(d ln2); the layer input x receives d ln_in; proj receives dropout'(d ln_in).
   LayerState& s = st_;
@@ -67,40 +97,58 @@ void AttentionBlock::residual_ln2_backward(int c) {
   d_ln_in.copy_from(s.rows(s.dy, c));
   kernels::layernorm_backward(s.rows(Buf::d_ln2, c), s.rows(Buf::ln_in, c), s.p.ln2_w, s.rows(Buf::ln2_mean, c),
                               s.rows(Buf::ln2_rstd, c), d_ln_in, s.g.ln2_w, s.g.ln2_b, /*accumulate_dx=*/true);
-  s.rows(s.mem.get(Buf::dx).view({s.dims.T, s.dims.h}), c).copy_from(d_ln_in);
+  s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c).copy_from(d_ln_in);
   Tensor d_proj = s.rows(Buf::d_proj, c);
   kernels::dropout_backward(d_ln_in, s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c), d_proj);
+  // The out-projection's backward reads every row of the chunk in the compute dtype: all-gathered next (sequence
+  // parallel, from d_proj or its bf16 copy d_proj_send), or converted here.
+  if (s.bf16()) (s.dims.sp ? s.mem.get(Buf::d_proj_send) : s.full_rows(Buf::d_proj_bf16, c)).copy_from(d_proj);
 }
 
 void AttentionBlock::out_proj_backward(int c) {
   LayerState& s = st_;
-  Tensor d_attn = s.rows(Buf::d_attn, c);
-  const Tensor d_proj = converted_rows(s, s.rows(Buf::d_proj, c), Buf::d_proj_bf16, c);
-  linear_input_grad(d_proj, s.w.proj, d_attn);  // the weight gradient: weight_grads()
+  Tensor d_attn = s.full_rows(Buf::d_attn, c);
+  linear_input_grad(s.full_rows(d_proj_all(), c), s.w.proj, d_attn);  // the weight gradient: weight_grads()
 }
 
 void AttentionBlock::attention_backward(int c) {
   LayerState& s = st_;
-  const int64_t h = s.dims.h, visible = int64_t(c + 1) * s.dims.Sc;
+  const int64_t hl = s.dims.hl, visible = int64_t(c + 1) * s.dims.Sc;
   const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, visible);
   const Tensor dqkv = s.mem.get(Buf::dqkv);
-  Tensor dq = s.rows(dqkv, c).cols(0, h);
-  Tensor dk = dqkv.rows(0, visible).cols(h, 2 * h), dv = dqkv.rows(0, visible).cols(2 * h, 3 * h);
-  kernels::attention_backward(chunk_shape(s.dims, c), s.rows(Buf::d_attn, c), s.rows(qkv, c).cols(0, h),
-                              kv.cols(h, 2 * h), kv.cols(2 * h, 3 * h), s.rows(Buf::attn, c),
+  Tensor dq = s.full_rows(dqkv, c).cols(0, hl);
+  Tensor dk = dqkv.rows(0, visible).cols(hl, 2 * hl), dv = dqkv.rows(0, visible).cols(2 * hl, 3 * hl);
+  kernels::attention_backward(chunk_shape(s.dims, c), s.full_rows(Buf::d_attn, c), s.full_rows(qkv, c).cols(0, hl),
+                              kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), s.full_rows(Buf::attn, c),
                               s.mem.get(Buf::lse).rows(c, c + 1), dq, dk, dv);
 }
 
-void AttentionBlock::ln1_qkv_backward(int c) {
-  // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1.
+void AttentionBlock::qkv_backward(int c) {
+  // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1. tp > 1:
+  // d_ln1_out holds partial sums over the local heads, reduced next (Stage::tp_qkv_in).
   LayerState& s = st_;
-  Tensor d_xn = s.mem.get(Buf::d_ln1_out);
-  const Tensor dqkv = converted_rows(s, s.rows(Buf::dqkv, c), Buf::dqkv_bf16, c);
-  linear_input_grad(dqkv, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
-  Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.T, s.dims.h}), c);
+  Tensor d_xn = s.mem.get(Buf::d_ln1_out, c);
+  const Tensor dqkv = s.full_rows(Buf::dqkv, c);
+  Tensor in = dqkv;
+  if (s.bf16()) {
+    in = s.full_rows(Buf::dqkv_bf16, c);
+    in.copy_from(dqkv);
+  }
+  linear_input_grad(in, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
+}
+
+void AttentionBlock::ln1_backward(int c) {
+  LayerState& s = st_;
+  const Tensor d_xn = s.mem.get(s.dims.sp ? Buf::d_ln1_local : Buf::d_ln1_out, c);  // this rank's rows, reduced
+  Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c);
   kernels::layernorm_backward(d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c),
                               dx, s.g.ln1_w, s.g.ln1_b, /*accumulate_dx=*/true);
+}
+
+void AttentionBlock::ln1_qkv_backward(int c) {
+  qkv_backward(c);
+  ln1_backward(c);
 }
 
 void AttentionBlock::weight_grads() {
@@ -110,8 +158,7 @@ void AttentionBlock::weight_grads() {
   const bool bf16 = s.bf16();
   linear_weight_grad(s.mem.get(bf16 ? Buf::dqkv_bf16 : Buf::dqkv), s.mem.get(bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out),
                      s.g.qkv_w);
-  linear_weight_grad(s.mem.get(bf16 ? Buf::d_proj_bf16 : Buf::d_proj), s.mem.get(bf16 ? Buf::attn_bf16 : Buf::attn),
-                     s.g.proj_w);
+  linear_weight_grad(d_proj_all(), s.mem.get(bf16 ? Buf::attn_bf16 : Buf::attn), s.g.proj_w);
 }
 
 }  // namespace ampipe::model

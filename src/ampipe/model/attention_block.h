@@ -1,6 +1,8 @@
 // The attention half of the block, per AMPipe chunk c (rows [c*s/M, (c+1)*s/M) of the sequence), forward and
 // backward side by side (docs/layer.md):
 //   ln1_qkv(c)       xn = LN1(x); qkv = xn Wqkv^T                        the chunk's rows
+//                    (tp > 1: ln1(c) on this rank's rows, then qkv(c) on every row of the chunk, local heads,
+//                    with the tp collective between them as its own Plan task; the same split in the backward)
 //   attention(c)     the chunk's q rows against K, V of rows [0, (c+1)*s/M) (causal with offset c*s/M: later keys
 //                    are invisible, so ln1_qkv(c') for c' <= c is all it needs)
 //   out_proj(c)      proj = attn Wproj^T
@@ -20,7 +22,9 @@ class AttentionBlock {
  public:
   explicit AttentionBlock(LayerState& st) : st_(st) {}
 
-  void ln1_qkv(int c);
+  void ln1_qkv(int c);  // ln1(c) then qkv(c)
+  void ln1(int c);
+  void qkv(int c);
   void attention(int c);
   void out_proj(int c);
   void residual_ln2(int c);
@@ -29,10 +33,15 @@ class AttentionBlock {
   void residual_ln2_backward(int c);
   void out_proj_backward(int c);
   void attention_backward(int c);
-  void ln1_qkv_backward(int c);
+  void ln1_qkv_backward(int c);  // qkv_backward(c) then ln1_backward(c)
+  void qkv_backward(int c);
+  void ln1_backward(int c);
   void weight_grads();  // after ln1_qkv_backward(c) for every c
 
  private:
+  // The out-projection's output gradient of every row, in the compute dtype.
+  Tensor d_proj_all() const;
+
   LayerState& st_;
 };
 

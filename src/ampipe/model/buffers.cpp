@@ -28,7 +28,10 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"d_fc1", false},           {"d_fc1_bf16", false},        {"dispatch_bwd_send", true}, {"dispatch_bwd_recv", true},
     {"d_dispatch", false},      {"d_logits", false},        {"d_ln_in", false},         {"d_ln2", false},
     {"d_proj", false},          {"d_attn", false},          {"d_proj_bf16", false},       {"dqkv", false},
-    {"dqkv_bf16", false},         {"d_ln1_out", false},       {"dx", false},
+    {"dqkv_bf16", false},         {"d_ln1_out", true},        {"dx", false},
+    {"ln1_local", false},       {"ln1_send", false},        {"proj_partial", false},    {"d_proj_full", false},
+    {"d_proj_send", false},     {"d_ln1_local", true},      {"expert_gather", true},    {"combine_partial", true},
+    {"d_gather", true},         {"dispatch_bwd_partial", true}, {"gate_stats", false},
 };
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
@@ -36,6 +39,18 @@ static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 bool needed(const LayerDims& d, Buf b) {
   const bool bf16 = d.cd != DType::f32;
   switch (b) {
+    case Buf::ln1_out: return !(d.sp && bf16);  // sequence parallel bf16: gathered straight into ln1_out_bf16
+    case Buf::ln1_local:
+    case Buf::proj_partial:
+    case Buf::d_ln1_local:
+    case Buf::expert_gather:
+    case Buf::combine_partial:
+    case Buf::d_gather:
+    case Buf::dispatch_bwd_partial:
+    case Buf::gate_stats: return d.sp;
+    case Buf::ln1_send:
+    case Buf::d_proj_send: return d.sp && bf16;
+    case Buf::d_proj_full: return d.sp && !bf16;
     case Buf::ln1_out_bf16:
     case Buf::qkv_bf16:
     case Buf::attn_bf16:
@@ -74,7 +89,13 @@ bool in_compute_dtype(Buf b) {
     case Buf::combine_bwd_recv:
     case Buf::d_expert_out:
     case Buf::dispatch_bwd_send:
-    case Buf::dispatch_bwd_recv: return true;
+    case Buf::dispatch_bwd_recv:
+    case Buf::ln1_send:
+    case Buf::d_proj_send:
+    case Buf::expert_gather:
+    case Buf::combine_partial:
+    case Buf::d_gather:
+    case Buf::dispatch_bwd_partial: return true;
     default: return false;
   }
 }
@@ -112,35 +133,55 @@ Scope scope_of(const LayerDims& d, Buf b) {
 
 const char* buf_name(Buf b) { return kInfo[int(b)].name; }
 
+bool gathered_over_tp(Buf b) {
+  return b == Buf::expert_gather || b == Buf::combine_partial || b == Buf::d_gather || b == Buf::dispatch_bwd_partial;
+}
+
+bool chunked_by_rows(Buf b) {
+  switch (b) {
+    case Buf::ln1_out:
+    case Buf::ln1_out_bf16:
+    case Buf::proj:
+    case Buf::d_proj:
+    case Buf::d_proj_full:
+    case Buf::d_proj_bf16: return true;
+    default: return false;
+  }
+}
+
 size_t BufferSpec::slot_bytes() const { return size_t(shape_numel(shape)) * dtype_size(dtype); }
 
 Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
-  const int64_t T = d.T, h = d.h, Sc = d.Sc, E = d.E, L = d.L, R = d.ep * C, MR = d.M * R;
+  // T, S_c: every row (the attention core); Tl, Scl: the residual stream's rows on this rank (docs/plan.md)
+  const int64_t T = d.T, Tl = d.Tl, h = d.h, hl = d.hl, Sc = d.Sc, Scl = d.Scl, E = d.E, L = d.L, R = d.srcs * C,
+                MR = d.M * R;
   const bool f32 = d.cd == DType::f32;
   switch (b) {
     case Buf::ln1_mean:
     case Buf::ln1_rstd:
     case Buf::ln2_mean:
-    case Buf::ln2_rstd: return {T};
+    case Buf::ln2_rstd: return {Tl};
     case Buf::ln1_out: return f32 ? Shape{T, h} : Shape{Sc, h};  // bf16: a one-chunk staging buffer
-    case Buf::qkv: return f32 ? Shape{T, 3 * h} : Shape{Sc, 3 * h};
+    case Buf::qkv: return f32 ? Shape{T, 3 * hl} : Shape{Sc, 3 * hl};
     case Buf::ln1_out_bf16:
+    case Buf::d_proj_full:
+    case Buf::d_proj_bf16: return {T, h};
     case Buf::attn:
     case Buf::attn_bf16:
+    case Buf::d_attn: return {T, hl};
     case Buf::proj:
     case Buf::ln_in:
     case Buf::ln2_out:
     case Buf::moe_out:
     case Buf::d_ln_in:
     case Buf::d_ln2:
-    case Buf::d_proj:
-    case Buf::d_attn:
-    case Buf::d_proj_bf16: return {T, h};
+    case Buf::d_proj: return {Tl, h};
     case Buf::qkv_bf16:
-    case Buf::dqkv: return {T, 3 * h};
-    case Buf::lse: return {d.M, d.b * d.n * d.sq};
-    case Buf::gate_probs: return {Sc, E};
-    case Buf::gate_input: return {Sc, h};
+    case Buf::dqkv:
+    case Buf::dqkv_bf16: return {T, 3 * hl};
+    case Buf::lse: return {d.M, d.b * d.nl * d.sq};
+    case Buf::gate_probs: return {Scl, E};
+    case Buf::gate_input: return {Scl, h};
     case Buf::capacity_need: return {1};
     case Buf::capacity_all: return {d.ep};
     case Buf::dispatch_rows:
@@ -155,25 +196,34 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::combine_send:
     case Buf::combine_bwd_recv:
     case Buf::dispatch_bwd_send: return {d.ep, L, C, h};
+    case Buf::expert_gather:
+    case Buf::combine_partial:
+    case Buf::d_gather:
+    case Buf::dispatch_bwd_partial: return {d.tp * d.ep, L, C, h};
     // Every chunk's slots of local expert l are consecutive rows [l*M*R, (l+1)*M*R), chunk c at row l*M*R + c*R,
     // so the weight gradients can take all chunks in one GEMM (LayerMemory::expert_rows).
     case Buf::expert_in:
     case Buf::d_expert_out: return {L, MR, h};
-    case Buf::fc1_out: return {L, MR, d.F1};
-    case Buf::act_bf16: return {L, MR, d.F};
-    case Buf::act: return f32 ? Shape{L, MR, d.F} : Shape{R, d.F};  // bf16: one expert's staging
-    case Buf::d_fc1: return f32 ? Shape{L, MR, d.F1} : Shape{R, d.F1};
-    case Buf::d_fc1_bf16: return {L, MR, d.F1};
+    case Buf::fc1_out: return {L, MR, d.F1l};
+    case Buf::act_bf16: return {L, MR, d.Fl};
+    case Buf::act: return f32 ? Shape{L, MR, d.Fl} : Shape{R, d.Fl};  // bf16: one expert's staging
+    case Buf::d_fc1: return f32 ? Shape{L, MR, d.F1l} : Shape{R, d.F1l};
+    case Buf::d_fc1_bf16: return {L, MR, d.F1l};
     case Buf::expert_out:
     case Buf::d_expert_in: return {L, R, h};
     case Buf::y:
-    case Buf::dx: return {d.s, d.b, h};
+    case Buf::dx: return {Tl / d.b, d.b, h};
     case Buf::d_moe:
-    case Buf::d_ln1_out: return {Sc, h};
-    case Buf::d_weight: return {Sc, d.k};
-    case Buf::d_act: return {R, d.F};
-    case Buf::d_logits: return {Sc, E};
-    case Buf::dqkv_bf16: return {T, 3 * h};
+    case Buf::ln1_local:
+    case Buf::ln1_send:
+    case Buf::d_proj_send:
+    case Buf::d_ln1_local: return {Scl, h};
+    case Buf::d_ln1_out:
+    case Buf::proj_partial: return {Sc, h};
+    case Buf::d_weight: return {Scl, d.k};
+    case Buf::d_act: return {R, d.Fl};
+    case Buf::d_logits: return {Scl, E};
+    case Buf::gate_stats: return {2 * E + 1};
   }
   return {};
 }

@@ -80,10 +80,23 @@ enum class Buf : uint8_t {
   d_proj_bf16,           // [T, h] bf16 copy of d_proj (bf16 only; the deferred weight gradient reads every row)
   dqkv,                // [T, 3h] fp32; the K and V columns accumulate over chunks
   dqkv_bf16,             // [T, 3h] bf16 copy of dqkv (bf16 only), rows written once a chunk's rows are final
-  d_ln1_out,           // [S_c, h] one slot
+  d_ln1_out,           // [S_c, h] per chunk: the QKV input gradient (tp > 1: partial sums, reduced over tp)
   dx,                  // [s, b, h] the layer's input gradient
+  // tensor parallelism with sequence parallelism (tp > 1): the local halves of the collectives that move rows
+  // between the residual stream (Tl rows) and the attention core or the experts (every row of a chunk)
+  ln1_local,           // [Scl, h] fp32 LN1 output of the chunk's local rows, one slot (the all-gather's input in fp32)
+  ln1_send,            // [Scl, h] its bf16 copy, the all-gather's input (bf16 only)
+  proj_partial,        // [S_c, h] fp32 out-projection partial sums, one slot (reduce-scattered into proj)
+  d_proj_full,         // [T, h] fp32 gradient of the out-projection output, all rows (all-gathered from d_proj)
+  d_proj_send,         // [Scl, h] bf16 copy of a chunk's d_proj rows, the all-gather's input (bf16 only)
+  d_ln1_local,         // [Scl, h] per chunk: the QKV input gradient of the local rows (reduce-scattered)
+  expert_gather,       // [t*ep, L, C, h] per chunk: dispatch_recv all-gathered over tp (the experts' input)
+  combine_partial,     // [t*ep, L, C, h] per chunk: the experts' partial outputs (reduce-scattered into combine_send)
+  d_gather,            // [t*ep, L, C, h] per chunk: combine_bwd_recv all-gathered over tp
+  dispatch_bwd_partial,  // [t*ep, L, C, h] per chunk: the experts' partial input gradients (reduce-scattered)
+  gate_stats,          // [2E + 1] the gate statistics of the local rows (sum probs, first-choice counts, tokens)
 };
-inline constexpr int kNumBufs = int(Buf::dx) + 1;
+inline constexpr int kNumBufs = int(Buf::gate_stats) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 
@@ -99,6 +112,11 @@ struct BufferSpec {
 };
 
 const char* buf_name(Buf b);
+// Buffers holding the slots of all t*ep source ranks (sequence parallelism's all-gathered expert buffers): a
+// piece's rows are t times those of an all-to-all buffer.
+bool gathered_over_tp(Buf b);
+// Row buffers: a collective of chunk c moves rows [c*n/M, (c+1)*n/M) of them.
+bool chunked_by_rows(Buf b);
 // Shape of one slot of `b` for expert capacity C (the planned one, or a chunk's actual one).
 Shape buffer_shape(const LayerDims& d, Buf b, int64_t C);
 // The buffers a layer with these dims uses (buffers not needed, e.g. bf16 copies in fp32 mode, are left out).

@@ -23,14 +23,23 @@ Tensor LayerMemory::get(Buf b, int c, int p) const {
   if (p < 0) return get(b, c);
   const ExpertPiece& pc = dims_->pieces.at(size_t(p));
   const Tensor slot = get(b, c);
-  const int64_t h = dims_->h;
-  return slot.view({slot.numel() / h, h}).rows(pc.row0, pc.row0 + dims_->ep * pc.experts * pc.slots);
+  const int64_t h = dims_->h, t = gathered_over_tp(b) ? dims_->tp : 1;  // gathered: t blocks per a2a block
+  return slot.view({slot.numel() / h, h}).rows(t * pc.row0, t * (pc.row0 + dims_->ep * pc.experts * pc.slots));
+}
+
+Tensor LayerMemory::collective_view(Buf b, int c, int p) const {
+  const BufferSpec* spec = layout_->spec(b);
+  AMPIPE_CHECK(spec != nullptr, "buffer {} is not planned for this layer", buf_name(b));
+  if (spec->chunks > 1 || !chunked_by_rows(b) || c < 0) return get(b, c, p);
+  const Tensor all = get(b);
+  const int64_t n = all.size(0) / dims_->M;
+  return all.rows(int64_t(c) * n, int64_t(c + 1) * n);
 }
 
 Tensor LayerMemory::expert_rows(Buf b, int64_t l, int c) const {
   const Tensor all = get(b);  // [L, M*R, X] at the planned capacity
   const int64_t R = dims_->R(), X = all.size(2), first = (l * dims_->M + c) * R;
-  return all.view({all.size(0) * all.size(1), X}).rows(first, first + dims_->ep * C_[size_t(c)]);
+  return all.view({all.size(0) * all.size(1), X}).rows(first, first + dims_->srcs * C_[size_t(c)]);
 }
 
 Tensor LayerMemory::expert_rows_all(Buf b, int64_t l) const {
@@ -46,11 +55,11 @@ void LayerMemory::set_capacity(int c, int64_t C) {
 
 // ---------------------------------------------------------------------------------------------------- Layer
 
-Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads,
+Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, LayerParams& params, LayerParams& grads,
              ComputeWeights& weights, const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base)
     : st_{cfg,   LayerDims::make(cfg, M), params, grads, weights,
           LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
-          ep_rank, 0, Tensor(), Tensor(), 0.0f},
+          ep_rank, tp_rank, 0, Tensor(), Tensor(), 0.0f},
       attn_(st_),
       moe_(st_) {}
 
@@ -58,8 +67,8 @@ void Layer::set_training(bool on) { st_.cfg.training = on; }
 
 void Layer::refresh_weights() {
   LayerState& s = st_;
-  const Tensor fc1 = s.p.fc1_w.view({s.dims.L * s.dims.F1, s.dims.h});
-  const Tensor fc2 = s.p.fc2_w.view({s.dims.L * s.dims.h, s.dims.F});
+  const Tensor fc1 = s.p.fc1_w.view({s.dims.L * s.dims.F1l, s.dims.h});
+  const Tensor fc2 = s.p.fc2_w.view({s.dims.L * s.dims.h, s.dims.Fl});
   if (!s.bf16()) {  // views: nothing to copy, and a replaced parameter tensor is picked up
     s.w = {s.p.qkv_w, s.p.proj_w, fc1, fc2};
     return;
@@ -80,19 +89,19 @@ void Layer::refresh_weights() {
 
 void Layer::begin_forward(const Tensor& x, uint64_t token_base) {
   const LayerDims& d = st_.dims;
-  AMPIPE_CHECK(x.shape() == (Shape{d.s, d.b, d.h}) && x.dtype() == DType::f32 && x.is_contiguous(),
-               "layer input {} expected [{}, {}, {}] fp32", shape_str(x.shape()), d.s, d.b, d.h);
+  AMPIPE_CHECK(x.shape() == (Shape{d.Tl / d.b, d.b, d.h}) && x.dtype() == DType::f32 && x.is_contiguous(),
+               "layer input {} expected [{}, {}, {}] fp32", shape_str(x.shape()), d.Tl / d.b, d.b, d.h);
   refresh_weights();
-  st_.x = x.view({d.T, d.h});
+  st_.x = x.view({d.Tl, d.h});
   st_.token_base = token_base;
   moe_.begin_forward();
 }
 
 void Layer::begin_backward(const Tensor& dy, float d_aux) {
   const LayerDims& d = st_.dims;
-  AMPIPE_CHECK(dy.shape() == (Shape{d.s, d.b, d.h}) && dy.dtype() == DType::f32 && dy.is_contiguous(),
-               "output gradient {} expected [{}, {}, {}] fp32", shape_str(dy.shape()), d.s, d.b, d.h);
-  st_.dy = dy.view({d.T, d.h});
+  AMPIPE_CHECK(dy.shape() == (Shape{d.Tl / d.b, d.b, d.h}) && dy.dtype() == DType::f32 && dy.is_contiguous(),
+               "output gradient {} expected [{}, {}, {}] fp32", shape_str(dy.shape()), d.Tl / d.b, d.b, d.h);
+  st_.dy = dy.view({d.Tl, d.h});
   st_.d_aux = d_aux;
   st_.mem.get(Buf::d_ln2).zero();  // the dispatch and router backward accumulate into it
   attn_.begin_backward();
@@ -102,6 +111,8 @@ void Layer::run(Stage s, Dir d, int c, int p) {
   const bool fwd = d == Dir::fwd;
   switch (s) {
     case Stage::ln1_qkv: return fwd ? attn_.ln1_qkv(c) : attn_.ln1_qkv_backward(c);
+    case Stage::ln1: return fwd ? attn_.ln1(c) : attn_.ln1_backward(c);
+    case Stage::qkv: return fwd ? attn_.qkv(c) : attn_.qkv_backward(c);
     case Stage::attention: return fwd ? attn_.attention(c) : attn_.attention_backward(c);
     case Stage::out_proj: return fwd ? attn_.out_proj(c) : attn_.out_proj_backward(c);
     case Stage::residual_ln2: return fwd ? attn_.residual_ln2(c) : attn_.residual_ln2_backward(c);
@@ -122,14 +133,19 @@ void Layer::run(Stage s, Dir d, int c, int p) {
       break;
     case Stage::capacity:
     case Stage::dispatch:
-    case Stage::combine: break;
+    case Stage::combine:
+    case Stage::tp_qkv_in:
+    case Stage::tp_proj_out:
+    case Stage::tp_aux_stats:
+    case Stage::tp_expert_in:
+    case Stage::tp_expert_out: break;
   }
   AMPIPE_CHECK(false, "stage {}.{} is not a compute stage of the layer", stage_name(s), dir_name(d));
 }
 
 double Layer::flops() const {
   double f = 0;
-  for (Stage s : {Stage::ln1_qkv, Stage::attention, Stage::out_proj, Stage::gate, Stage::experts})
+  for (Stage s : {Stage::ln1_qkv, Stage::attention, Stage::out_proj, Stage::gate, Stage::experts})  // qkv's
     for (int c = 0; c < st_.dims.M; ++c) {
       LayerDims d = st_.dims;
       d.C = st_.mem.capacity(c);

@@ -18,11 +18,12 @@ namespace ampipe::model {
 
 class Layer {
  public:
-  // params: this rank's parameters (expert tensors hold the local experts); grads: same shapes, accumulated.
+  // params: this rank's parameters (expert tensors hold the local experts, tp shards with tp > 1); grads: same
+  // shapes, accumulated.
   // layout: BufferLayout::make(LayerDims::make(cfg, M)); the layer's saved region starts at saved_base of the
   // arena, the shared region at shared_base. The arena must be reserved to cover both.
   // weights: the GEMM weights in the compute dtype, kept by the owner of the parameters (refreshed here).
-  Layer(const LayerConfig& cfg, int M, int ep_rank, LayerParams& params, LayerParams& grads, ComputeWeights& weights,
+  Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, LayerParams& params, LayerParams& grads, ComputeWeights& weights,
         const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base);
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
@@ -34,14 +35,15 @@ class Layer {
   // The weights changed (optimizer step, load, a test's edit): bf16 copies are refreshed before the next forward.
   void weights_changed() { st_.w.stale = true; }
 
-  // x: [s, b, h] fp32, kept by reference until the backward ends. token_base: global index of token 0.
+  // x: [s, b, h] fp32 (sequence parallel: this rank's [s/t, b, h] rows, every chunk's r-th sub-block in chunk
+  // order), kept by reference until the backward ends. token_base: global index of token 0.
   void begin_forward(const Tensor& x, uint64_t token_base);
   // dy: [s, b, h] fp32; d_aux: upstream gradient of l_aux (the aux-loss coefficient).
   void begin_backward(const Tensor& dy, float d_aux);
   // Runs one compute stage (the executor's only way in); piece -1: the whole chunk.
   void run(Stage s, Dir d, int chunk, int piece = -1);
   // A buffer a collective reads or writes: chunk c's slot shaped for its run-time capacity, or piece p's rows of it.
-  Tensor buffer(Buf b, int chunk, int piece = -1) const { return st_.mem.get(b, chunk, piece); }
+  Tensor buffer(Buf b, int chunk, int piece = -1) const { return st_.mem.collective_view(b, chunk, piece); }
 
   Tensor output() const { return st_.mem.get(Buf::y); }      // [s, b, h]
   Tensor input_grad() const { return st_.mem.get(Buf::dx); }  // [s, b, h]

@@ -46,6 +46,24 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--num-experts {} is not divisible by --expert-model-parallel-size {}: every EP "
                                   "rank must own the same number of experts",
                                   num_experts, expert_model_parallel_size));
+  positive("--tensor-model-parallel-size", tensor_model_parallel_size);
+  const int64_t t = tensor_model_parallel_size;
+  for (const auto& [flag, v] : {std::pair<const char*, int64_t>{"--num-attention-heads", num_attention_heads},
+                                {"--ffn-hidden-size", ffn_hidden_size}, {"--hidden-size", hidden_size}})
+    if (v % t != 0)
+      throw ConfigError(fmt::format("{} {} is not divisible by --tensor-model-parallel-size {}: every tensor-parallel "
+                                    "rank must hold the same share of it",
+                                    flag, v, t));
+  if (sequence_parallel && seq_length % t != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --tensor-model-parallel-size {} with "
+                                  "--sequence-parallel: every tensor-parallel rank holds seq-length/tp rows",
+                                  seq_length, t));
+  if (sequence_parallel && t > 1 && moe_no_drop)
+    throw ConfigError(fmt::format("--moe-no-drop cannot be used with --sequence-parallel and "
+                                  "--tensor-model-parallel-size {} yet: every tp rank routes its own rows, and a "
+                                  "dropless capacity would have to be agreed over EP x TP (for no drops, use "
+                                  "--moe-train-capacity-factor num-experts/topk instead)",
+                                  t));
   if (pipe_experts_multi_data < 1)
     throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
                                   pipe_experts_multi_data));
@@ -60,9 +78,9 @@ std::string LayerConfig::check_pipe_experts(int M) const {
                                                               : fmt::format("--pipe-experts-multi-data {}", N)));
     return "";
   }
-  if (pipe_experts_multi_stream)
-    throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel, which this engine does "
-                      "not run yet (tensor and sequence parallelism are not built)");
+  if (pipe_experts_multi_stream && !sp())
+    throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel and "
+                      "--tensor-model-parallel-size > 1: it overlaps the pieces' tensor-parallel collectives");
   if (moe_no_drop)
     throw ConfigError("--use-pipe-experts cannot be used with --moe-no-drop: pipe-experts slices a fixed expert "
                       "capacity, and a dropless capacity is known only after routing");
@@ -71,12 +89,12 @@ std::string LayerConfig::check_pipe_experts(int M) const {
       throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "
                                     "every chunk must get the same number of expert slices (seed constraint 4)",
                                     N, M));
-    if (N <= M)
+    if (N < M || (N == M && !pipe_experts_multi_stream))
       throw ConfigError(fmt::format("--pipe-experts-multi-data {} must be > --ampipe-degree {} with --use-pipe-experts "
                                     "(seed constraint 4; >= only with --pipe-experts-multi-stream)",
                                     N, M));
   }
-  const int64_t Sc = tokens() / M, S = N / M;
+  const int64_t Sc = tokens() / M / (sp() ? tp() : 1), S = N / M;  // the tokens one rank routes per chunk
   const int64_t C = gate_capacity(Sc, num_experts, moe_router_topk, moe_train_capacity_factor, moe_min_capacity);
   if (S > C)
     throw ConfigError(fmt::format("--pipe-experts-multi-data {} cannot be greater than the expert capacity: {} slices "
@@ -86,6 +104,22 @@ std::string LayerConfig::check_pipe_experts(int M) const {
     return "--use-pipe-experts with one local expert and --pipe-experts-multi-data 1 has nothing to pipeline "
            "(MindSpeed switches it off with a warning); running without it";
   return "";
+}
+
+void LayerConfig::check_tensor_parallel(int M) const {
+  const int t = tensor_model_parallel_size;
+  if (sequence_parallel && seq_length % (int64_t(M) * t) != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
+                                  "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "
+                                  "have the same rows on every tensor-parallel rank",
+                                  seq_length, M, t, int64_t(M) * t));
+  if (ampipe_tp_sp_comm_overlap && M < 2)
+    throw ConfigError(fmt::format("--ampipe-tp-sp-comm-overlap needs --ampipe-degree > 1 (got {}): it overlaps the "
+                                  "chunks' tensor-parallel collectives",
+                                  M));
+  if (ampipe_tp_sp_comm_overlap && t < 2)
+    throw ConfigError("--ampipe-tp-sp-comm-overlap needs --tensor-model-parallel-size > 1: without tensor "
+                      "parallelism there are no tensor-parallel collectives to overlap");
 }
 
 }  // namespace ampipe::model

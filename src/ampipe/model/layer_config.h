@@ -43,11 +43,21 @@ struct LayerConfig {
   // AMPipe chunk).
   bool use_pipe_experts = false;
   int pipe_experts_multi_data = 1;  // N
-  bool pipe_experts_multi_stream = false;  // needs sequence parallelism, which does not exist yet: refused
+  bool pipe_experts_multi_stream = false;  // with --sequence-parallel: the pieces' tensor-parallel collectives overlap
+  // Tensor parallelism (docs/ampipe.md, "Tensor and sequence parallelism"): Megatron's column/row-parallel
+  // attention and experts over the tp ranks of one layer; with sequence_parallel the residual-stream regions
+  // (LayerNorms, dropout, residual, gate, weighted sum) hold s/tp rows per rank (in AMPipe's permuted order: every
+  // chunk is spread over all tp ranks). ampipe_tp_sp_comm_overlap: the experts' tp collectives run per (chunk,
+  // local expert) piece, overlapped with other pieces' expert GEMMs.
+  int tensor_model_parallel_size = 1;  // t
+  bool sequence_parallel = false;
+  bool ampipe_tp_sp_comm_overlap = false;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }
   int64_t local_experts() const { return num_experts / expert_model_parallel_size; }
+  int tp() const { return tensor_model_parallel_size; }
+  bool sp() const { return sequence_parallel && tensor_model_parallel_size > 1; }
   DType compute_dtype() const { return bf16 ? DType::bf16 : DType::f32; }
   float dropout_p() const { return training ? float(hidden_dropout) : 0.0f; }
 
@@ -59,6 +69,10 @@ struct LayerConfig {
   // feature has nothing to pipeline (one local expert and N = 1, MindSpeed's warning case) and is run without it;
   // the caller then sets use_pipe_experts = false. Returns "" otherwise.
   std::string check_pipe_experts(int M) const;
+  // The tensor-parallel rules that need the AMPipe degree M: with --sequence-parallel the sequence divisible by
+  // M x tp (every chunk spread evenly over the tp ranks); --ampipe-tp-sp-comm-overlap needs M > 1 and tp > 1.
+  // Throws ConfigError.
+  void check_tensor_parallel(int M) const;
 };
 
 }  // namespace ampipe::model

@@ -26,10 +26,22 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.M = M;
   d.sq = d.s / M;
   d.Sc = d.sq * d.b;
+  d.tp = cfg.tp();
+  d.sp = cfg.sp();
+  AMPIPE_CHECK(d.h % d.tp == 0 && d.n % d.tp == 0 && d.F % d.tp == 0 && (!d.sp || d.s % (d.tp * M) == 0),
+               "tp {} does not divide the layer (h {} n {} F {} s {} M {})", d.tp, d.h, d.n, d.F, d.s, M);
+  d.Tl = d.sp ? d.T / d.tp : d.T;
+  d.Scl = d.Tl / M;
+  d.hl = d.h / d.tp;
+  d.nl = d.n / d.tp;
+  d.Fl = d.F / d.tp;
+  d.F1l = d.F1 / d.tp;
+  d.srcs = d.sp ? d.tp * d.ep : d.ep;
+  d.overlap_tp = d.tp > 1 && (cfg.ampipe_tp_sp_comm_overlap || (cfg.pipe_experts_multi_stream && d.sp));
   d.capacity_is_bound = cfg.moe_no_drop;
   d.agree_capacity = cfg.moe_no_drop && d.ep > 1;
-  d.C = cfg.moe_no_drop ? d.Sc
-                        : gate_capacity(d.Sc, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
+  d.C = cfg.moe_no_drop ? d.Scl
+                        : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
   d.defer_expert_wgrad = !cfg.moe_no_drop;
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.cd = cfg.compute_dtype();
@@ -46,30 +58,36 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
         d.pieces.push_back({l, 1, n * slice, slots, row});
         row += d.ep * slots;
       }
+  } else if (d.overlap_tp) {  // --ampipe-tp-sp-comm-overlap: one piece per (chunk, local expert), all its slots
+    for (int64_t l = 0; l < d.L; ++l) d.pieces.push_back({l, 1, 0, d.C, l * d.ep * d.C});
   }
   return d;
 }
 
 namespace {
 kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
-  return {d.sq, (c + 1) * d.sq, d.b, d.n, d.d, c * d.sq};
+  return {d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};  // the local heads
 }
 }  // namespace
 
 double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
-  const double Sc = double(d.Sc), h = double(d.h), T = double(d.T);
-  const double expert = 2 * double(d.L * d.R()) * h * double(d.F1 + d.F);  // one pass over a chunk's slots
+  // GEMMs of one tp rank: the attention core on every row of the chunk and hl = h/t columns of q, k, v; the
+  // experts on F1/t and F/t columns of the R = srcs*C slots of each local expert.
+  const double Sc = double(d.Sc), Scl = double(d.Scl), h = double(d.h), hl = double(d.hl), T = double(d.T);
+  const double FF = double(d.F1l + d.Fl);
+  const double expert = 2 * double(d.L * d.R()) * h * FF;  // one pass over a chunk's slots
   if (piece >= 0 && s == Stage::experts) {
     const ExpertPiece& p = d.pieces[size_t(piece)];
-    const double one = 2 * double(p.experts * d.ep * p.slots) * h * double(d.F1 + d.F);
+    const double one = 2 * double(p.experts * d.srcs * p.slots) * h * FF;
     return dir == Dir::fwd || d.defer_expert_wgrad ? one : 2 * one;
   }
   switch (s) {
-    case Stage::ln1_qkv: return 2 * Sc * h * 3 * h;
+    case Stage::ln1_qkv:
+    case Stage::qkv: return 2 * Sc * h * 3 * hl;
     case Stage::attention: return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
-    case Stage::out_proj: return 2 * Sc * h * h;
-    case Stage::attention_wgrad: return dir == Dir::bwd ? 2 * T * h * 3 * h + 2 * T * h * h : 0;
-    case Stage::gate: return (dir == Dir::fwd ? 1 : 2) * 2 * Sc * h * double(d.E);  // fp32; backward: dx and dWg
+    case Stage::out_proj: return 2 * Sc * hl * h;
+    case Stage::attention_wgrad: return dir == Dir::bwd ? 2 * T * h * 3 * hl + 2 * T * hl * h : 0;
+    case Stage::gate: return (dir == Dir::fwd ? 1 : 2) * 2 * Scl * h * double(d.E);  // fp32; backward: dx and dWg
     case Stage::experts: return dir == Dir::fwd || d.defer_expert_wgrad ? expert : 2 * expert;
     case Stage::expert_wgrad: return dir == Dir::bwd && d.defer_expert_wgrad ? double(d.M) * expert : 0;
     default: return 0;  // element-wise stages and collectives
@@ -81,47 +99,56 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     const ExpertPiece& p = d.pieces[size_t(piece)];
     return stage_bytes(d, s, dir, c) * double(p.experts * p.slots) / double(d.L * d.C);
   }
-  const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), h = double(d.h), T = double(d.T);
-  const double act = Sc * h;  // one [S_c, h] activation
+  const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), Scl = double(d.Scl), h = double(d.h),
+               hl = double(d.hl), T = double(d.T), FF = double(d.F1l + d.Fl);
+  const double act = Scl * h;  // one [Scl, h] residual-stream activation
   const double io = dir == Dir::fwd ? 1 : 2;
   switch (s) {
-    case Stage::ln1_qkv: return io * (act * f + act * (f + e) + Sc * 3 * h * (f + e)) + 3 * h * h * e;
+    case Stage::ln1_qkv: return io * (act * f + Sc * h * (f + e) + Sc * 3 * hl * (f + e)) + 3 * hl * h * e;
+    case Stage::ln1: return io * 2 * act * f;
+    case Stage::qkv: return io * (Sc * h * e + Sc * 3 * hl * (f + e)) + 3 * hl * h * e;
     case Stage::attention: {
-      const double kv = double((c + 1) * d.sq * d.b) * 2 * h * e;  // K and V of the visible rows
-      return io * (act * e + kv + act * f);
+      const double kv = double((c + 1) * d.sq * d.b) * 2 * hl * e;  // K and V of the visible rows
+      return io * (Sc * hl * e + kv + Sc * hl * f);
     }
-    case Stage::out_proj: return io * (act * (f + e) + act * f) + h * h * e;
+    case Stage::out_proj: return io * (Sc * hl * (f + e) + Sc * h * f) + h * hl * e;
     case Stage::residual_ln2: return io * 4 * act * f;
-    case Stage::gate: return io * (act * f + Sc * double(d.E) * f) + double(d.E * d.C) * h * e;
+    case Stage::gate: return io * (act * f + Scl * double(d.E) * f) + double(d.E * d.C) * h * e;
     case Stage::gate_assign: return double(d.E * d.C) * h * e + act * f;
     case Stage::experts: {
       const double rows = double(d.L * d.R());
-      return io * (rows * h * e * 2 + rows * double(d.F1 + d.F) * (f + e)) +
-             double(d.L) * h * double(d.F1 + d.F) * e;
+      return io * (rows * h * e * 2 + rows * FF * (f + e)) + double(d.L) * h * FF * e;
     }
     case Stage::expert_wgrad: {  // reads every chunk's slots once, reads and writes the fp32 weight gradients
       const double rows = double(d.M * d.L * d.R());
-      return rows * (h + double(d.F1 + d.F)) * e + 2 * double(d.L) * h * double(d.F1 + d.F) * f;
+      return rows * (h + FF) * e + 2 * double(d.L) * h * FF * f;
     }
-    case Stage::attention_wgrad: return T * 4 * h * (e + e) + 2 * 4 * h * h * f;
+    case Stage::attention_wgrad: return T * (4 * hl + 4 * h) * e + 2 * 4 * hl * h * f;
     case Stage::weighted_sum: return io * (double(d.E * d.C) * h * f + 3 * act * f);
-    case Stage::aux_loss: return 0;
-    case Stage::capacity:
-    case Stage::dispatch:
-    case Stage::combine: return 0;
+    default: return 0;  // the aux loss and collectives
   }
-  return 0;
 }
 
 double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
-  if (piece >= 0 && (s == Stage::dispatch || s == Stage::combine)) {
-    const ExpertPiece& p = d.pieces[size_t(piece)];
-    return double(d.ep * p.experts * p.slots * d.h) * double(dtype_size(d.cd));
-  }
+  const double e = double(dtype_size(d.cd)), f = 4, h = double(d.h);
+  // slots of one a2a block set: all L experts and C slots of a chunk, or one piece's
+  const double slots = piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots)
+                                  : double(d.E * d.C);
+  const bool fwd = dir == Dir::fwd;
   switch (s) {
     case Stage::dispatch:
-    case Stage::combine: return double(d.E * d.C * d.h) * double(dtype_size(d.cd));
-    case Stage::capacity: return dir == Dir::fwd ? 4 : 0;
+    case Stage::combine: return slots * h * e;
+    case Stage::capacity: return fwd ? 4 : 0;
+    // all-gather: this rank's block; reduce-scatter: the t blocks it reduces; all-reduce: the whole buffer
+    case Stage::tp_qkv_in:  // fwd: gather the LN1 rows (compute dtype); bwd: reduce the fp32 input gradient
+      return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * f;
+    case Stage::tp_proj_out:  // fwd: reduce the fp32 partial sums; bwd: gather the output gradient (compute dtype)
+      return fwd ? double(d.Sc) * h * f : (d.sp ? double(d.Scl) * h * e : 0);
+    case Stage::tp_expert_in:  // fwd: gather the received slots; bwd: reduce the input gradient
+      return fwd ? (d.sp ? slots * h * e : 0) : (d.sp ? double(d.tp) : 1.0) * slots * h * e;
+    case Stage::tp_expert_out:  // fwd: reduce the partial outputs; bwd: gather their gradient
+      return fwd ? (d.sp ? double(d.tp) : 1.0) * slots * h * e : (d.sp ? slots * h * e : 0);
+    case Stage::tp_aux_stats: return fwd ? double(2 * d.E + 1) * f : 0;
     default: return 0;
   }
 }

@@ -27,6 +27,17 @@ struct LayerDims {
   int64_t s = 0, b = 0, h = 0, F = 0, F1 = 0, n = 0, d = 0, E = 0, k = 0, ep = 1, L = 0, T = 0;
   int M = 1;
   int64_t sq = 0, Sc = 0;
+  // Tensor parallelism (tp ranks t). The attention core (QKV, attention, out-projection) runs on every row of a
+  // chunk (S_c) and nl = n/t local heads, hl = h/t columns of each of q, k, v; the experts on F/t (F1/t) columns.
+  // The residual stream (x, LayerNorms, dropout, gate, weighted sum, y) holds Tl rows per rank: T/t with sequence
+  // parallelism (rank r holds rows [c*S_c + r*Scl, c*S_c + (r+1)*Scl) of every chunk c), T without; Scl = Tl/M
+  // of them per chunk. The gate routes Scl tokens per chunk and the capacity C is planned for them. An expert
+  // processes the slots of `srcs` source ranks per chunk: the ep ranks of its all-to-all, times t with sequence
+  // parallelism (the slots are all-gathered over tp before the expert and reduce-scattered after it).
+  int64_t tp = 1;
+  bool sp = false;          // sequence parallelism with tp > 1
+  bool overlap_tp = false;  // --ampipe-tp-sp-comm-overlap (or pipe-experts multi-stream): per-piece tp collectives
+  int64_t Tl = 0, Scl = 0, hl = 0, nl = 0, Fl = 0, F1l = 0, srcs = 1;
   // Expert capacity per chunk the buffers are planned for. With token drops this is the capacity every chunk uses
   // (gate_capacity(S_c, E, k, factor, min)); with --moe-no-drop the capacity is data-dependent, and C is its bound
   // S_c (an expert receives each token at most once), so nothing is ever reallocated.
@@ -47,7 +58,7 @@ struct LayerDims {
   bool pipe_experts() const { return !pieces.empty(); }
 
   static LayerDims make(const LayerConfig& cfg, int M);
-  int64_t R() const { return ep * C; }
+  int64_t R() const { return srcs * C; }  // slots one local expert processes per chunk
 };
 
 // FLOPs of one stage for chunk c (chunk -1: the whole-sequence stages), closed form (docs/plan.md): GEMMs count
@@ -59,8 +70,9 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece = -1);
 // model, not a measurement.
 double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece = -1);
 // Bytes one rank sends in a collective stage of chunk c at the planned capacity (all-to-all: all ep blocks,
-// including the one it keeps; capacity all-gather: its one float).
-// A pipe-experts piece's all-to-all sends ep*experts*slots*h elements.
+// including the one it keeps; capacity all-gather: its one float; tensor-parallel all-gather: its block;
+// reduce-scatter and all-reduce: the whole buffer it reduces). A pipe-experts piece's all-to-all sends
+// ep*experts*slots*h elements.
 double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece = -1);
 
 }  // namespace ampipe::model

@@ -1,5 +1,7 @@
 #include "ampipe/model/layer_params.h"
 
+#include <cstring>
+
 #include "ampipe/core/philox.h"
 
 namespace ampipe::model {
@@ -11,6 +13,76 @@ std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
 }
 
 bool LayerParams::is_expert(const std::string& name) { return name.rfind("moe.experts.", 0) == 0; }
+
+bool LayerParams::is_sequence_parallel(const std::string& name) {
+  return name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias" ||
+         name == "moe.gate.weight";
+}
+
+TpSplit tp_split(const LayerConfig& cfg, const std::string& name) {
+  const int64_t h = cfg.hidden_size, F = cfg.ffn_hidden_size, L = cfg.local_experts();
+  if (name == "attn.qkv.weight") return {{3, h, h}, 1};
+  if (name == "attn.proj.weight") return {{h, h}, 1};
+  if (name == "moe.experts.fc1.weight")
+    return cfg.expert == ExpertKind::swiglu ? TpSplit{{L, 2, F, h}, 2} : TpSplit{{L, F, h}, 1};
+  if (name == "moe.experts.fc2.weight") return {{L, h, F}, 2};
+  return {};
+}
+
+namespace {
+// (outer, mid, inner) of a split: the tensor is [outer, mid, inner] with mid the dimension cut into t blocks.
+struct Blocks {
+  int64_t outer = 1, mid = 1, inner = 1;
+};
+Blocks blocks_of(const TpSplit& sp) {
+  Blocks b;
+  for (int i = 0; i < int(sp.view.size()); ++i) {
+    if (i < sp.dim) b.outer *= sp.view[size_t(i)];
+    if (i == sp.dim) b.mid = sp.view[size_t(i)];
+    if (i > sp.dim) b.inner *= sp.view[size_t(i)];
+  }
+  return b;
+}
+Shape local_shape(const LayerConfig& cfg, const std::string& name) {
+  Shape s = full_shape(cfg, name);
+  if (LayerParams::is_expert(name)) s[0] = cfg.local_experts();
+  const int64_t t = cfg.tp();
+  if (t > 1 && tp_split(cfg, name).dim >= 0) {
+    if (name == "attn.qkv.weight" || name == "moe.experts.fc1.weight") s[s.size() - 2] /= t;  // output rows
+    else s.back() /= t;  // input columns (row-parallel)
+  }
+  return s;
+}
+}  // namespace
+
+Tensor tp_take(const LayerConfig& cfg, const std::string& name, const Tensor& whole, int r) {
+  const TpSplit sp = tp_split(cfg, name);
+  AMPIPE_CHECK(sp.dim >= 0 && whole.numel() == shape_numel(sp.view), "{}: no tp shard of {}", name,
+               shape_str(whole.shape()));
+  const Blocks b = blocks_of(sp);
+  const int64_t t = cfg.tp(), m = b.mid / t;
+  Tensor out = Tensor::empty(local_shape(cfg, name));
+  const float* src = whole.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t o = 0; o < b.outer; ++o)
+    std::memcpy(dst + o * m * b.inner, src + (o * b.mid + r * m) * b.inner, size_t(m * b.inner) * 4);
+  return out;
+}
+
+Tensor tp_join(const LayerConfig& cfg, const std::string& name, const Tensor& shards, const Shape& whole_shape) {
+  const TpSplit sp = tp_split(cfg, name);
+  const Blocks b = blocks_of(sp);
+  const int64_t t = cfg.tp(), m = b.mid / t;
+  AMPIPE_CHECK(sp.dim >= 0 && shards.numel() == shape_numel(sp.view) && shape_numel(whole_shape) == shards.numel(),
+               "{}: {} shard elements for {}", name, shards.numel(), shape_str(whole_shape));
+  Tensor out = Tensor::empty(whole_shape);
+  const float* src = shards.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t o = 0; o < b.outer; ++o)
+      std::memcpy(dst + (o * b.mid + r * m) * b.inner, src + (r * b.outer + o) * m * b.inner, size_t(m * b.inner) * 4);
+  return out;
+}
 
 Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   const int64_t h = cfg.hidden_size, F = cfg.ffn_hidden_size, E = cfg.num_experts;
@@ -26,11 +98,7 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
 
 LayerParams zeros_like_params(const LayerConfig& cfg) {
   LayerParams p;
-  auto local = [&](const std::string& name) {
-    Shape s = full_shape(cfg, name);
-    if (LayerParams::is_expert(name)) s[0] = cfg.local_experts();
-    return Tensor::zeros(s);
-  };
+  auto local = [&](const std::string& name) { return Tensor::zeros(local_shape(cfg, name)); };
   p.ln1_w = local("ln1.weight");
   p.ln1_b = local("ln1.bias");
   p.qkv_w = local("attn.qkv.weight");
@@ -43,7 +111,26 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   return p;
 }
 
-LayerParams init_params(const LayerConfig& cfg, int ep_rank) {
+LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
+  if (cfg.tp() > 1) {  // the EP-local tensors whole, then this rank's shard of each
+    LayerConfig one = cfg;
+    one.tensor_model_parallel_size = 1;
+    LayerParams whole = init_params(one, ep_rank);
+    LayerParams p;
+    auto take = [&](const std::string& name, const Tensor& t) {
+      return tp_split(cfg, name).dim < 0 ? t : tp_take(cfg, name, t, tp_rank);
+    };
+    p.ln1_w = whole.ln1_w;
+    p.ln1_b = whole.ln1_b;
+    p.qkv_w = take("attn.qkv.weight", whole.qkv_w);
+    p.proj_w = take("attn.proj.weight", whole.proj_w);
+    p.ln2_w = whole.ln2_w;
+    p.ln2_b = whole.ln2_b;
+    p.gate_w = whole.gate_w;
+    p.fc1_w = take("moe.experts.fc1.weight", whole.fc1_w);
+    p.fc2_w = take("moe.experts.fc2.weight", whole.fc2_w);
+    return p;
+  }
   LayerParams p = zeros_like_params(cfg);
   const core::PhiloxKey key{cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::init};
   uint64_t id = 0;

@@ -1,6 +1,7 @@
-// Parameters of one MoE block, named and shaped as in docs/layer.md. Names and shapes never depend on how the
-// work is split (AMPipe degree, EP size): an EP rank holds rows [r*L, (r+1)*L) of the expert tensors (dim 0 =
-// global expert), and exports gather them back to the full tensor.
+// Parameters of one MoE block, named and shaped as in docs/layer.md. Names and full shapes never depend on how the
+// work is split (AMPipe degree, EP size, TP size): an EP rank holds rows [r*L, (r+1)*L) of the expert tensors
+// (dim 0 = global expert), a TP rank its Megatron shard of the GEMM weights (tp_split below), and exports and
+// checkpoints gather them back to the full tensors.
 //
 //   ln1.weight [h]  ln1.bias [h]
 //   attn.qkv.weight  [3h, h]   y = x W^T; output columns [q | k | v], head i = columns [i*d, (i+1)*d) of each
@@ -33,16 +34,36 @@ struct LayerParams {
   std::vector<std::pair<std::string, Tensor>> named();
   // True for parameters that are sharded over EP (the experts').
   static bool is_expert(const std::string& name);
+  // True for parameters that every TP rank holds whole and that see only the rank's rows with sequence
+  // parallelism (LayerNorms and the gate): their gradients are summed over the tp group.
+  static bool is_sequence_parallel(const std::string& name);
 };
 
-// Zero-filled parameters (or gradients) of the local shapes for `cfg` on EP rank `ep_rank`.
+// How a TP rank's shard is cut from the (EP-local) tensor: viewed as `view`, dim `dim` is split into t equal
+// blocks and rank r keeps block r (dim -1: not sharded, every rank holds it whole).
+//   attn.qkv.weight [3h, h] as [3, h, h], dim 1: the q, k and v rows of the local heads, local layout [q|k|v]
+//   attn.proj.weight [h, h], dim 1: the local heads' input columns (row-parallel)
+//   moe.experts.fc1.weight [L, F, h], dim 1 (SwiGLU [L, 2, F, h], dim 2: the same F/t rows of both branches)
+//   moe.experts.fc2.weight [L, h, F], dim 2 (row-parallel)
+struct TpSplit {
+  Shape view;
+  int dim = -1;
+};
+TpSplit tp_split(const LayerConfig& cfg, const std::string& name);
+// Rank r's shard of `whole` (the EP-local tensor), shaped as the local parameter.
+Tensor tp_take(const LayerConfig& cfg, const std::string& name, const Tensor& whole, int r);
+// The EP-local tensor from every rank's shard, `shards` = [t, shard numel] in tp-rank order (an all-gather).
+Tensor tp_join(const LayerConfig& cfg, const std::string& name, const Tensor& shards, const Shape& whole_shape);
+
+// Zero-filled parameters (or gradients) of the local shapes for `cfg` (EP shard, TP shard).
 LayerParams zeros_like_params(const LayerConfig& cfg);
 
 // Initialises the full weights from the seed and keeps EP rank `ep_rank`'s shard (docs/design.md, "Numerics and determinism": same
 // seed, same weights, whatever the layout). LayerNorm weights 1, biases 0; every matrix element
 // init_method_std * philox_normal(key = (seed, layer, init), token = parameter id, feature = flat index in the
 // FULL tensor), parameter ids in the order of named(): qkv 2, proj 3, gate 6, fc1 7, fc2 8.
-LayerParams init_params(const LayerConfig& cfg, int ep_rank);
+// With tp > 1 each rank initialises its EP-local tensors whole and keeps its TP shard.
+LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank = 0);
 
 // Shape of a full (unsharded) parameter.
 Shape full_shape(const LayerConfig& cfg, const std::string& name);

@@ -17,11 +17,11 @@ namespace ampipe::model {
 // The GEMM weights in the compute dtype: views of the fp32 parameters, or bf16 copies refreshed once per optimizer
 // step (Layer::weights_changed), never per layer step. Expert weights are flattened to one row block per expert.
 // Owned next to the parameters (schedule::LayerStack), so re-planning a layer for another degree keeps them.
-struct ComputeWeights {
-  Tensor qkv;   // [3h, h]
-  Tensor proj;  // [h, h]
-  Tensor fc1;   // [L*F1, h]
-  Tensor fc2;   // [L*h, F]
+struct ComputeWeights {  // this tp rank's shards (tp = 1: the whole tensors)
+  Tensor qkv;   // [3h/t, h]: the q, k, v rows of the local heads
+  Tensor proj;  // [h, h/t]: the local heads' columns
+  Tensor fc1;   // [L*F1/t, h]
+  Tensor fc2;   // [L*h, F/t]
   bool stale = true;  // bf16: the copies no longer match the parameters
 };
 
@@ -39,6 +39,10 @@ class LayerMemory {
   Tensor expert_rows(Buf b, int64_t l, int c) const;
   // Local expert l's slots of every chunk ([M*ep*C, *] rows; all chunks use the planned capacity).
   Tensor expert_rows_all(Buf b, int64_t l) const;
+  // What a collective of chunk c (piece p) reads or writes: the chunk's slot (or piece) of a per-chunk buffer,
+  // chunk c's rows [c*n/M, (c+1)*n/M) of a row buffer ([T, *], [Tl, *], [s, b, h]), or a one-slot staging
+  // buffer whole.
+  Tensor collective_view(Buf b, int c, int p) const;
   void set_capacity(int c, int64_t C);
   int64_t capacity(int c) const { return C_[size_t(c)]; }
 
@@ -58,16 +62,25 @@ struct LayerState {
   ComputeWeights& w;
   LayerMemory mem;
   int ep_rank = 0;
+  int tp_rank = 0;
   uint64_t token_base = 0;  // global index of the micro-batch's token 0 (keys dropout and gate noise)
-  Tensor x;                 // [T, h] the layer input (the caller keeps it alive until the backward ends)
-  Tensor dy;                // [T, h] gradient of the output, during the backward
+  Tensor x;                 // [Tl, h] the layer input (the caller keeps it alive until the backward ends)
+  Tensor dy;                // [Tl, h] gradient of the output, during the backward
   float d_aux = 0;          // upstream gradient of the aux loss (its coefficient)
 
   bool bf16() const { return dims.cd != DType::f32; }
-  // Rows of chunk c of a [T, *] tensor (tokens [c*S_c, (c+1)*S_c), contiguous in the [s, b, h] layout).
-  Tensor rows(const Tensor& t, int c) const { return t.rows(int64_t(c) * dims.Sc, int64_t(c + 1) * dims.Sc); }
+  // Rows of chunk c of a residual-stream tensor [Tl, *]: this rank's Scl rows of the chunk (with sequence
+  // parallelism tokens [c*S_c + r*Scl, c*S_c + (r+1)*Scl) of tp rank r; else tokens [c*S_c, (c+1)*S_c), contiguous
+  // in the [s, b, h] layout).
+  Tensor rows(const Tensor& t, int c) const { return t.rows(int64_t(c) * dims.Scl, int64_t(c + 1) * dims.Scl); }
   Tensor rows(Buf b, int c) const { return rows(mem.get(b), c); }
-  uint64_t chunk_token0(int c) const { return token_base + uint64_t(c) * uint64_t(dims.Sc); }
+  // Rows of chunk c of an attention-core tensor [T, *]: every row of the chunk.
+  Tensor full_rows(const Tensor& t, int c) const { return t.rows(int64_t(c) * dims.Sc, int64_t(c + 1) * dims.Sc); }
+  Tensor full_rows(Buf b, int c) const { return full_rows(mem.get(b), c); }
+  // Global index of this rank's first token of chunk c (keys the random numbers of the residual-stream rows).
+  uint64_t chunk_token0(int c) const {
+    return token_base + uint64_t(c) * uint64_t(dims.Sc) + (dims.sp ? uint64_t(tp_rank) * uint64_t(dims.Scl) : 0);
+  }
 };
 
 }  // namespace ampipe::model

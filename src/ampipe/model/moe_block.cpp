@@ -69,13 +69,26 @@ void MoeBlock::gate(int c) {
   const int64_t token0 = int64_t(s.chunk_token0(c));
   if (!s.dims.agree_capacity) {
     gate_forward(x, s.p.gate_w, gate_config(), token0, g);
-    total_.accumulate(g.stats);
+    accumulate_stats(g.stats);
     set_routing(c);
     return;
   }
   gate_select_forward(x, s.p.gate_w, gate_config(), token0, g);
-  total_.accumulate(g.stats);
+  accumulate_stats(g.stats);
   s.mem.get(Buf::capacity_need, c).fill(float(gate_required_capacity(g)));  // exact in fp32 (C <= 2^24)
+}
+
+void MoeBlock::accumulate_stats(const GateStats& chunk) {
+  total_.accumulate(chunk);
+  if (!st_.dims.sp) return;
+  // Sequence parallel: this rank's running totals, all-reduced over tp after the last chunk (Stage::tp_aux_stats)
+  const int64_t E = st_.dims.E;
+  float* v = st_.mem.get(Buf::gate_stats).data<float>();
+  for (int64_t e = 0; e < E; ++e) {
+    v[e] = float(total_.sum_probs[size_t(e)]);
+    v[E + e] = float(total_.sum_mask1[size_t(e)]);
+  }
+  v[2 * E] = float(total_.tokens);
 }
 
 void MoeBlock::gate_assign(int c) {
@@ -108,25 +121,28 @@ void MoeBlock::copy_slots_pieces(const Tensor& from, Tensor& to, int c, bool to_
 }
 
 void MoeBlock::piece_to_experts(const Tensor& region, Buf dst, int c, const ExpertPiece& pc) const {
-  // a piece's all-to-all block [ep][experts][slots][h] -> expert l's rows ep*slot0 + j*slots + [0, slots) of chunk c
-  const int64_t ep = st_.dims.ep;
+  // a piece's block [srcs][experts][slots][h] (the all-to-all's ep source ranks, times tp when all-gathered) ->
+  // expert l's rows srcs*slot0 + j*slots + [0, slots) of chunk c
+  const int64_t srcs = st_.dims.srcs;
   const Tensor src = region.view({region.numel() / st_.dims.h, st_.dims.h});
-  for (int64_t j = 0; j < ep; ++j)
+  AMPIPE_CHECK(src.size(0) == srcs * pc.experts * pc.slots, "piece block of {} rows, expected {}", src.size(0),
+               srcs * pc.experts * pc.slots);
+  for (int64_t j = 0; j < srcs; ++j)
     for (int64_t i = 0; i < pc.experts; ++i) {
-      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = ep * pc.slot0 + j * pc.slots;
+      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = srcs * pc.slot0 + j * pc.slots;
       Tensor d = st_.mem.expert_rows(dst, pc.expert0 + i, c).rows(r0, r0 + pc.slots);
       d.copy_from(src.rows(at, at + pc.slots));
     }
 }
 
 void MoeBlock::experts_to_piece(const Tensor& rows, Tensor& region, const ExpertPiece& pc) const {
-  // rows [L, R, h] (this chunk, R = ep*C) -> the piece's all-to-all block; dtypes converted
-  const int64_t ep = st_.dims.ep, R = rows.size(1);
+  // rows [L, R, h] (this chunk, R = srcs*C) -> the piece's block [srcs][experts][slots][h]; dtypes converted
+  const int64_t srcs = st_.dims.srcs, R = rows.size(1);
   const Tensor all = rows.view({rows.size(0) * R, rows.size(2)});
   const Tensor dst = region.view({region.numel() / st_.dims.h, st_.dims.h});
-  for (int64_t j = 0; j < ep; ++j)
+  for (int64_t j = 0; j < srcs; ++j)
     for (int64_t i = 0; i < pc.experts; ++i) {
-      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = (pc.expert0 + i) * R + ep * pc.slot0 + j * pc.slots;
+      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = (pc.expert0 + i) * R + srcs * pc.slot0 + j * pc.slots;
       Tensor d = dst.rows(at, at + pc.slots);
       d.copy_from(all.rows(r0, r0 + pc.slots));
     }
@@ -135,8 +151,9 @@ void MoeBlock::experts_to_piece(const Tensor& rows, Tensor& region, const Expert
 void MoeBlock::experts(int c, int p) {
   LayerState& s = st_;
   const ExpertPiece pc = piece(c, p);
-  const int64_t F1 = s.dims.F1, h = s.dims.h, r0 = s.dims.ep * pc.slot0, n = s.dims.ep * pc.slots;
-  piece_to_experts(s.mem.get(Buf::dispatch_recv, c, p), Buf::expert_in, c, pc);
+  const int64_t F1 = s.dims.F1l, h = s.dims.h, r0 = s.dims.srcs * pc.slot0, n = s.dims.srcs * pc.slots;
+  // sequence parallel: the slots all-gathered over tp (Stage::tp_expert_in)
+  piece_to_experts(s.mem.get(s.dims.sp ? Buf::expert_gather : Buf::dispatch_recv, c, p), Buf::expert_in, c, pc);
   const Tensor out = s.mem.get(Buf::expert_out, c);
   for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
     Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n), o = chunk_expert_rows(out, l).rows(r0, r0 + n);
@@ -152,7 +169,9 @@ void MoeBlock::experts(int c, int p) {
     if (s.bf16()) a_bf16.copy_from(a);
     linear_forward(a_bf16, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
   }
-  Tensor send = s.mem.get(Buf::combine_send, c, p);
+  // tp > 1: partial sums over the local F columns, reduced next (Stage::tp_expert_out): reduce-scattered from
+  // combine_partial into combine_send (sequence parallel), or all-reduced in place
+  Tensor send = s.mem.get(s.dims.sp ? Buf::combine_partial : Buf::combine_send, c, p);
   experts_to_piece(out, send, pc);
 }
 
@@ -165,12 +184,23 @@ void MoeBlock::weighted_sum(int c) {
     Y.copy_from(s.mem.get(Buf::combine_recv, c));
   Tensor moe = s.rows(Buf::moe_out, c);
   combine_forward(Y, gctx_[size_t(c)].routing, moe);
-  Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.T, s.dims.h}), c);
+  Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.Tl, s.dims.h}), c);
   kernels::dropout_add_forward(moe, s.rows(Buf::ln_in, c), s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c),
                                y);
 }
 
-void MoeBlock::aux_loss() { aux_ = aux_loss_from_sums(total_); }
+void MoeBlock::aux_loss() {
+  if (st_.dims.sp) {  // the totals over every tp rank's rows: the statistics of all T tokens
+    const int64_t E = st_.dims.E;
+    const float* v = st_.mem.get(Buf::gate_stats).data<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      total_.sum_probs[size_t(e)] = v[e];
+      total_.sum_mask1[size_t(e)] = v[E + e];
+    }
+    total_.tokens = v[2 * E];
+  }
+  aux_ = aux_loss_from_sums(total_);
+}
 
 // ----------------------------------------------------------------------------------------------- backward
 
@@ -192,12 +222,12 @@ void MoeBlock::weighted_sum_backward(int c) {
 void MoeBlock::experts_backward(int c, int p) {
   LayerState& s = st_;
   const ExpertPiece pc = piece(c, p);
-  const int64_t L = s.dims.L, F1 = s.dims.F1, h = s.dims.h, r0 = s.dims.ep * pc.slot0, n = s.dims.ep * pc.slots;
+  const int64_t L = s.dims.L, F1 = s.dims.F1l, h = s.dims.h, r0 = s.dims.srcs * pc.slot0, n = s.dims.srcs * pc.slots;
   const bool wgrad_now = !s.dims.defer_expert_wgrad;  // --moe-no-drop: chunks' slots are not packed
-  piece_to_experts(s.mem.get(Buf::combine_bwd_recv, c, p), Buf::d_expert_out, c, pc);
+  piece_to_experts(s.mem.get(s.dims.sp ? Buf::d_gather : Buf::combine_bwd_recv, c, p), Buf::d_expert_out, c, pc);
   const Tensor d_in = s.mem.get(Buf::d_expert_in, c);
   Tensor d_act = s.mem.get(Buf::d_act, c).rows(0, n);
-  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.F});
+  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.Fl});
   for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
     const Tensor d_out = s.mem.expert_rows(Buf::d_expert_out, l, c).rows(r0, r0 + n);
     linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act);  // fc2
@@ -225,15 +255,15 @@ void MoeBlock::experts_backward(int c, int p) {
       linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), gw1_l);
     }
   }
-  Tensor send = s.mem.get(Buf::dispatch_bwd_send, c, p);
+  Tensor send = s.mem.get(s.dims.sp ? Buf::dispatch_bwd_partial : Buf::dispatch_bwd_send, c, p);  // tp: partial
   experts_to_piece(d_in, send, pc);
 }
 
 void MoeBlock::weight_grads() {
   // Per local expert, over every chunk's slots at once (K = M*ep*C): dW2 += dY^T act, dW1 += d_fc1^T x.
   LayerState& s = st_;
-  const int64_t L = s.dims.L, F1 = s.dims.F1, h = s.dims.h;
-  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.F});
+  const int64_t L = s.dims.L, F1 = s.dims.F1l, h = s.dims.h;
+  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.Fl});
   for (int64_t l = 0; l < L; ++l) {
     Tensor gw2_l = gw2.rows(l * h, (l + 1) * h), gw1_l = gw1.rows(l * F1, (l + 1) * F1);
     linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l),

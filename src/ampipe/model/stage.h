@@ -27,8 +27,22 @@ enum class Stage : uint8_t {
   combine,       // collective: all-to-all of the expert outputs back to the tokens' owners
   weighted_sum,  // sum of the token's expert outputs times its gate weights, then dropout + residual add
   aux_loss,      // load-balancing loss from the gate statistics summed over the chunks
+  // tensor parallelism (tp > 1): LN1 and the QKV projection as two stages, with the tp collective between them,
+  // and the collectives of Megatron's column- and row-parallel linears (forward and backward are adjoints:
+  // all-gather <-> reduce-scatter, all-reduce <-> nothing)
+  ln1,            // LN1 of the chunk's residual-stream rows
+  qkv,            // the QKV projection of the chunk's rows, local heads
+  tp_qkv_in,      // collective: fwd, sequence parallel: all-gather of the chunk's LN1 rows; bwd: reduce-scatter
+                  // (sequence parallel) or all-reduce of the QKV input gradient
+  tp_proj_out,    // collective: fwd: reduce-scatter (sequence parallel) or all-reduce of the out-projection's
+                  // partial sums; bwd, sequence parallel: all-gather of its output gradient
+  tp_aux_stats,   // collective, sequence parallel: all-reduce of the gate statistics over the tp ranks' rows
+  tp_expert_in,   // collective: fwd, sequence parallel: all-gather of the received slots; bwd: reduce-scatter
+                  // (sequence parallel) or all-reduce of the experts' input gradient
+  tp_expert_out,  // collective: fwd: reduce-scatter (sequence parallel) or all-reduce of the experts' partial
+                  // outputs; bwd, sequence parallel: all-gather of their gradient
 };
-inline constexpr int kNumStages = int(Stage::aux_loss) + 1;
+inline constexpr int kNumStages = int(Stage::tp_expert_out) + 1;
 
 constexpr const char* stage_name(Stage s) {
   switch (s) {
@@ -46,6 +60,13 @@ constexpr const char* stage_name(Stage s) {
     case Stage::combine: return "combine";
     case Stage::weighted_sum: return "weighted_sum";
     case Stage::aux_loss: return "aux_loss";
+    case Stage::ln1: return "ln1";
+    case Stage::qkv: return "qkv";
+    case Stage::tp_qkv_in: return "tp_qkv_in";
+    case Stage::tp_proj_out: return "tp_proj_out";
+    case Stage::tp_aux_stats: return "tp_aux_stats";
+    case Stage::tp_expert_in: return "tp_expert_in";
+    case Stage::tp_expert_out: return "tp_expert_out";
   }
   return "?";
 }

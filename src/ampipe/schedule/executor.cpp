@@ -31,6 +31,9 @@ comm::Event Executor::issue(const Task& t, model::Layer& layer, std::vector<comm
   Tensor recv = layer.buffer(c.recv, t.chunk, t.piece);
   const comm::Group* g = groups_ ? &groups_->get(c.group) : nullptr;
   if (g == nullptr || !g->valid() || g->size() == 1) {
+    // A one-rank collective is a copy made now, so what it reads must be complete: its producers on other lanes
+    // (e.g. a one-rank EP all-to-all after a tensor-parallel reduction) are waited for here.
+    for (const comm::Event& e : after) e.wait();
     run_locally(c, send, recv, tag);
     return {};
   }

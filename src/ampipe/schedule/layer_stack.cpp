@@ -5,11 +5,14 @@ namespace ampipe::schedule {
 LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
                        int first_layer, std::shared_ptr<model::Arena> arena)
     : M_(M), ep_rank_(ep_rank), arena_(arena ? std::move(arena) : std::make_shared<model::Arena>()), ex_(groups) {
+  const int tp_size = groups && groups->tp.valid() ? groups->tp.size() : 1;
+  AMPIPE_CHECK(tp_size == cfg.tp(), "--tensor-model-parallel-size {} but the tp group has {} ranks", cfg.tp(), tp_size);
+  tp_rank_ = tp_size > 1 ? groups->tp.rank() : 0;
   for (int i = 0; i < num_layers; ++i) {
     auto e = std::make_unique<Entry>();
     e->cfg = cfg;
     e->cfg.layer_index = first_layer + i;
-    e->params = model::init_params(e->cfg, ep_rank);
+    e->params = model::init_params(e->cfg, ep_rank, tp_rank_);
     e->grads = model::zeros_like_params(e->cfg);
     layers_.push_back(std::move(e));
   }
@@ -28,7 +31,7 @@ void LayerStack::build(int M) {
   arena_->reserve(saved + shared);
   size_t base = 0;
   for (auto& e : layers_) {
-    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, e->params, e->grads, e->weights, e->plan.memory,
+    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, tp_rank_, e->params, e->grads, e->weights, e->plan.memory,
                                               *arena_, base, saved);
     base += e->plan.memory.saved_bytes;
   }
@@ -43,7 +46,7 @@ void LayerStack::set_degree(int M) {
   replan(M, c.use_pipe_experts ? c.pipe_experts_multi_data : 0);  // the same pipe-experts setting
 }
 
-void LayerStack::replan(int M, int pipe_experts_n) {
+void LayerStack::replan(int M, int pipe_experts_n, int tp_overlap) {
   bool changed = M != M_;
   for (auto& e : layers_) {
     const bool on = pipe_experts_n > 0;
@@ -51,6 +54,10 @@ void LayerStack::replan(int M, int pipe_experts_n) {
     changed |= e->cfg.use_pipe_experts != on || e->cfg.pipe_experts_multi_data != n;
     e->cfg.use_pipe_experts = on;
     e->cfg.pipe_experts_multi_data = n;
+    if (tp_overlap >= 0) {
+      changed |= e->cfg.ampipe_tp_sp_comm_overlap != (tp_overlap > 0);
+      e->cfg.ampipe_tp_sp_comm_overlap = tp_overlap > 0;
+    }
   }
   if (changed) build(M);
 }

@@ -23,25 +23,29 @@ namespace ampipe::schedule {
 class LayerStack {
  public:
   // cfg.layer_index is ignored: layer i gets index first_layer + i (it keys its random numbers and names its tasks).
-  // groups: this rank's process groups (null: one rank). arena: memory shared with other stacks that never run at
-  // the same time (null: a private one).
+  // groups: this rank's process groups (null: one rank); with cfg.tp() > 1 the tp group's size must be tp, and this
+  // rank keeps its tp shard of every layer. arena: memory shared with other stacks that never run at the same time
+  // (null: a private one).
   LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
              int first_layer = 0, std::shared_ptr<model::Arena> arena = nullptr);
 
   int num_layers() const { return int(layers_.size()); }
   int degree() const { return M_; }
+  int tp_rank() const { return tp_rank_; }
   // Re-plans every layer for degree M (between steps; parameters and gradients are kept).
   void set_degree(int M);
-  // Re-plans for degree M and pipe-experts with N slices per expert (N = 0: without pipe-experts); the caller has
-  // checked the combination (LayerConfig::check_pipe_experts).
-  void replan(int M, int pipe_experts_n);
+  // Re-plans for degree M and pipe-experts with N slices per expert (N = 0: without pipe-experts), and with or
+  // without --ampipe-tp-sp-comm-overlap (tp_overlap -1: as configured); the caller has checked the combination
+  // (LayerConfig::check_pipe_experts, check_tensor_parallel).
+  void replan(int M, int pipe_experts_n, int tp_overlap = -1);
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
   // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
   // refreshed once before the next forward. params() (non-const) calls it too.
   void weights_changed();
 
-  // x: [s, b, h] fp32 -> output [s, b, h] (valid until the next forward). token_base: global index of token 0.
+  // x: [s, b, h] fp32 -> output [s, b, h] (valid until the next forward); sequence parallel: this rank's rows,
+  // [s/t, b, h] in AMPipe's permuted order (sp_take). token_base: global index of token 0.
   Tensor forward(const Tensor& x, uint64_t token_base);
   // dy: [s, b, h] -> dx [s, b, h]; d_aux: upstream gradient of each layer's aux loss. Gradients accumulate.
   // after_layer(i), if given, runs as soon as layer i's gradients are complete (layers L-1 .. 0), e.g. to start
@@ -72,7 +76,7 @@ class LayerStack {
   };
   void build(int M);
 
-  int M_, ep_rank_;
+  int M_, ep_rank_, tp_rank_ = 0;
   std::vector<std::unique_ptr<Entry>> layers_;
   std::shared_ptr<model::Arena> arena_;
   Executor ex_;

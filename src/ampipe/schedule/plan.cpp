@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <optional>
 
 #include "ampipe/core/error.h"
 
@@ -36,6 +38,13 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::ep,       // combine
     Lane::compute,  // weighted_sum
     Lane::compute,  // aux_loss
+    Lane::compute,  // ln1
+    Lane::compute,  // qkv
+    Lane::tp,       // tp_qkv_in
+    Lane::tp,       // tp_proj_out
+    Lane::tp,       // tp_aux_stats
+    Lane::tp,       // tp_expert_in
+    Lane::tp,       // tp_expert_out
 };
 }  // namespace
 
@@ -93,13 +102,17 @@ struct Builder {
     return plan.tasks.back().id;
   }
   uint32_t collective(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, CollKind kind, Buf send, Buf recv,
-                      int piece = -1) {
+                      int piece = -1, comm::GroupKind group = comm::GroupKind::ep) {
     const uint32_t id = add(d, s, chunk, std::move(deps), piece);
     Task& t = plan.tasks.back();
-    t.collective =
-        CollectiveSpec{kind, comm::GroupKind::ep, send, recv, model::collective_bytes(plan.dims, s, d, piece)};
+    t.collective = CollectiveSpec{kind, group, send, recv, model::collective_bytes(plan.dims, s, d, piece)};
     t.bytes = t.collective->bytes;
     return id;
+  }
+  // A tensor-parallel collective (tp lane, tp group).
+  uint32_t tp(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, CollKind kind, Buf send, Buf recv,
+              int piece = -1) {
+    return collective(d, s, chunk, std::move(deps), kind, send, recv, piece, comm::GroupKind::tp);
   }
 };
 }  // namespace
@@ -110,10 +123,15 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   b.plan.memory = model::BufferLayout::make(b.plan.dims);
   const model::LayerDims& d = b.plan.dims;
   const size_t nM = static_cast<size_t>(M);
-  // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 (and pipe-experts' piece
-  // layout) lands in a staging buffer.
-  const Buf combine_recv = d.cd == DType::f32 && !d.pipe_experts() ? Buf::expert_y : Buf::combine_recv;
-  // The pieces of a chunk: pipe-experts' (local expert, slice) pieces, or the whole chunk as piece -1.
+  const bool bf16 = d.cd != DType::f32, tp = d.tp > 1, sp = d.sp;
+  // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 (and the piece layout of
+  // pipe-experts and the tp overlap) lands in a staging buffer.
+  const Buf combine_recv = !bf16 && !d.pipe_experts() ? Buf::expert_y : Buf::combine_recv;
+  // The tp collectives of Megatron's linears (Stage comments in model/stage.h): all-gather and reduce-scatter with
+  // sequence parallelism, else all-reduce where the forward (or backward) needs a sum and nothing where it does not.
+  const CollKind reduce = sp ? CollKind::reduce_scatter : CollKind::all_reduce;
+  // The pieces of a chunk: pipe-experts' (local expert, slice) pieces, --ampipe-tp-sp-comm-overlap's local
+  // experts, or the whole chunk as piece -1. Pieces in chunk-major order (idx).
   std::vector<int> pieces;
   for (size_t p = 0; p < d.pieces.size(); ++p) pieces.push_back(int(p));
   if (pieces.empty()) pieces.push_back(-1);
@@ -122,14 +140,44 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
                                                                             combine_bwd = dispatch,
                                                                             dispatch_bwd = dispatch;
   std::vector<uint32_t> weighted(nM), gate(nM);
+  // The experts' input all-gather (sequence parallel) of piece idx = c*nP + q, issued at most once.
+  std::vector<std::optional<uint32_t>> gathered(nM * nP);
+  auto expert_gather = [&](Dir dir, size_t idx) -> std::optional<uint32_t> {
+    if (!sp) return std::nullopt;
+    if (!gathered[idx]) {
+      const int c = int(idx / nP);
+      const size_t q = idx % nP;
+      gathered[idx] = dir == Dir::fwd
+                          ? b.tp(dir, Stage::tp_expert_in, c, {dispatch[size_t(c)][q]}, CollKind::all_gather,
+                                 Buf::dispatch_recv, Buf::expert_gather, pieces[q])
+                          : b.tp(dir, Stage::tp_expert_out, c, {combine_bwd[size_t(c)][q]}, CollKind::all_gather,
+                                 Buf::combine_bwd_recv, Buf::d_gather, pieces[q]);
+    }
+    return gathered[idx];
+  };
+
   // Forward. LN1 + QKV per chunk: chunk c's attention needs K and V of rows [0, (c+1)*s/M) only (causality), so
   // chunk 0's dispatch is issued after one chunk's QKV, not the whole sequence's.
   std::vector<uint32_t> qkv;
   for (int c = 0; c < M; ++c) {
     const size_t i = size_t(c);
-    qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
+    if (!tp) {
+      qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
+    } else {  // LN1 on this rank's rows; sequence parallel: all-gathered to every row of the chunk
+      uint32_t in = b.add(Dir::fwd, Stage::ln1, c, {});
+      if (sp)
+        in = b.tp(Dir::fwd, Stage::tp_qkv_in, c, {in}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
+                  bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
+      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
+    }
     const uint32_t att = b.add(Dir::fwd, Stage::attention, c, qkv);
-    const uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
+    uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
+    if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows, or all-reduced
+      proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce, sp ? Buf::proj_partial : Buf::proj, Buf::proj);
+    // --ampipe-tp-sp-comm-overlap: the earlier chunks' first expert all-gather starts under the last chunk's
+    // residual, LN2 and gate (MindSpeed's prefetch; not earlier: the tp lane is in order, and an all-gather waiting
+    // for its dispatch must not hold up this chunk's attention-side collectives).
+    if (d.overlap_tp && M > 1 && c == M - 1) expert_gather(Dir::fwd, 0);
     const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
     gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
     if (d.agree_capacity) {
@@ -141,47 +189,99 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
       dispatch[i][q] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all,
                                     Buf::dispatch_send, Buf::dispatch_recv, pieces[q]);
   }
-  for (int c = 0; c < M; ++c)
-    for (size_t q = 0; q < nP; ++q) {  // piece q's experts wait for its own dispatch only
-      const uint32_t ex = b.add(Dir::fwd, Stage::experts, c, {dispatch[size_t(c)][q]}, pieces[q]);
-      combine[size_t(c)][q] = b.collective(Dir::fwd, Stage::combine, c, {ex}, CollKind::all_to_all,
-                                           Buf::combine_send, combine_recv, pieces[q]);
+  // Sequence parallel: the aux loss needs the gate statistics of every tp rank's rows.
+  std::vector<uint32_t> aux_deps = gate;
+  if (sp) aux_deps = {b.tp(Dir::fwd, Stage::tp_aux_stats, -1, gate, CollKind::all_reduce, Buf::gate_stats,
+                           Buf::gate_stats)};
+  // The expert phase, pieces in chunk-major order. With the tp overlap the all-gather of piece idx+1 is issued
+  // before piece idx's experts, and piece idx's reduce is waited for only by its combine. Without it (MindSpeed's
+  // Mode A) the experts' tp collectives are synchronous: the all-gather is issued just before the experts that
+  // read it, and the next compute task waits for the reduce.
+  std::optional<uint32_t> sync_reduce;
+  for (size_t idx = 0; idx < nM * nP; ++idx) {
+    const int c = int(idx / nP);
+    const size_t q = idx % nP;
+    if (d.overlap_tp && idx + 1 < nM * nP) expert_gather(Dir::fwd, idx + 1);
+    std::vector<uint32_t> deps = {dispatch[size_t(c)][q]};
+    if (const auto g = expert_gather(Dir::fwd, idx)) deps = {*g};
+    if (sync_reduce) deps.push_back(*sync_reduce);
+    uint32_t out = b.add(Dir::fwd, Stage::experts, c, deps, pieces[q]);
+    if (tp) {
+      out = b.tp(Dir::fwd, Stage::tp_expert_out, c, {out}, reduce, sp ? Buf::combine_partial : Buf::combine_send,
+                 Buf::combine_send, pieces[q]);
+      if (!d.overlap_tp) sync_reduce = out;
     }
+    combine[size_t(c)][q] = b.collective(Dir::fwd, Stage::combine, c, {out}, CollKind::all_to_all, Buf::combine_send,
+                                         combine_recv, pieces[q]);
+  }
   for (int c = 0; c < M; ++c) {
     std::vector<uint32_t> deps = combine[size_t(c)];
     deps.push_back(gate[size_t(c)]);
+    if (sync_reduce && c == 0) deps.push_back(*sync_reduce);
     weighted[size_t(c)] = b.add(Dir::fwd, Stage::weighted_sum, c, deps);
   }
-  const uint32_t aux = b.add(Dir::fwd, Stage::aux_loss, -1, gate);
+  const uint32_t aux = b.add(Dir::fwd, Stage::aux_loss, -1, aux_deps);
+
   // Backward: chunks in reverse order, three phases. (The aux loss has no backward task: each chunk's gate
   // backward adds its gradient from the forward's totals, so it depends on aux_loss.)
+  std::fill(gathered.begin(), gathered.end(), std::nullopt);
   std::vector<uint32_t> experts_bwd, attention_bwd;  // attention_bwd: chunks M-1 .. c so far
   std::vector<uint32_t> input_grads;  // the tasks whose rows the attention weight gradients read
+  std::vector<size_t> order;          // backward piece order: chunks M-1 .. 0, pieces in order
+  for (int c = M - 1; c >= 0; --c)
+    for (size_t q = 0; q < nP; ++q) order.push_back(size_t(c) * nP + q);
   for (int c = M - 1; c >= 0; --c) {
     const uint32_t ws = b.add(Dir::bwd, Stage::weighted_sum, c, {weighted[size_t(c)]});
     for (size_t q = 0; q < nP; ++q)
       combine_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::combine, c, {ws}, CollKind::all_to_all,
                                                Buf::combine_bwd_send, Buf::combine_bwd_recv, pieces[q]);
+    if (d.overlap_tp && c == M - 1) expert_gather(Dir::bwd, order[0]);  // no attention-side tp work is queued yet
   }
-  for (int c = M - 1; c >= 0; --c)
-    for (size_t q = 0; q < nP; ++q) {
-      experts_bwd.push_back(b.add(Dir::bwd, Stage::experts, c, {combine_bwd[size_t(c)][q]}, pieces[q]));
-      dispatch_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::dispatch, c, {experts_bwd.back()},
-                                                CollKind::all_to_all, Buf::dispatch_bwd_send,
-                                                Buf::dispatch_bwd_recv, pieces[q]);
+  sync_reduce.reset();
+  for (size_t n = 0; n < order.size(); ++n) {
+    const size_t idx = order[n];
+    const int c = int(idx / nP);
+    const size_t q = idx % nP;
+    if (d.overlap_tp && n + 1 < order.size()) expert_gather(Dir::bwd, order[n + 1]);
+    std::vector<uint32_t> deps = {combine_bwd[size_t(c)][q]};
+    if (const auto g = expert_gather(Dir::bwd, idx)) deps = {*g};
+    if (sync_reduce) deps.push_back(*sync_reduce);
+    experts_bwd.push_back(b.add(Dir::bwd, Stage::experts, c, deps, pieces[q]));
+    uint32_t out = experts_bwd.back();
+    if (tp) {  // the input gradient's partial sums over the local F columns
+      out = b.tp(Dir::bwd, Stage::tp_expert_in, c, {out}, reduce, sp ? Buf::dispatch_bwd_partial : Buf::dispatch_bwd_send,
+                 Buf::dispatch_bwd_send, pieces[q]);
+      if (!d.overlap_tp) sync_reduce = out;
     }
+    dispatch_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::dispatch, c, {out}, CollKind::all_to_all,
+                                              Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv, pieces[q]);
+  }
   // The expert weight gradients of all chunks in one pass: issued while the reverse dispatches are in flight.
-  if (d.defer_expert_wgrad) b.add(Dir::bwd, Stage::expert_wgrad, -1, experts_bwd);
+  if (d.defer_expert_wgrad) {
+    std::vector<uint32_t> deps = experts_bwd;
+    if (sync_reduce) deps.push_back(*sync_reduce);
+    b.add(Dir::bwd, Stage::expert_wgrad, -1, deps);
+  }
   for (int c = M - 1; c >= 0; --c) {
     std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
     deps.push_back(aux);
     const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, deps);
-    const uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
+    uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
+    if (sp)  // the out-projection's output gradient of every row of the chunk
+      rb = b.tp(Dir::bwd, Stage::tp_proj_out, c, {rb}, CollKind::all_gather, bf16 ? Buf::d_proj_send : Buf::d_proj,
+                bf16 ? Buf::d_proj_bf16 : Buf::d_proj_full);
     const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
     attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
     // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
     input_grads.push_back(pb);
-    input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd));
+    if (!tp) {
+      input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd));
+    } else {  // the QKV input gradient's partial sums over the local heads, reduced to this rank's rows
+      input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, attention_bwd));
+      const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce, Buf::d_ln1_out,
+                                sp ? Buf::d_ln1_local : Buf::d_ln1_out);
+      b.add(Dir::bwd, Stage::ln1, c, {red});
+    }
   }
   // The QKV and out-projection weight gradients over all rows at once.
   b.add(Dir::bwd, Stage::attention_wgrad, -1, input_grads);

@@ -26,6 +26,7 @@ namespace {
 bool is_gemm_stage(Stage s) {
   switch (s) {
     case Stage::ln1_qkv:
+    case Stage::qkv:
     case Stage::out_proj:
     case Stage::experts:
     case Stage::attention_wgrad:
@@ -50,20 +51,23 @@ double gemm_rate(const ComputeRates& r, double d) {
 }
 
 double gemm_min_dim(const Task& t, const model::LayerDims& d) {
-  const double h = double(d.h), F = double(d.F), Sc = double(d.Sc), T = double(d.T), E = double(d.E);
+  // tp ranks: the attention core's GEMMs have hl = h/t columns of q, k, v (out-projection K), the experts F/t
+  const double h = double(d.h), hl = double(d.hl), F = double(d.Fl), Sc = double(d.Sc), Scl = double(d.Scl),
+               T = double(d.T), E = double(d.E);
   switch (t.stage) {
     case Stage::ln1_qkv:
-    case Stage::out_proj: return std::min(Sc, h);  // [S_c, h] x [h, 3h] or [h, h], and their dx GEMMs
-    case Stage::gate: return std::min({Sc, h, E});  // [S_c, h] x [h, E]; backward K = E (dx) and K = S_c (dWg)
+    case Stage::qkv: return std::min({Sc, h, 3 * hl});  // [S_c, h] x [h, 3h/t] and its dx GEMM
+    case Stage::out_proj: return std::min({Sc, h, hl});  // [S_c, h/t] x [h/t, h] and its dx GEMM
+    case Stage::gate: return std::min({Scl, h, E});  // [Scl, h] x [h, E]; backward K = E (dx) and K = Scl (dWg)
     case Stage::experts: {                          // per local expert [R, h] x [h, F1], [R, F] x [F, h]
       double rows = double(d.R());
       if (t.piece >= 0 && size_t(t.piece) < d.pieces.size()) {
         const model::ExpertPiece& p = d.pieces[size_t(t.piece)];
-        rows = double(d.ep * p.slots);
+        rows = double(d.srcs * p.slots);
       }
       return std::min({rows, h, F});
     }
-    case Stage::attention_wgrad: return std::min(T, h);  // K = T over all chunks' rows
+    case Stage::attention_wgrad: return std::min({T, h, hl});  // K = T over all chunks' rows
     case Stage::expert_wgrad: return std::min({double(d.M) * double(d.R()), h, F});  // K = M*R
     default: return 0;
   }

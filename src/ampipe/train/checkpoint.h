@@ -27,6 +27,11 @@
 namespace ampipe::train {
 
 inline constexpr const char* kLatestMarker = "latest_checkpointed_iteration.txt";
+inline constexpr const char* kCheckpointFormat = "ampipe train checkpoint";
+// Version 2: every tensor's checksum in its file's header, and metadata.json's "files" (each tensor file's size
+// and header checksum). Version 1 (no checksums) is refused: its files cannot be verified.
+inline constexpr int kCheckpointVersion = 2;
+inline constexpr int64_t kMaxCheckpointIteration = 9'999'999'999;
 std::string checkpoint_subdir(int64_t iteration);  // "iter_0000010"
 
 struct CheckpointMeta {
@@ -41,11 +46,21 @@ struct SaveOptions {
 
 // Collective over groups.world (every rank calls it). Throws ConfigError naming --save and the path on failure,
 // on every rank.
+// The full tensor of a parameter-shaped local tensor (the parameter, or its optimizer state): a tensor cut over tp
+// all-gathered over the tp group and joined (model::tp_join), then expert tensors all-gathered over EP (dim 0).
+// Collective over the groups the parameter is split over.
+Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
+                   const std::string& tag);
+
 void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const TrainConfig& cfg, GptModel& model,
                      AdamW& opt, const comm::Groups& groups, const SaveOptions& opts = {});
 
 // Reads the newest complete checkpoint of `dir` into model and optimizer (each rank its shard). Throws ConfigError
 // naming --load and the file for a missing marker, a missing or corrupt file, or a model that does not match.
+// Verified before anything is used: the marker is an iteration; metadata.json is this format and version, its
+// iteration is the marker's, consumed samples and optimizer steps are in range; each tensor file's data matches
+// its checksums (core/safetensors.h: offsets in range and disjoint), says the marker's iteration, is the file
+// metadata.json recorded (size, header checksum), and holds only finite values (second moments >= 0).
 // load_optim false (--no-load-optim, --finetune): the optimizer file is neither read nor required, and `opt` keeps
 // its fresh state.
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,

@@ -3,10 +3,12 @@
 #include <chrono>
 #include <cstring>
 
+#include "ampipe/comm/collectives.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/gemm.h"
 #include "ampipe/kernels/layernorm.h"
+#include "ampipe/model/sequence_shard.h"
 #include "ampipe/train/text_data.h"
 
 namespace ampipe::train {
@@ -38,7 +40,8 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       T_(s_ * b_),
       h_(cfg.layer.hidden_size),
       V_(cfg.vocab_size),
-      stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups) {
+      stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups),
+      groups_(groups) {
   wte_ = normal_init({V_, h_}, cfg, 1);
   wpe_ = normal_init({s_, h_}, cfg, 2);
   lnf_w_ = Tensor::empty({h_});
@@ -48,20 +51,20 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
   dwpe_ = Tensor::zeros({s_, h_});
   dlnf_w_ = Tensor::zeros({h_});
   dlnf_b_ = Tensor::zeros({h_});
-  params_.push_back({"embedding.word_embeddings.weight", wte_, dwte_, false, true});
-  params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true});
+  params_.push_back({"embedding.word_embeddings.weight", wte_, dwte_, false, true, ""});
+  params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true, ""});
   for (int i = 0; i < stack_.num_layers(); ++i) {
     auto p = stack_.params(i).named(), g = stack_.grads(i).named();
     for (size_t k = 0; k < p.size(); ++k)
       params_.push_back({fmt::format("layers.{}.{}", i, p[k].first), p[k].second, g[k].second,
-                         model::LayerParams::is_expert(p[k].first), p[k].second.dim() >= 2});
+                         model::LayerParams::is_expert(p[k].first), p[k].second.dim() >= 2, p[k].first});
   }
-  params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false});
-  params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false});
+  params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false, ""});
+  params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});
   if (cfg.untie_embeddings_and_output_weights) {
     wout_ = normal_init({V_, h_}, cfg, 3);
     dwout_ = Tensor::zeros({V_, h_});
-    params_.push_back({"output_layer.weight", wout_, dwout_, false, true});
+    params_.push_back({"output_layer.weight", wout_, dwout_, false, true, ""});
   }
   x0_ = Tensor::empty({s_, b_, h_});
   xn_ = Tensor::empty({T_, h_});
@@ -96,8 +99,26 @@ void GptModel::embed(std::span<const int32_t> tokens) {
 }
 
 // y [T, h] -> LN -> xn -> logits [T, V] = xn W^T -> per-token cross-entropy; returns the mean.
+Tensor GptModel::to_layers(const Tensor& full, Tensor& local) {
+  if (!cfg_.layer.sp()) return full;
+  const int t = cfg_.layer.tp();
+  if (!local.defined()) local = Tensor::empty({s_ / t, b_, h_});
+  model::sequence_shard_into(full, local, stack_.degree(), t, stack_.tp_rank());
+  return local;
+}
+
+Tensor GptModel::from_layers(const Tensor& local, Tensor& full) {
+  if (!cfg_.layer.sp()) return local;
+  if (!gathered_.defined()) gathered_ = Tensor::empty({s_, b_, h_});
+  if (!full.defined()) full = Tensor::empty({s_, b_, h_});
+  comm::all_gather_sync(groups_->tp, local, gathered_, "sp.gather");
+  model::sequence_unshard_into(gathered_, full, stack_.degree(), cfg_.layer.tp());
+  return full;
+}
+
 double GptModel::head_forward(std::span<const int32_t> targets) {
-  const Tensor y = stack_.layer(stack_.num_layers() - 1).output().view({T_, h_});
+  y_ = from_layers(stack_.layer(stack_.num_layers() - 1).output(), y_full_);
+  const Tensor y = y_.view({T_, h_});
   kernels::layernorm_forward(y, lnf_w_, lnf_b_, cfg_.layer.layernorm_epsilon, xn_, lnf_mean_, lnf_rstd_);
   const Tensor& w = wout_.defined() ? wout_ : wte_;
   kernels::gemm(xn_, kernels::Trans::n, w, kernels::Trans::t, logits_);
@@ -115,7 +136,7 @@ double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_
   embed(tokens);
   times_.head_us += us_since(t0);
   t0 = Clock::now();
-  stack_.forward(x0_, token_base);
+  stack_.forward(to_layers(x0_, x_local_), token_base);
   times_.layers_us += us_since(t0);
   t0 = Clock::now();
   const double loss = head_forward(targets);
@@ -126,7 +147,7 @@ double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_
 double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
   embed(tokens);
   stack_.set_training(false);  // validation: no dropout, no gate noise
-  stack_.forward(x0_, token_base);
+  stack_.forward(to_layers(x0_, x_local_), token_base);
   stack_.set_training(true);
   return head_forward(targets);
 }
@@ -141,12 +162,12 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   Tensor& dw = dwout_.defined() ? dwout_ : dwte_;
   kernels::gemm(dlogits, kernels::Trans::t, xn_, kernels::Trans::n, dw, /*accumulate=*/true);  // [V, h] +=
   kernels::gemm(dlogits, kernels::Trans::n, w, kernels::Trans::n, dxn_);                       // [T, h]
-  const Tensor y = stack_.layer(stack_.num_layers() - 1).output().view({T_, h_});
+  const Tensor y = y_.view({T_, h_});
   Tensor dy2 = dy_.view({T_, h_});
   kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
   times_.head_us += us_since(t0);
   t0 = Clock::now();
-  const Tensor& dx0 = stack_.backward(dy_, d_aux, after_layer);
+  const Tensor dx0 = from_layers(stack_.backward(to_layers(dy_, dy_local_), d_aux, after_layer), dx_full_);
   times_.layers_us += us_since(t0);
   t0 = Clock::now();
   // Embedding backward: dwte[token[t]] += dx0[t], dwpe[t / b] += dx0[t].

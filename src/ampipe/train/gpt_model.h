@@ -32,9 +32,18 @@ namespace ampipe::train {
 
 struct NamedParam {
   std::string name;
-  Tensor param, grad;  // local shard (expert tensors: this EP rank's experts)
+  Tensor param, grad;  // local shard (expert tensors: this EP rank's experts; tp > 1: this tp rank's shard)
   bool expert = false;
   bool decay = false;  // weight decay applies (matrices), not to LayerNorm weights and biases
+  std::string layer_param;  // the model::LayerParams name of a layer parameter ("ln1.weight", ...); "" otherwise
+  // The tensor is cut over the tp ranks (model::tp_split): each rank holds a different part.
+  bool tp_sharded(const model::LayerConfig& cfg) const {
+    return cfg.tp() > 1 && !layer_param.empty() && model::tp_split(cfg, layer_param).dim >= 0;
+  }
+  // Sequence parallel: each tp rank's gradient covers its rows only, so the gradients are summed over tp.
+  bool tp_partial_grad(const model::LayerConfig& cfg) const {
+    return cfg.sp() && !layer_param.empty() && model::LayerParams::is_sequence_parallel(layer_param);
+  }
 };
 
 struct StepTimes {  // microseconds, accumulated over calls
@@ -77,11 +86,19 @@ class GptModel {
   Tensor dwte_, dwpe_, dlnf_w_, dlnf_b_, dwout_;  // gradients
   std::vector<NamedParam> params_;
 
+  // Sequence parallel: between the embedding / head (every row, on every tp rank) and the layers (this rank's rows).
+  Tensor to_layers(const Tensor& full, Tensor& local);   // this rank's rows of `full` (no SP: `full` itself)
+  Tensor from_layers(const Tensor& local, Tensor& full);  // every rank's rows, natural order (no SP: `local`)
+
+  const comm::Groups* groups_;
   // Saved state of the micro-batch in flight.
   std::vector<int32_t> tokens_, targets_;
   Tensor x0_;                    // [s, b, h] embedding output (layer 0 input, kept until the backward)
   Tensor xn_, lnf_mean_, lnf_rstd_, logits_, ce_loss_, lse_;  // [T, h], [T], [T], [T, V], [T], [T]
   Tensor dloss_, dxn_, dy_;      // [T], [T, h], [s, b, h]
+  Tensor y_;                     // [s, b, h] the last layer's output, every row
+  Tensor x_local_, dy_local_;    // sequence parallel: [s/t, b, h] this rank's rows of x0_ and dy_
+  Tensor gathered_, y_full_, dx_full_;  // sequence parallel: [s, b, h] all-gather target (rank order), natural order
   StepTimes times_;
   double last_flops_ = 0;
 };

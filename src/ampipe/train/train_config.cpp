@@ -20,7 +20,8 @@ struct Incompatible {
 
 void TrainConfig::validate(int world) const {
   layer.validate();
-  const int M = ampipe_degree, tp = tensor_model_parallel_size, cp = context_parallel_size;
+  const int M = ampipe_degree, tp = layer.tensor_model_parallel_size, cp = context_parallel_size;
+  const bool sequence_parallel = layer.sequence_parallel;
   const int64_t s = layer.seq_length;
   if (num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", num_layers));
   if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1 (1 = AMPipe off)", M));
@@ -70,11 +71,7 @@ void TrainConfig::validate(int world) const {
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have the "
                                   "same number of rows",
                                   s, M));
-  if (sequence_parallel && s % (int64_t(M) * tp) != 0)
-    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
-                                  "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "
-                                  "have the same rows on every TP rank",
-                                  s, M, tp, M * tp));
+  layer.check_tensor_parallel(M);  // with --sequence-parallel every chunk has the same rows on every TP rank
   if (cp > 1) {
     if (M > 1 && context_parallel_algo != "megatron_cp_algo")
       throw ConfigError(fmt::format("--context-parallel-algo {} cannot be used with --ampipe-degree {}: ampipe only "
@@ -116,10 +113,7 @@ void TrainConfig::validate(int world) const {
                                   "scripts are checked, but the feature does not run)",
                                   what));
   };
-  if (tp > 1) not_yet(fmt::format("--tensor-model-parallel-size {}", tp));
   if (cp > 1) not_yet(fmt::format("--context-parallel-size {}", cp));
-  if (ampipe_tp_sp_comm_overlap) not_yet("--ampipe-tp-sp-comm-overlap");
-  if (sequence_parallel) not_yet("--sequence-parallel");
   if (moe_model_type == "megatron_moe")
     not_yet("--moe-model-type megatron_moe (the only MoE layer here is DeepSpeed-MoE's; pass deepspeed_moe)");
   for (const Incompatible& f : incompatible)

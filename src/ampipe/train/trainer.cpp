@@ -14,6 +14,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
+#include "ampipe/train/stop_signal.h"
 
 namespace ampipe::train {
 
@@ -124,6 +125,8 @@ void Trainer::reduce_gradients() {
   pending_.clear();
   const float inv = 1.0f / float(G_ / b_);
   auto& ps = model_.params();
+  const model::LayerConfig& lc = cfg_.layer;
+  double tp_sharded_sq = 0;  // dense tp shards: a different part of the tensor on every tp rank
   auto unpack = [&](const std::vector<size_t>& idx, const Tensor& buf, const comm::Group& grp) {
     double sq = 0;
     for (size_t i : idx) {
@@ -131,25 +134,38 @@ void Trainer::reduce_gradients() {
       const int64_t n = ps[i].grad.numel();
       const float* src = grp.size() > 1 ? buf.data<float>() + offset_[i] : g;
       for (int64_t k = 0; k < n; ++k) g[k] = src[k] * inv;
-      sq += sum_squares(g, n);
+      // Sequence parallel: LayerNorm and gate gradients cover this tp rank's rows; their sum over tp is the
+      // gradient (the data-parallel sum above commutes with it).
+      if (ps[i].tp_partial_grad(lc)) comm::all_reduce_sync(g_.tp, ps[i].grad, comm::Reduce::sum, "grad.tp." + ps[i].name);
+      const double s = sum_squares(g, n);
+      (ps[i].tp_sharded(lc) && !ps[i].expert ? tp_sharded_sq : sq) += s;
     }
     return sq;
   };
   dense_sumsq_ = unpack(dense_idx_, dense_buf_, g_.dp_cp);
   expert_sumsq_ = unpack(expert_idx_, expert_buf_, g_.edp);
+  tp_sharded_sumsq_ = tp_sharded_sq;
 }
 
-// Each parameter once: dense gradients are identical on every rank after the reduction; expert shards are summed
-// over the EP group.
+// Each parameter once: dense gradients are identical on every rank after the reduction (tp shards: summed over the
+// tp group); expert shards are summed over the EP group and, cut over tp, over the tp group too.
 double Trainer::grad_norm() {
-  double expert = expert_sumsq_;
+  double expert = expert_sumsq_, sharded = tp_sharded_sumsq_;
+  if (g_.tp.size() > 1) {
+    Tensor t = scalars_.rows(0, 2);
+    t.data<float>()[0] = float(expert);
+    t.data<float>()[1] = float(sharded);
+    comm::all_reduce_sync(g_.tp, t, comm::Reduce::sum, "grad.norm.tp");
+    expert = t.get(0);
+    sharded = t.get(1);
+  }
   if (g_.ep.size() > 1) {
     Tensor t = scalars_.rows(0, 1);
     t.fill(float(expert));
     comm::all_reduce_sync(g_.ep, t, comm::Reduce::sum, "grad.norm");
     expert = t.get(0);
   }
-  return std::sqrt(dense_sumsq_ + expert);
+  return std::sqrt(dense_sumsq_ + sharded + expert);
 }
 
 // The expert choices (token, k) of the last forward's gates that found their expert full, over every layer and
@@ -245,17 +261,7 @@ double Trainer::evaluate(bool test) {
 
 std::map<std::string, Tensor> Trainer::full_params() {
   std::map<std::string, Tensor> out;
-  for (NamedParam& p : model_.params()) {
-    if (p.expert && g_.ep.size() > 1) {
-      Shape full = p.param.shape();
-      full[0] *= g_.ep.size();
-      Tensor all = Tensor::empty(full);
-      comm::all_gather_sync(g_.ep, p.param, all, "full." + p.name);
-      out[p.name] = all;
-    } else {
-      out[p.name] = p.param.clone();
-    }
-  }
+  for (NamedParam& p : model_.params()) out[p.name] = full_tensor(p.param, p, cfg_.layer, g_, "full." + p.name).clone();
   return out;
 }
 
@@ -363,8 +369,11 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                   std::string(size_t(width - done), '.').c_str(), (long long)st.iteration, (long long)end);
       std::fflush(stdout);
     }
-    const bool last = st.iteration == end;
-    if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || last)) {
+    // SIGTERM / SIGINT (stop_signal.h): every rank learns here whether any rank got one, so all stop together,
+    // after this iteration, saving it as the end of a run is saved (but without its evaluation).
+    res.stop_signal = stop_agreed(g_.world);
+    const bool last = st.iteration == end || res.stop_signal != 0;
+    if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || st.iteration == end)) {
       const double vl = evaluate();
       res.evals.push_back({st.iteration, vl});
       if (tty) std::fputs("\r\033[K", stdout);
@@ -377,6 +386,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       say(fmt::format(" saved checkpoint at iteration {} to {}/{}", st.iteration, cfg_.save,
                       checkpoint_subdir(st.iteration)));
     }
+    if (res.stop_signal != 0) break;
   }
   // Nothing to train (--skip-train, or a checkpoint already at --train-iters): the evaluation of the end of a
   // run still runs, as in Megatron.

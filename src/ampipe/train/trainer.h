@@ -52,6 +52,7 @@ struct TrainResult {
   std::vector<EvalStats> tests;  // the test split's loss at the end (when --split gives it a global batch)
   double wall_s = 0;
   int64_t start_iteration = 0;
+  int stop_signal = 0;  // the SIGTERM / SIGINT that stopped the run early on every rank (stop_signal.h); 0: none
 };
 
 class Trainer {
@@ -112,7 +113,7 @@ class Trainer {
   std::vector<int64_t> offset_;  // per parameter: its offset in dense_buf_ or expert_buf_
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
-  double dense_sumsq_ = 0, expert_sumsq_ = 0;
+  double dense_sumsq_ = 0, expert_sumsq_ = 0, tp_sharded_sumsq_ = 0;
   SaveOptions save_opts_;
   bool report_a2a_hidden_ = false;
 };

@@ -1,0 +1,34 @@
+// XXH64 against the reference implementation's values (libxxhash 0.8.1, XXH64(data, n, seed)), on inputs that
+// exercise every tail path (empty, 1 byte, 3 bytes, 771 bytes: 24 stripes, then 8-, 4- and 1-byte tails) and a seed.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ampipe/core/checksum.h"
+
+using namespace ampipe;
+
+TEST(Checksum, Xxh64MatchesTheReferenceImplementation) {
+  EXPECT_EQ(core::xxh64("", 0), 0xef46db3751d8e999ull);
+  EXPECT_EQ(core::xxh64("a", 1), 0xd24ec4f1a98c6e5bull);
+  EXPECT_EQ(core::xxh64("abc", 3), 0x44bc2cf5ad770999ull);
+  EXPECT_EQ(core::xxh64("abc", 3, 1), 0xbea9ca8199328908ull);
+  std::string s;
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 256; ++i) s.push_back(char(i));
+  s += "xyz";
+  ASSERT_EQ(s.size(), 771u);
+  EXPECT_EQ(core::xxh64(s.data(), s.size()), 0xe921a1b45bd779f8ull);
+}
+
+TEST(Checksum, OneFlippedBitChangesTheChecksum) {
+  std::string s(4096, '\0');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = char(i * 7);
+  const uint64_t h = core::xxh64(s.data(), s.size());
+  for (size_t pos : {size_t(0), size_t(31), size_t(32), size_t(4095)}) {
+    std::string t = s;
+    t[pos] = char(t[pos] ^ 1);
+    EXPECT_NE(core::xxh64(t.data(), t.size()), h) << pos;
+  }
+  EXPECT_EQ(core::checksum_string(0xabcull), "xxh64:0000000000000abc");
+}

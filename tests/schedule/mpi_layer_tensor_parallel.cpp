@@ -1,0 +1,203 @@
+// Tensor and sequence parallelism (with expert and data parallelism, AMPipe degrees and the tp overlap) equal the
+// single-rank layer. Data-parallel rank d processes micro-batch d; every rank also runs every micro-batch alone
+// (tp = ep = 1, degree 1) as the reference. Compared: y and dx of its micro-batch (sequence parallel: its rows,
+// all-gathered over tp and put back in the natural order), the aux loss, and every parameter gradient summed over
+// the micro-batches, on this rank's shard (the reference gradient cut with the same EP rows and tp_take).
+#include <gtest/gtest.h>
+
+#include "ampipe/comm/collectives.h"
+#include "ampipe/comm/runtime.h"
+#include "ampipe/model/sequence_shard.h"
+#include "layer_harness.h"
+
+using namespace ampipe;
+using ampipe::testing::rel_err;
+using ampipe::testing::seeded_normal;
+
+namespace {
+
+model::LayerConfig base(int k, double capacity_factor) {
+  model::LayerConfig c;
+  c.seq_length = 16;
+  c.micro_batch_size = 2;
+  c.hidden_size = 16;
+  c.ffn_hidden_size = 24;
+  c.num_attention_heads = 4;
+  c.num_experts = 4;
+  c.moe_router_topk = k;
+  c.moe_train_capacity_factor = capacity_factor;
+  c.moe_min_capacity = 1;
+  c.hidden_dropout = 0.1;
+  c.init_method_std = 0.2;
+  c.seed = 23;
+  return c;
+}
+
+struct Result {
+  Tensor y, dx;
+  double aux = 0;
+};
+
+// Every (tp, ep) layout of the world, created before the first operation starts the engine.
+const comm::Groups& groups_for(int tp, int ep) {
+  static std::map<std::pair<int, int>, comm::Groups> all;
+  if (all.empty()) {
+    comm::Runtime& rt = comm::Runtime::current();
+    const int w = rt.size();
+    for (int t = 1; t <= w; t *= 2)
+      for (int e = 1; e * t <= w; e *= 2) all.emplace(std::pair{t, e}, rt.make_groups(comm::Layout::make(w, t, 1, e)));
+  }
+  return all.at({tp, ep});
+}
+
+// Micro-batch m through `stack`; sequence parallel: this rank's rows in, all rows back out (natural order).
+Result run_micro_batch(schedule::LayerStack& stack, int64_t m, const comm::Groups* groups) {
+  const model::LayerConfig& cfg = stack.layer(0).config();
+  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
+  Tensor x = seeded_normal(act, cfg.seed, uint64_t(2 * m)), dy = seeded_normal(act, cfg.seed, uint64_t(2 * m + 1));
+  const int t = cfg.tp(), M = stack.degree();
+  if (cfg.sp()) {
+    x = model::sequence_shard(x, M, t, stack.tp_rank());
+    dy = model::sequence_shard(dy, M, t, stack.tp_rank());
+  }
+  Result r;
+  r.y = stack.forward(x, uint64_t(m * cfg.tokens())).clone();
+  r.aux = stack.aux_loss();
+  r.dx = stack.backward(dy, 0.05f).clone();
+  if (cfg.sp()) {
+    for (Tensor* v : {&r.y, &r.dx}) {
+      Tensor all = Tensor::empty(act);
+      comm::all_gather_sync(groups->tp, *v, all, "test.sp_gather");
+      *v = model::sequence_unshard(all, M, t);
+    }
+  }
+  return r;
+}
+
+void check_tensor_parallel(model::LayerConfig cfg, int M, int tp, int ep, double tol = 1e-5) {
+  comm::Runtime& rt = comm::Runtime::current();
+  const int world = rt.size();
+  const comm::Layout layout = comm::Layout::make(world, tp, 1, ep);
+  const comm::Layout::Coord me = layout.coord(rt.rank());
+  // Reference: every micro-batch on this rank alone, fp32, all experts local, degree 1.
+  model::LayerConfig ref_cfg = cfg;
+  ref_cfg.expert_model_parallel_size = 1;
+  ref_cfg.tensor_model_parallel_size = 1;
+  ref_cfg.sequence_parallel = false;
+  ref_cfg.ampipe_tp_sp_comm_overlap = false;
+  ref_cfg.bf16 = false;
+  schedule::LayerStack ref(ref_cfg, 1, 1, 0, nullptr);
+  Result want;
+  for (int m = 0; m < layout.dp; ++m) {
+    Result r = run_micro_batch(ref, m, nullptr);
+    if (m == me.dp) want = r;
+  }
+  // Parallel run.
+  cfg.expert_model_parallel_size = ep;
+  cfg.tensor_model_parallel_size = tp;
+  const comm::Groups& groups = groups_for(tp, ep);
+  schedule::LayerStack stack(cfg, 1, M, me.ep, &groups);
+  const Result got = run_micro_batch(stack, me.dp, &groups);
+  for (auto& [name, g] : stack.grads(0).named()) {
+    if (cfg.sp() && model::LayerParams::is_sequence_parallel(name))
+      comm::all_reduce_sync(groups.tp, g, comm::Reduce::sum, "grad.tp." + name);
+    const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
+    if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);
+  }
+  const std::string what = fmt::format("k={} cf={} M={} tp={} sp={} overlap={} ep={} world={} bf16={} swiglu={}",
+                                       cfg.moe_router_topk, cfg.moe_train_capacity_factor, M, tp, cfg.sequence_parallel,
+                                       cfg.ampipe_tp_sp_comm_overlap, ep, world, cfg.bf16,
+                                       cfg.expert == model::ExpertKind::swiglu);
+  EXPECT_LE(rel_err(got.y, want.y), tol) << "y " << what;
+  EXPECT_LE(rel_err(got.dx, want.dx), tol) << "dx " << what;
+  EXPECT_NEAR(got.aux, want.aux, std::max(1e-6, tol) * std::abs(want.aux)) << "aux " << what;
+  auto gn = stack.grads(0).named(), rn = ref.grads(0).named();
+  for (size_t i = 0; i < gn.size(); ++i) {
+    const std::string& name = rn[i].first;
+    Tensor w = rn[i].second;
+    if (model::LayerParams::is_expert(name)) {
+      const int64_t L = cfg.local_experts();
+      w = w.rows(me.ep * L, (me.ep + 1) * L).clone();
+    }
+    if (tp > 1 && model::tp_split(cfg, name).dim >= 0) w = model::tp_take(cfg, name, w, me.tp);
+    ASSERT_EQ(gn[i].second.shape(), w.shape()) << name << " " << what;
+    EXPECT_LE(rel_err(gn[i].second, w), tol) << "grad " << name << " " << what;
+  }
+}
+
+}  // namespace
+
+TEST(LayerTensorParallel, TensorParallelWithoutSequenceParallelEqualsSingleRank) {
+  const int world = comm::Runtime::current().size();
+  groups_for(1, 1);
+  for (int tp = 2; tp <= world; tp *= 2)
+    for (int k : {1, 2}) {
+      model::LayerConfig cfg = base(k, 0.5);  // tokens dropped: every tp rank routes every token, as one rank does
+      check_tensor_parallel(cfg, 1, tp, 1);
+      cfg = base(k, 8.0);
+      check_tensor_parallel(cfg, 2, tp, 1);
+      cfg.ampipe_tp_sp_comm_overlap = true;
+      check_tensor_parallel(cfg, 2, tp, 1);
+    }
+}
+
+TEST(LayerTensorParallel, SequenceParallelAtEveryDegreeEqualsSingleRank) {
+  // Capacity factor 8: C = the chunk's tokens on each rank, nothing dropped (with sequence parallelism each tp rank
+  // routes its own rows with a capacity for them, so drops would differ from one rank's).
+  const int world = comm::Runtime::current().size();
+  groups_for(1, 1);
+  for (int tp = 2; tp <= world; tp *= 2)
+    for (int k : {1, 2})
+      for (int M : {1, 2, 4})
+        for (bool overlap : {false, true}) {
+          if (overlap && M == 1) continue;
+          model::LayerConfig cfg = base(k, 8.0);
+          cfg.sequence_parallel = true;
+          cfg.ampipe_tp_sp_comm_overlap = overlap;
+          check_tensor_parallel(cfg, M, tp, 1);
+        }
+}
+
+TEST(LayerTensorParallel, WithExpertParallelAndSwiglu) {
+  const int world = comm::Runtime::current().size();
+  groups_for(1, 1);
+  if (world < 4) GTEST_SKIP() << "tp 2 x ep 2 needs 4 ranks";
+  for (int k : {1, 2})
+    for (bool sp : {false, true})
+      for (int M : {1, 2}) {
+        model::LayerConfig cfg = base(k, 8.0);
+        cfg.sequence_parallel = sp;
+        cfg.expert = model::ExpertKind::swiglu;
+        check_tensor_parallel(cfg, M, 2, 2);
+        if (M > 1) {
+          cfg.ampipe_tp_sp_comm_overlap = true;
+          check_tensor_parallel(cfg, M, 2, 2);
+        }
+      }
+}
+
+TEST(LayerTensorParallel, PipeExpertsWithSequenceParallel) {
+  const int world = comm::Runtime::current().size();
+  groups_for(1, 1);
+  for (bool multi_stream : {false, true}) {
+    model::LayerConfig cfg = base(2, 8.0);
+    cfg.sequence_parallel = true;
+    cfg.use_pipe_experts = true;
+    cfg.pipe_experts_multi_data = multi_stream ? 2 : 4;
+    cfg.pipe_experts_multi_stream = multi_stream;
+    check_tensor_parallel(cfg, 2, 2, world >= 4 ? 2 : 1);
+  }
+}
+
+TEST(LayerTensorParallel, Bf16WithinItsRounding) {
+  // bf16 GEMM inputs and all-to-all / tp payloads against the fp32 single rank: bf16 keeps 8 bits of mantissa
+  // (relative rounding 2^-9 = 2e-3 per value); through two LayerNorms, attention and two expert GEMMs the errors
+  // compound to a few 1e-3 relative to the largest element. The tp partial sums are rounded once more before
+  // their fp32 reduction, which the 3e-2 bound covers with a wide margin.
+  groups_for(1, 1);
+  model::LayerConfig cfg = base(2, 8.0);
+  cfg.bf16 = true;
+  cfg.sequence_parallel = true;
+  cfg.ampipe_tp_sp_comm_overlap = true;
+  check_tensor_parallel(cfg, 2, 2, 1, 3e-2);
+}
