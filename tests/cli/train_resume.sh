@@ -69,6 +69,10 @@ case $case_name in
       fail "the resume failed"
     expect "trace of iteration 5 written"
     [ -s "$dir/t.json" ] || fail "no trace file"
+    # a K beyond what this run trains (iterations 5..6) is refused, not silently skipped
+    run "${small[@]}" --load "$dir/ck" --train-iters 6 --eval-interval 0 --trace "$dir/t2.json" --trace-iteration 3 &&
+      fail "--trace-iteration 3 of a 2-iteration run was accepted"
+    expect "error: --trace-iteration 3 is invalid for this run: it trains iterations 5..6"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

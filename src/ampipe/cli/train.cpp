@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <unistd.h>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,9 +51,7 @@ int run_train(TrainFlags& flags) {
   // The checkpoint's configuration (files only, every rank): --use-checkpoint-args takes its model flags, and
   // every other setting this run changes is said (load_checkpoint refuses a different model shape).
   std::optional<train::CheckpointInfo> ckpt;
-  if (!cfg.load.empty() &&
-      (cfg.use_checkpoint_args || std::filesystem::exists(cfg.load + "/" + train::kLatestMarker)))
-    ckpt = train::read_checkpoint_info(cfg.load);
+  if (!cfg.load.empty()) ckpt = train::read_checkpoint_info(cfg.load, cfg.use_checkpoint_args);
   if (ckpt && cfg.use_checkpoint_args)
     for (const std::string& line : train::apply_checkpoint_model_args(cfg, ckpt->config))
       flags.layer.notices.push_back("--use-checkpoint-args: " + line + " (from the checkpoint)");
@@ -135,6 +132,13 @@ int run_train(TrainFlags& flags) {
   train::Trainer trainer(cfg, groups, data);
   trainer.set_report_a2a_hidden(multi_host);
   const int64_t start = trainer.maybe_load();
+  // --trace-iteration K is the K-th iteration of this run: after a resume it must still be one this run trains.
+  if (!cfg.trace.empty() && start + cfg.trace_iteration > trainer.end_iteration())
+    throw ConfigError(fmt::format("--trace-iteration {} is invalid for this run: it trains iterations {}..{} (K counts "
+                                  "from the start of this run{}), so the {}-th is never reached",
+                                  cfg.trace_iteration, start + 1, trainer.end_iteration(),
+                                  start > 0 ? fmt::format(", resumed at {}", start) : std::string(),
+                                  cfg.trace_iteration));
   if (rt.rank() == 0)
     for (const std::string& n : resume_notes) fmt::print(stderr, "ampipe: note: {}\n", n);
   const bool rank0 = rt.rank() == 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "ampipe/core/error.h"
@@ -22,9 +23,10 @@ std::string value_str(const std::string& key, const nlohmann::json& v) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
-std::string read_file(const std::string& dir, const std::string& path) {
+// The file's contents, or nullopt when it cannot be read.
+std::optional<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("--load {}: {} cannot be read", dir, path));
+  if (!in) return std::nullopt;
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -32,22 +34,35 @@ std::string read_file(const std::string& dir, const std::string& path) {
 
 }  // namespace
 
-CheckpointInfo read_checkpoint_info(const std::string& dir) {
-  CheckpointInfo info;
+std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required) {
+  // The messages are load_checkpoint's for the same faults (it verifies much more, later).
+  auto fail = [&](const std::string& msg) -> std::optional<CheckpointInfo> {
+    if (required) throw ConfigError(msg);
+    return std::nullopt;
+  };
   const std::string marker = dir + "/" + kLatestMarker;
-  const std::string mtext = read_file(dir, marker);
+  const std::optional<std::string> mtext = read_file(marker);
+  if (!mtext) return fail(fmt::format("--load {}: no checkpoint there ({} is missing)", dir, kLatestMarker));
+  CheckpointInfo info;
   try {
     size_t used = 0;
-    info.iteration = std::stoll(mtext, &used);
+    info.iteration = std::stoll(*mtext, &used);
+    if (info.iteration < 0 || mtext->find_first_not_of(" \n\r\t", used) != std::string::npos) info.iteration = -1;
   } catch (const std::exception&) {
-    throw ConfigError(fmt::format("--load {}: {} is corrupt (expected an iteration number)", dir, marker));
+    info.iteration = -1;
   }
+  if (info.iteration < 0)
+    return fail(fmt::format("--load {}: {} is corrupt (expected an iteration number)", marker, kLatestMarker));
   const std::string meta = dir + "/" + checkpoint_subdir(info.iteration) + "/metadata.json";
+  const std::optional<std::string> mj = read_file(meta);
+  if (!mj)
+    return fail(fmt::format("--load {}: the file is missing (the marker names iteration {})", meta, info.iteration));
   try {
-    const nlohmann::json j = nlohmann::json::parse(read_file(dir, meta));
-    info.config = j.contains("config") && j["config"].is_object() ? j["config"] : nlohmann::json::object();
+    const nlohmann::json j = nlohmann::json::parse(*mj);
+    info.config = j.is_object() && j.contains("config") && j["config"].is_object() ? j["config"]
+                                                                                    : nlohmann::json::object();
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(fmt::format("--load {}: {} is not valid JSON ({})", dir, meta, e.what()));
+    return fail(fmt::format("--load {}: corrupt metadata: {}", meta, e.what()));
   }
   return info;
 }

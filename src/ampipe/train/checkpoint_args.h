@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,9 @@ struct CheckpointInfo {
 };
 
 // The newest complete checkpoint of `dir` (the marker's iteration) and its configuration. Reads files only (every
-// rank may call it). ConfigError naming --load and the file when there is none or it cannot be read.
-CheckpointInfo read_checkpoint_info(const std::string& dir);
+// rank may call it). When there is none or it cannot be read: ConfigError naming --load and the file (with
+// load_checkpoint's words) if `required`, else nullopt (load_checkpoint then reports what is wrong).
+std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required);
 
 // The flags that make the model's shape (what load_checkpoint requires to match), as config keys.
 const std::vector<std::string>& model_arg_keys();

@@ -308,6 +308,15 @@ void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std
                   std::exp(tl)));
 }
 
+int64_t Trainer::end_iteration(int64_t max_iterations) const {
+  // --exit-interval E (Megatron's): stop at the first iteration divisible by E, counted from iteration 0.
+  int64_t end = cfg_.train_iters;
+  if (cfg_.exit_interval > 0) end = std::min(end, (iteration_ / cfg_.exit_interval + 1) * cfg_.exit_interval);
+  if (max_iterations > 0) end = std::min(end, iteration_ + max_iterations);
+  if (cfg_.skip_train) end = iteration_;
+  return std::max(end, iteration_);
+}
+
 TrainResult Trainer::train(const std::function<void(const std::string&)>& print, int64_t max_iterations) {
   TrainResult res;
   res.start_iteration = iteration_;
@@ -318,11 +327,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
   // A progress bar only on a terminal, and not under mpirun (whose output forwarding looks like a terminal).
   const bool tty = rank0 && print && isatty(STDOUT_FILENO) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
                    std::getenv("PMI_SIZE") == nullptr;
-  // --exit-interval E (Megatron's): stop at the first iteration divisible by E, counted from iteration 0.
-  int64_t end = cfg_.train_iters;
-  if (cfg_.exit_interval > 0) end = std::min(end, (iteration_ / cfg_.exit_interval + 1) * cfg_.exit_interval);
-  if (max_iterations > 0) end = std::min(end, iteration_ + max_iterations);
-  if (cfg_.skip_train) end = iteration_;
+  const int64_t end = end_iteration(max_iterations);
   const int64_t trace_at = iteration_ + cfg_.trace_iteration;  // the K-th iteration of this run
   const bool tracing = !cfg_.trace.empty();
   comm::Trace::set_enabled(true);

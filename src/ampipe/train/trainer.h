@@ -68,6 +68,8 @@ class Trainer {
   // end of a run is. With nothing to train (--skip-train, or already at --train-iters) it evaluates only.
   // `print`: called on rank 0 with each output line (log, evaluation, checkpoint); may be empty.
   TrainResult train(const std::function<void(const std::string&)>& print = {}, int64_t max_iterations = 0);
+  // The iteration train(print, max_iterations) would stop after (the current one when it trains nothing).
+  int64_t end_iteration(int64_t max_iterations = 0) const;
   // Mean validation loss over --eval-iters global batches (collective). test: over the test split of --split
   // instead, on min(--eval-iters, test_eval_iters()) global batches.
   double evaluate(bool test = false);
