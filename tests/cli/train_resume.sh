@@ -22,6 +22,9 @@ case $case_name in
     run --config "$meta" --load "$dir/ck" --train-iters 6 || fail "--config metadata.json failed"
     expect "resumed from .* at iteration 4"
     expect "iteration +6/ +6"
+    # --train-samples on the command line replaces the file's train_iters (not "both given")
+    run --config "$meta" --load "$dir/ck" --train-samples 32 || fail "--config metadata.json --train-samples failed"
+    expect "iteration +8/ +8"
     ;;
   changed_settings_are_said)  # another --data-path and global batch: one note each
     run "${small[@]}" --load "$dir/ck" --train-iters 5 --data-path /usr/share/common-licenses/GPL-3 \

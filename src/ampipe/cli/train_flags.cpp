@@ -10,6 +10,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint.h"
@@ -134,6 +136,10 @@ void TrainFlags::add_to(CLI::App& a) {
 
 namespace {
 
+// Flags that say the same thing in two ways: give one (on the command line, or in --config).
+constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {{"--train-iters", "--train-samples"},
+                                                                     {"--valid-fraction", "--split"}};
+
 std::string json_to_arg(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
@@ -169,6 +175,13 @@ train::TrainConfig TrainFlags::finish() {
       const nlohmann::json inner = j["config"];
       j = inner;
     }
+    // A flag given on the command line also overrides the file's way of saying the same thing (--train-samples
+    // on the command line and train_iters in a checkpoint's metadata.json).
+    std::vector<std::string> alternatives_given;
+    for (const auto& [a, b] : kAlternativeFlags)
+      for (const auto& [given, other] : {std::pair{a, b}, std::pair{b, a}})
+        if (const CLI::Option* o = app->get_option_no_throw(given); o != nullptr && o->count() > 0)
+          alternatives_given.push_back(other);
     for (const auto& item : j.items()) {
       std::string key = item.key();
       nlohmann::json value = item.value();
@@ -191,6 +204,7 @@ train::TrainConfig TrainFlags::finish() {
                                       closest_flag(*app, flag).empty() ? std::string()
                                                                        : "; did you mean " + closest_flag(*app, flag) + "?"));
       if (opt->count() > 0) continue;  // the command line wins
+      if (std::find(alternatives_given.begin(), alternatives_given.end(), flag) != alternatives_given.end()) continue;
       std::string arg;
       try {
         arg = json_to_arg(value);
@@ -212,7 +226,7 @@ train::TrainConfig TrainFlags::finish() {
     const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
     return o != nullptr && o->count() > 0;
   };
-  for (const auto& [a, b] : {std::pair{"--train-iters", "--train-samples"}, {"--valid-fraction", "--split"}})
+  for (const auto& [a, b] : kAlternativeFlags)
     if (given(a) && given(b))
       throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
   // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
