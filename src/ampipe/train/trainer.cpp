@@ -190,7 +190,10 @@ IterationStats Trainer::train_step() {
   double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0;
   for (int64_t j = 0; j < K_; ++j) {
     const int64_t first = consumed_ + (dp_rank_ * K_ + j) * b_;
-    fill_batch(first, Split::train);
+    {
+      comm::TraceScope trace(comm::Lane::compute, "data");
+      fill_batch(first, Split::train);
+    }
     loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
     aux_sum += model_.aux_loss();
     count_drops(dropped, choices);
@@ -201,7 +204,10 @@ IterationStats Trainer::train_step() {
     st.flops += model_.flops_per_micro_batch();
   }
   const auto t_opt = Clock::now();
-  reduce_gradients();
+  {
+    comm::TraceScope trace(comm::Lane::compute, "grad.reduce (wait, scale, sums of squares)");
+    reduce_gradients();
+  }
   Tensor losses = scalars_;
   losses.set(0, float(loss_sum));
   losses.set(1, float(aux_sum));
@@ -212,7 +218,10 @@ IterationStats Trainer::train_step() {
   st.aux_loss = losses.get(1) / double(G_ / b_);
   st.drop_fraction = losses.get(3) > 0 ? losses.get(2) / losses.get(3) : 0.0;
   st.reduce_ms = ms_since(t_opt);
-  st.grad_norm = grad_norm();
+  {
+    comm::TraceScope trace(comm::Lane::compute, "grad.norm");
+    st.grad_norm = grad_norm();
+  }
   // Megatron's --check-for-nan-in-loss-and-grad (on by default): the loss and the gradient norm are all-reduced, so
   // every rank takes this branch together, before the optimizer writes anything.
   if (!std::isfinite(st.lm_loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm))
@@ -223,7 +232,10 @@ IterationStats Trainer::train_step() {
                                    "not finite", st.lm_loss, st.aux_loss, st.grad_norm));
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && st.grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (st.grad_norm + 1e-6));
-  opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
+  {
+    comm::TraceScope trace(comm::Lane::compute, "optimizer (clip, AdamW)");
+    opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
+  }
   model_.stack().weights_changed();  // the bf16 weight copies: once per optimizer step
   st.optim_ms = ms_since(t_opt);
   consumed_ += G_;
