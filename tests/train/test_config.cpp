@@ -198,6 +198,40 @@ TEST(LearningRate, WarmupThenCosineToMinLr) {
   EXPECT_NEAR(train::learning_rate(c, 110), 0.1, 1e-12);
 }
 
+// Megatron's three decay styles with --lr-decay-iters 60 before --train-iters 110, against values computed by hand:
+// warm-up 10 iterations to lr 1, then over iterations 10..60 (r = (it - 10) / 50) to min_lr 0.1, then min_lr.
+TEST(LearningRate, DecayStylesAndDecayIters) {
+  train::TrainConfig c;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.lr_warmup_iters = 10;
+  c.train_iters = 110;
+  c.lr_decay_iters = 60;
+  c.lr_decay_style = "constant";
+  EXPECT_NO_THROW(c.validate(1));
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 0), 0.1);  // warm-up is the same for every style
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 10), 1.0);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 100), 1.0);
+  c.lr_decay_style = "linear";
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 4), 0.5);
+  EXPECT_NEAR(train::learning_rate(c, 10), 1.0, 1e-12);
+  EXPECT_NEAR(train::learning_rate(c, 35), 0.55, 1e-12);  // r = 0.5: 0.1 + 0.9 * 0.5
+  EXPECT_NEAR(train::learning_rate(c, 50), 0.28, 1e-12);  // r = 0.8: 0.1 + 0.9 * 0.2
+  EXPECT_NEAR(train::learning_rate(c, 60), 0.1, 1e-12);
+  EXPECT_NEAR(train::learning_rate(c, 100), 0.1, 1e-12);
+  c.lr_decay_style = "cosine";
+  EXPECT_NEAR(train::learning_rate(c, 20), 0.914057647468726, 1e-12);  // r = 0.2: 0.1 + 0.9 * (1 + cos 36 deg) / 2
+  EXPECT_NEAR(train::learning_rate(c, 35), 0.55, 1e-12);
+  EXPECT_NEAR(train::learning_rate(c, 85), 0.1, 1e-12);
+  c.lr_decay_iters = 0;  // 0: decay to --train-iters
+  EXPECT_NEAR(train::learning_rate(c, 60), 0.55, 1e-12);
+  c.lr_decay_style = "exponential";
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-decay-style exponential is not one of constant, linear, cosine"));
+  c.lr_decay_style = "linear";
+  c.lr_decay_iters = 5;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-decay-iters 5 is invalid: it must be >= --lr-warmup-iters 10"));
+}
+
 TEST(TextData, ShuffledEpochsVisitEveryWindowOnceAndHoldOutTheTail) {
   std::string text;
   for (int i = 0; i < 2000; ++i) text += char('a' + i % 26);
@@ -223,6 +257,32 @@ TEST(TextData, ShuffledEpochsVisitEveryWindowOnceAndHoldOutTheTail) {
     same += in[0] == order[size_t(g)];
   }
   EXPECT_LT(same, N / 2);
+}
+
+// --split 8,1,1: validation and test tokens are floor(n/10) each, after the training tokens, in that order.
+TEST(TextData, SplitIsTrainValidTestInOrder) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += char('a' + (i * 7) % 26);
+  const train::DataSplit sp = train::parse_split("8,1,1");
+  EXPECT_EQ(train::split_str(sp), "8,1,1");
+  train::TextData d(train::text_corpus(text), 8, sp, 3, "test");
+  EXPECT_EQ(d.train_samples(), (1600 - 1) / 8);
+  EXPECT_EQ(d.valid_samples(), (200 - 1) / 8);
+  EXPECT_EQ(d.test_samples(), (200 - 1) / 8);
+  std::vector<int32_t> in(8), tg(8);
+  d.valid_sample(0, in, tg);
+  EXPECT_EQ(in[0], int32_t('a' + (1600 * 7) % 26));
+  d.test_sample(1, in, tg);
+  EXPECT_EQ(in[0], int32_t('a' + (1808 * 7) % 26));
+  EXPECT_EQ(tg[7], int32_t('a' + (1816 * 7) % 26));
+  // --valid-fraction f is the split 1-f, f, 0: the same windows as before --split existed.
+  train::TextData v(train::text_corpus(text), 8, 0.1, 3, "test");
+  EXPECT_EQ(v.valid_samples(), (200 - 1) / 8);
+  EXPECT_EQ(v.test_samples(), 0);
+  EXPECT_EQ(train::parse_split("969,30").test, 0.0);
+  EXPECT_THROW(train::parse_split("1,2,3,4"), ConfigError);
+  EXPECT_THROW(train::parse_split("1,-1"), ConfigError);
+  EXPECT_THROW(train::parse_split("1,"), ConfigError);
 }
 
 TEST(TextData, RejectsEmptyAndBinaryFiles) {

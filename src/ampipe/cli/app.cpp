@@ -7,6 +7,7 @@
 
 #include "ampipe/cli/bench_layer.h"
 #include "ampipe/cli/calibrate.h"
+#include "ampipe/cli/flag_help.h"
 #include "ampipe/cli/layer_check.h"
 #include "ampipe/cli/plan.h"
 #include "ampipe/cli/simulate.h"
@@ -30,7 +31,9 @@ void print_error(const std::string& msg) {
 int main(int argc, char** argv) {
   CLI::App app{"ampipe: MoE transformer training with AMPipe intra-block pipelining"};
   app.require_subcommand(1);
-  app.set_help_all_flag("--help-all");
+  app.set_help_all_flag("--help-all", "print the help of every subcommand and exit");
+  app.set_version_flag("--version", std::string("ampipe ") + AMPIPE_VERSION);
+  app.formatter(grouped_formatter());  // subcommands take it when added
 
   LayerCheckArgs lc;
   CLI::App* lc_cmd = app.add_subcommand("layer-check", "one forward + backward of one MoE layer, optional export");
@@ -63,6 +66,10 @@ int main(int argc, char** argv) {
     for (const char* flag : {"--save", "--load", "--data-path", "--trace", "--export", "--json", "--out",
                              "--sim-profile", "--profile", "--config", "--tokenizer-model"})
       if (CLI::Option* o = sub->get_option_no_throw(flag)) o->check(non_empty);
+  for (CLI::App* sub : app.get_subcommands({})) {
+    group_flags(*sub);
+    sub->allow_extras();  // an unknown flag is reported below, with the closest known one
+  }
   // A long flag with one dash (`-hidden-size 32`) would be read as a cluster of short flags (-h: help, exit 0).
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -78,9 +85,28 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "ampipe: error: %s (see ampipe %s--help)\n", e.what(),
                  app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
+    return 2;
+  }
+  for (const CLI::App* sub : app.get_subcommands()) {
+    const std::vector<std::string> extra = sub->remaining();
+    if (extra.empty()) continue;
+    const std::string& arg = extra.front();
+    const std::string help = " (see ampipe " + sub->get_name() + " --help)";
+    if (arg.rfind("--", 0) != 0) {
+      std::fprintf(stderr, "ampipe: error: unexpected argument %s: %s takes flags only%s\n", arg.c_str(),
+                   sub->get_name().c_str(), help.c_str());
+      return 2;
+    }
+    const std::string close = closest_flag(*sub, arg);
+    const std::string flag = arg.substr(0, arg.find('='));
+    std::fprintf(stderr, "ampipe: error: unknown flag %s: %s\n", flag.c_str(),
+                 close.empty() ? ("ampipe " + sub->get_name() + " has no such flag" + help).c_str()
+                               : ("did you mean " + close + "?").c_str());
     return 2;
   }
 

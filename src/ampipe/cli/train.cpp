@@ -3,11 +3,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <unistd.h>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "ampipe/cli/auto_degree.h"
 #include "ampipe/cli/train_agreement.h"
+#include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
+#include "ampipe/core/error.h"
+#include "ampipe/train/checkpoint_args.h"
+#include "ampipe/train/megatron_args.h"
 #include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
@@ -39,17 +47,52 @@ int run_train(TrainFlags& flags) {
   const train::StopSignalGuard stop_guard;
   train::TrainConfig cfg = flags.finish();
   comm::Runtime& rt = comm::Runtime::current();
+  flags.resolve(cfg, rt.size());
+  // The checkpoint's configuration (files only, every rank): --use-checkpoint-args takes its model flags, and
+  // every other setting this run changes is said (load_checkpoint refuses a different model shape).
+  std::optional<train::CheckpointInfo> ckpt;
+  if (!cfg.load.empty()) ckpt = train::read_checkpoint_info(cfg.load, cfg.use_checkpoint_args);
+  if (ckpt && cfg.use_checkpoint_args)
+    for (const std::string& line : train::apply_checkpoint_model_args(cfg, ckpt->config))
+      flags.layer.notices.push_back("--use-checkpoint-args: " + line + " (from the checkpoint)");
   cfg.validate(rt.size());
+  std::vector<std::string> resume_notes;  // said once the checkpoint has loaded (a model mismatch is an error)
+  if (ckpt)
+    for (const std::string& line : train::describe_resume_changes(ckpt->config, train::to_json(cfg)))
+      resume_notes.push_back(fmt::format("--load {} (iteration {}): this run changes {}", cfg.load, ckpt->iteration,
+                                         line));
   flags.comm.apply();
-  if (rt.rank() == 0)
-    for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
 
   // Data before any collective: a bad file fails identically on every rank.
   const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
   const train::Corpus corpus = train::load_corpus(cfg.data_path);
   cfg.vocab_size = corpus.vocab_size;
-  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, cfg.valid_fraction,
+  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, train::data_split(cfg),
                                                       cfg.layer.seed, source + ", " + corpus.format);
+  {
+    // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
+    // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
+    const int64_t G = cfg.global_batch(rt.size());
+    const bool evaluates = cfg.eval_interval > 0 || cfg.skip_train;
+    if (evaluates && cfg.eval_iters * G > data->valid_samples()) {
+      const int64_t fit = data->valid_samples() / G;
+      if (fit < 1)
+        throw ConfigError(fmt::format("--eval-iters {}: the validation split holds {} sequences, fewer than one global "
+                                      "batch of {}: give it more of the data (--split or --valid-fraction) or pass "
+                                      "--eval-interval 0",
+                                      cfg.eval_iters, data->valid_samples(), G));
+      flags.layer.notices.push_back(fmt::format("--eval-iters {} needs {} validation sequences, the validation split "
+                                                "holds {}: evaluating on {} global batches",
+                                                cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
+      cfg.eval_iters = fit;
+    }
+    if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0)
+      flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
+                                                "batch of {}: no test evaluation",
+                                                train::split_str(train::data_split(cfg)), data->test_samples(), G));
+  }
+  if (rt.rank() == 0)
+    for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
                                                  cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
@@ -79,8 +122,25 @@ int run_train(TrainFlags& flags) {
     if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
   }
 
+  // Ranks on more than one host: the all-to-alls cross a wire and the share of them hidden means something.
+  bool multi_host = false;
+  {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    for (const std::string& h : comm::all_gather_strings(groups.world, host, "train.hosts")) multi_host |= h != host;
+  }
   train::Trainer trainer(cfg, groups, data);
+  trainer.set_report_a2a_hidden(multi_host);
   const int64_t start = trainer.maybe_load();
+  // --trace-iteration K is the K-th iteration of this run: after a resume it must still be one this run trains.
+  if (!cfg.trace.empty() && start + cfg.trace_iteration > trainer.end_iteration())
+    throw ConfigError(fmt::format("--trace-iteration {} is invalid for this run: it trains iterations {}..{} (K counts "
+                                  "from the start of this run{}), so the {}-th is never reached",
+                                  cfg.trace_iteration, start + 1, trainer.end_iteration(),
+                                  start > 0 ? fmt::format(", resumed at {}", start) : std::string(),
+                                  cfg.trace_iteration));
+  if (rt.rank() == 0)
+    for (const std::string& n : resume_notes) fmt::print(stderr, "ampipe: note: {}\n", n);
   const bool rank0 = rt.rank() == 0;
   const model::LayerConfig& l = cfg.layer;
   const int64_t G = cfg.global_batch(rt.size());
@@ -95,9 +155,23 @@ int run_train(TrainFlags& flags) {
                l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(), tp,
                layout.ep, layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
                l.seq_length, l.micro_batch_size);
-    fmt::print("  data: {} ({} tokens) | {} training / {} validation sequences\n", data->source(),
-               data->tokens(), data->train_samples(), data->valid_samples());
-    if (start > 0) fmt::print("  resumed from {} at iteration {}\n", cfg.load, start);
+    if (cfg.ampipe_degree > 1)
+      fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
+                 l.moe_no_drop
+                     ? "equals degree 1 up to summation order: --moe-no-drop drops no token"
+                     : fmt::format("equals degree 1 only while no token is dropped: each chunk of s/M positions routes "
+                                   "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
+                                   "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
+                                   l.moe_train_capacity_factor));
+    fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
+               data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
+               data->valid_samples(), data->test_samples());
+    if (cfg.finetune)
+      fmt::print("  finetuning the model of {} (iteration {}): a fresh optimizer, from iteration 0\n", cfg.load,
+                 ckpt ? ckpt->iteration : 0);
+    else if (!cfg.load.empty())
+      fmt::print("  resumed from {} at iteration {}{}\n", cfg.load, start,
+                 cfg.no_load_optim ? " (the model only: a fresh optimizer, --no-load-optim)" : "");
     std::fflush(stdout);
   }
   const train::TrainResult res = trainer.train([](const std::string& line) {
@@ -106,9 +180,21 @@ int run_train(TrainFlags& flags) {
   });
 
   if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
+  if (rank0 && res.iterations.empty()) {  // --skip-train, or the checkpoint is already at --train-iters
+    fmt::print("ampipe train: done: no iteration trained ({}; the model of iteration {})",
+               cfg.skip_train ? "--skip-train" : fmt::format("--train-iters {} reached", cfg.train_iters), start);
+    if (!res.evals.empty())
+      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    if (!res.tests.empty())
+      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
+    fmt::print("\n");
+    std::fflush(stdout);
+  }
   if (rank0 && !res.iterations.empty()) {
     const auto& its = res.iterations;
-    const size_t n = its.size(), w = std::min<size_t>(10, n);
+    // The first and the last 10 iterations; a run shorter than 20 compares its first and its second half, so the
+    // two windows never overlap (one iteration: no comparison).
+    const size_t n = its.size(), w = n >= 20 ? 10 : n / 2;
     double first = 0, last = 0;
     for (size_t i = 0; i < w; ++i) {
       first += its[i].lm_loss / double(w);
@@ -130,14 +216,22 @@ int run_train(TrainFlags& flags) {
     }
     const double k = double(n - from);
     const double other = iter - layers - head - optim;
-    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | lm loss {:.3f} -> {:.3f} (mean of the first / last "
-               "{} iterations)",
-               res.start_iteration + 1, its.back().iteration, res.wall_s, first, last, w);
+    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | ", res.start_iteration + 1, its.back().iteration,
+               res.wall_s);
+    if (w > 0)
+      fmt::print("lm loss {:.3f} -> {:.3f} (mean of the first / last {} iterations)", first, last, w);
+    else
+      fmt::print("lm loss {:.3f} (one iteration)", its.back().lm_loss);
     if (!res.evals.empty())
       fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    if (!res.tests.empty())
+      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
     fmt::print("\n  speed: {:.1f} ms/iteration, {:.0f} tokens/s, {:.4f} TFLOP/s per rank | exposed comm {:.2f} ms/iter",
                iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
-    if (a2a > 0) fmt::print(", all-to-all {:.2f} ms/iter of which {:.1f}% hidden", a2a / k, 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
+    if (layout.ep > 1) fmt::print(" (all-to-all {:.2f})", a2a_exp / k);
+    if (layout.ep > 1 && multi_host && a2a > 0)
+      fmt::print(", all-to-all {:.2f} ms/iter on the EP lane of which {:.1f}% hidden", a2a / k,
+                 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
     fmt::print("\n  time per iteration: layer steps {:.1f} ms ({:.1f}%), embedding + LM head + loss {:.1f} ms ({:.1f}%), "
                "gradient all-reduce {:.1f} ms + norm, clip, AdamW {:.1f} ms ({:.1f}% together), other {:.1f} ms ({:.1f}%) | loop overhead over the "
                "model's compute (layers + head): {:.1f}%\n",

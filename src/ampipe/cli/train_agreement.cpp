@@ -26,6 +26,13 @@ nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& 
   j["adaptive_recompute_device_size"] = cfg.adaptive_recompute_device_size;
   j["adaptive_memory_optimization"] = cfg.adaptive_memory_optimization;
   j["exit_interval"] = cfg.exit_interval;
+  j["train_samples"] = cfg.train_samples;
+  j["attention_dropout"] = cfg.attention_dropout;
+  j["distributed_backend"] = cfg.distributed_backend;
+  j["no_load_optim"] = cfg.no_load_optim;
+  j["finetune"] = cfg.finetune;
+  j["use_checkpoint_args"] = cfg.use_checkpoint_args;
+  j["skip_train"] = cfg.skip_train;
   j["vocab_size"] = cfg.vocab_size;
   j["eval_interval"] = cfg.eval_interval;
   j["eval_iters"] = cfg.eval_iters;

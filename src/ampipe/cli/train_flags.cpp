@@ -1,15 +1,21 @@
 #include "ampipe/cli/train_flags.h"
+#include "ampipe/cli/flag_help.h"
 
 #include "ampipe/cli/config_keys.h"
 
 #include <algorithm>
+#include <array>
 
 #include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/checkpoint.h"
+#include "ampipe/train/megatron_args.h"
 
 namespace ampipe::cli {
 
@@ -44,6 +50,15 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_flag("--use-flash-attn", c.use_flash_attn,
              "flash attention (this engine's only attention kernel; required with --ampipe-degree > 1)");
   a.add_flag("--add-bias-linear", c.add_bias_linear, "biases in linear layers (not supported)");
+  a.add_option("--max-position-embeddings", c.max_position_embeddings,
+               "Megatron's position-embedding size: must be >= --seq-length (the embedding has --seq-length rows, "
+               "the only positions a sequence uses)");
+  a.add_option("--attention-dropout", c.attention_dropout,
+               "dropout on the attention probabilities: only 0 (the fused attention has none)")
+      ->capture_default_str();
+  a.add_option("--distributed-backend", c.distributed_backend,
+               "nccl, gloo or mpi: accepted for launch scripts, no effect (this engine always communicates over MPI)")
+      ->capture_default_str();
   // Parallelism.
   ampipe_degree = std::to_string(c.ampipe_degree);
   a.add_option("--ampipe-degree", ampipe_degree,
@@ -69,11 +84,20 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--global-batch-size", c.global_batch_size,
                "sequences per iteration (default: micro-batch size x data-parallel size)");
   a.add_option("--train-iters", c.train_iters, "iterations")->capture_default_str();
-  a.add_option("--exit-interval", c.exit_interval, "stop after this many iterations of this run")
+  a.add_option("--train-samples", c.train_samples,
+               "train for this many sequences instead: --train-iters = samples / global batch (Megatron's meaning)");
+  a.add_option("--exit-interval", c.exit_interval,
+               "stop at the first iteration divisible by N, counted from iteration 0 as in Megatron (0: never)")
       ->capture_default_str();
+  a.add_flag("--skip-train", c.skip_train, "no training: evaluate the model (--load) on the validation and test splits");
   a.add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
-  a.add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  a.add_option("--min-lr", c.min_lr, "learning rate at the end of the decay")->capture_default_str();
   a.add_option("--lr-warmup-iters", c.lr_warmup_iters, "linear warm-up iterations")->capture_default_str();
+  a.add_option("--lr-decay-style", c.lr_decay_style, "after the warm-up: constant, linear or cosine (to --min-lr)")
+      ->capture_default_str();
+  a.add_option("--lr-decay-iters", c.lr_decay_iters,
+               "iteration at which the decay reaches --min-lr (0: --train-iters)")
+      ->capture_default_str();
   a.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")
       ->capture_default_str();
   a.add_option("--adam-beta1", c.adam_beta1, "AdamW beta1")->capture_default_str();
@@ -82,8 +106,11 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--clip-grad", c.clip_grad, "clip the global gradient norm to this (0: off)")->capture_default_str();
   // Data.
   a.add_option("--data-path", c.data_path, "training data: a plain-text file, or a pre-tokenized llm.c token file (default: the bundled corpus)");
-  a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation")
+  a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation (the split 1-f,f,0)")
       ->capture_default_str();
+  a.add_option("--split", c.split,
+               "train,valid,test weights of the token stream, in that order, e.g. 969,30,1 (instead of "
+               "--valid-fraction)");
   a.add_option("--eval-interval", c.eval_interval, "evaluate every N iterations (0: never)")->capture_default_str();
   a.add_option("--eval-iters", c.eval_iters, "global batches per evaluation")->capture_default_str();
   // Checkpoints.
@@ -91,16 +118,27 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--load", c.load, "checkpoint directory to resume from");
   a.add_option("--save-interval", c.save_interval, "save every N iterations (0: only at the end)")
       ->capture_default_str();
+  a.add_flag("--no-load-optim", c.no_load_optim, "--load the model only: a fresh optimizer, the iteration continues");
+  a.add_flag("--finetune", c.finetune,
+             "--load the model only and start a new run: iteration 0, first sample, fresh optimizer");
+  a.add_flag("--use-checkpoint-args", c.use_checkpoint_args,
+             "take the model flags (layers, sizes, heads, experts, top-k, ...) from the --load checkpoint");
   a.add_flag("--exit-signal-handler", exit_signal_handler,
              "on SIGTERM or SIGINT finish the iteration on every rank, save (with --save) and exit (always on)");
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
-  a.add_option("--trace-iteration", c.trace_iteration, "which iteration --trace records (1-based)")
+  a.add_option("--trace-iteration", c.trace_iteration,
+               "which iteration of this run --trace records (1-based; after a resume at R: iteration R + K)")
       ->capture_default_str();
+  refused.add_to(a, "Megatron flags this engine refuses (each says why)");  // the group name of flag_help.cpp
 }
 
 namespace {
+
+// Flags that say the same thing in two ways: give one (on the command line, or in --config).
+constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {{"--train-iters", "--train-samples"},
+                                                                     {"--valid-fraction", "--split"}};
 
 std::string json_to_arg(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
@@ -131,14 +169,42 @@ train::TrainConfig TrainFlags::finish() {
     if (!j.is_object())
       throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
     check_config_keys_once(ss.str(), j, config_file, *app);
-    for (const auto& [key, value] : j.items()) {
+    // A checkpoint's metadata.json: its "config" object holds this run's flags.
+    if (j.contains("format") && j["format"] == train::kCheckpointFormat && j.contains("config") &&
+        j["config"].is_object()) {
+      const nlohmann::json inner = j["config"];
+      j = inner;
+    }
+    // A flag given on the command line also overrides the file's way of saying the same thing (--train-samples
+    // on the command line and train_iters in a checkpoint's metadata.json).
+    std::vector<std::string> alternatives_given;
+    for (const auto& [a, b] : kAlternativeFlags)
+      for (const auto& [given, other] : {std::pair{a, b}, std::pair{b, a}})
+        if (const CLI::Option* o = app->get_option_no_throw(given); o != nullptr && o->count() > 0)
+          alternatives_given.push_back(other);
+    for (const auto& item : j.items()) {
+      std::string key = item.key();
+      nlohmann::json value = item.value();
+      // Keys of checkpoints written before every config key was a flag: use_rts (true/false) and
+      // noisy_gate_policy as an enum number.
+      if (key == "use_rts" && value.is_boolean()) {
+        key = "no_use_rts";
+        value = !value.get<bool>();
+      }
+      if (key == "noisy_gate_policy" && value.is_number_integer() && value.get<int>() >= 0 && value.get<int>() < 3)
+        value = std::array<const char*, 3>{"None", "Jitter", "RSample"}[size_t(value.get<int>())];
+      if (value.is_string() && value.get<std::string>().empty()) continue;  // "": the default (as a checkpoint's
+                                                                             // data_path of the bundled corpus)
       std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
       for (char& ch : flag)
         if (ch == '_') ch = '-';
       CLI::Option* opt = flag == "--config" ? nullptr : app->get_option_no_throw(flag);
       if (opt == nullptr)
-        throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {})", config_file, key, flag));
+        throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {}{})", config_file, key, flag,
+                                      closest_flag(*app, flag).empty() ? std::string()
+                                                                       : "; did you mean " + closest_flag(*app, flag) + "?"));
       if (opt->count() > 0) continue;  // the command line wins
+      if (std::find(alternatives_given.begin(), alternatives_given.end(), flag) != alternatives_given.end()) continue;
       std::string arg;
       try {
         arg = json_to_arg(value);
@@ -155,10 +221,21 @@ train::TrainConfig TrainFlags::finish() {
       }
     }
   }
+  refused.check();
+  auto given = [&](const char* flag) {
+    const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
+    return o != nullptr && o->count() > 0;
+  };
+  for (const auto& [a, b] : kAlternativeFlags)
+    if (given(a) && given(b))
+      throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
   // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
   // checked as it is.
-  if (const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr; w && w->count() == 0)
-    cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
+  if (!given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
+  if (cfg.distributed_backend != "mpi" && given("--distributed-backend"))
+    layer.notices.push_back(fmt::format("--distributed-backend {} has no effect: this engine always communicates "
+                                        "over MPI",
+                                        cfg.distributed_backend));
   auto_degree = ampipe_degree == "auto";
   if (auto_degree) {
     cfg.ampipe_degree = 1;  // until run_train has asked the simulator
@@ -180,6 +257,13 @@ train::TrainConfig TrainFlags::finish() {
     layer.notices.push_back(notice);
   }
   return cfg;
+}
+
+void TrainFlags::resolve(train::TrainConfig& c, int world) const {
+  if (c.train_samples <= 0) return;
+  train::resolve_train_samples(c, world);
+  const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr;
+  if (w == nullptr || w->count() == 0) c.lr_warmup_iters = std::min(train::TrainConfig{}.lr_warmup_iters, c.train_iters);
 }
 
 }  // namespace ampipe::cli

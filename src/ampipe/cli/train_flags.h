@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ampipe/cli/layer_flags.h"
+#include "ampipe/cli/megatron_flags.h"
 #include "ampipe/train/train_config.h"
 
 namespace ampipe::cli {
@@ -20,6 +21,7 @@ struct TrainFlags {
   std::string ampipe_degree;  // --ampipe-degree as given: an integer, or `auto`
   bool auto_degree = false;   // --ampipe-degree auto: run_train asks the simulator (auto_degree.h)
   std::string sim_profile;    // --sim-profile FILE for it
+  RefusedFlags refused;        // Megatron flags parsed only to be refused with their reason
   bool exit_signal_handler = true;  // Megatron's --exit-signal-handler: accepted; this engine always does it
   CLI::App* app = nullptr;
 
@@ -27,6 +29,9 @@ struct TrainFlags {
   // Applies --config (options not given on the command line), converts the layer flags. Validation of the whole
   // configuration is TrainConfig::validate. Throws ConfigError naming the flag or file.
   train::TrainConfig finish();
+  // What needs the number of ranks: --train-samples becomes --train-iters (Megatron's samples / global batch), and
+  // the default warm-up adapts to it. run_train calls it after finish, before validate.
+  void resolve(train::TrainConfig& c, int world) const;
 };
 
 }  // namespace ampipe::cli

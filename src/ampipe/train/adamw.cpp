@@ -6,11 +6,13 @@
 namespace ampipe::train {
 
 double learning_rate(const TrainConfig& cfg, int64_t it) {
-  const int64_t W = cfg.lr_warmup_iters, N = cfg.train_iters;
+  const int64_t W = cfg.lr_warmup_iters, D = cfg.lr_decay_iters > 0 ? cfg.lr_decay_iters : cfg.train_iters;
   if (it < W) return cfg.lr * double(it + 1) / double(W);
-  if (N <= W) return cfg.lr;
-  const double ratio = std::min(1.0, double(it - W) / double(N - W));
-  return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+  if (cfg.lr_decay_style == "constant" || D <= W) return cfg.lr;
+  const double ratio = std::min(1.0, double(it - W) / double(D - W));
+  const double coeff =
+      cfg.lr_decay_style == "linear" ? 1.0 - ratio : 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+  return cfg.min_lr + (cfg.lr - cfg.min_lr) * coeff;
 }
 
 AdamW::AdamW(const std::vector<NamedParam>& params) {

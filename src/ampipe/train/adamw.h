@@ -1,5 +1,5 @@
 // AdamW (Loshchilov & Hutter; torch.optim.AdamW's update order) on fp32 master weights, and the learning-rate
-// schedule (linear warm-up, then cosine decay to --min-lr at --train-iters, as Megatron's "cosine" style).
+// schedule (linear warm-up, then Megatron's --lr-decay-style: constant, linear or cosine to --min-lr).
 //
 // The parameters are the fp32 tensors the layers read (in --bf16 mode each layer step makes its bf16 GEMM copies
 // from them), so they are the master weights; the optimizer state (exp_avg, exp_avg_sq) is fp32 too.
@@ -19,8 +19,10 @@
 
 namespace ampipe::train {
 
-// lr of iteration it (0-based): lr * (it + 1) / warmup during warm-up, then
-// min_lr + (lr - min_lr) * (1 + cos(pi * (it - warmup) / (train_iters - warmup))) / 2.
+// lr of iteration it (0-based), Megatron's schedule: lr * (it + 1) / W during the warm-up (W = --lr-warmup-iters),
+// then, with D = --lr-decay-iters (0: --train-iters) and r = min(1, (it - W) / (D - W)):
+//   constant: lr;  linear: min_lr + (lr - min_lr) * (1 - r);  cosine: min_lr + (lr - min_lr) * (1 + cos(pi r)) / 2.
+// After D the decaying styles stay at min_lr.
 double learning_rate(const TrainConfig& cfg, int64_t it);
 
 class AdamW {

@@ -202,7 +202,7 @@ core::TensorMap load_checked(const std::string& path, const std::string& file, i
 }  // namespace
 
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
-                               const comm::Groups& groups) {
+                               const comm::Groups& groups, bool load_optim) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw ConfigError(fmt::format("--load {}: the directory does not exist", dir));
   const std::string marker = dir + "/" + kLatestMarker;
@@ -255,8 +255,9 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
       mj["data"]["consumed_samples"] != meta.consumed_samples)
     throw ConfigError(fmt::format("--load {}: \"data\".\"consumed_samples\" {} differs from \"consumed_samples\" {}",
                                   meta_path, mj["data"]["consumed_samples"].dump(), meta.consumed_samples));
-  opt.set_steps(meta_int(mj, "optimizer_steps", 0, iteration, meta_path,
-                         fmt::format("it must be in [0, iteration {}]", iteration)));
+  const int64_t steps = meta_int(mj, "optimizer_steps", 0, iteration, meta_path,
+                                 fmt::format("it must be in [0, iteration {}]", iteration));
+  if (load_optim) opt.set_steps(steps);
   if (!mj.contains("files") || !mj["files"].is_object())
     throw ConfigError(fmt::format("--load {}: \"files\" (the sizes and header checksums of the tensor files) is "
                                   "missing",
@@ -277,14 +278,16 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   }
   const std::string model_path = sub + "/model.safetensors", opt_path = sub + "/optimizer.safetensors";
   for (const std::string& p : {model_path, opt_path})
-    if (!fs::exists(p, ec))
+    if ((load_optim || p == model_path) && !fs::exists(p, ec))
       throw ConfigError(fmt::format("--load {}: the file is missing (the marker names iteration {})", p, iteration));
   const core::TensorMap mm = load_checked(model_path, "model.safetensors", iteration, mj, meta_path);
-  const core::TensorMap om = load_checked(opt_path, "optimizer.safetensors", iteration, mj, meta_path);
+  const core::TensorMap om =
+      load_optim ? load_checked(opt_path, "optimizer.safetensors", iteration, mj, meta_path) : core::TensorMap{};
   auto& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     NamedParam& p = params[i];
     take_shard(mm, p.name, p.param, p, cfg.layer, groups, model_path);
+    if (!load_optim) continue;
     take_shard(om, "exp_avg." + p.name, opt.exp_avg(i), p, cfg.layer, groups, opt_path);
     take_shard(om, "exp_avg_sq." + p.name, opt.exp_avg_sq(i), p, cfg.layer, groups, opt_path);
   }

@@ -61,8 +61,10 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
 // iteration is the marker's, consumed samples and optimizer steps are in range; each tensor file's data matches
 // its checksums (core/safetensors.h: offsets in range and disjoint), says the marker's iteration, is the file
 // metadata.json recorded (size, header checksum), and holds only finite values (second moments >= 0).
+// load_optim false (--no-load-optim, --finetune): the optimizer file is neither read nor required, and `opt` keeps
+// its fresh state.
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
-                               const comm::Groups& groups);
+                               const comm::Groups& groups, bool load_optim = true);
 
 // Rank 0 creates `dir` and probes that it can write there; every rank of `world` learns the verdict, so all fail
 // together with one ConfigError naming `flag` (e.g. "--save", "--export"), the directory and the reason.

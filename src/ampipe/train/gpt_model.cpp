@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ampipe/comm/collectives.h"
+#include "ampipe/comm/trace.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/gemm.h"
@@ -18,6 +19,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 int64_t us_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+}
+// The step's work outside the layers, as compute tasks of the training trace (--trace), next to the layers' own.
+void trace_since(const char* name, Clock::time_point t0) {
+  comm::Trace::record(comm::Lane::compute, name, -1, comm::Trace::to_us(t0), comm::Trace::now_us());
 }
 
 constexpr uint32_t kModelKeyLayer = 0xFFFFFF;  // Philox layer field of the embedding-level parameters
@@ -135,12 +140,14 @@ double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_
   targets_.assign(targets.begin(), targets.end());
   embed(tokens);
   times_.head_us += us_since(t0);
+  trace_since("embedding.fwd", t0);
   t0 = Clock::now();
   stack_.forward(to_layers(x0_, x_local_), token_base);
   times_.layers_us += us_since(t0);
   t0 = Clock::now();
   const double loss = head_forward(targets);
   times_.head_us += us_since(t0);
+  trace_since("head.fwd (final LayerNorm, LM head, loss)", t0);
   return loss;
 }
 
@@ -166,6 +173,7 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   Tensor dy2 = dy_.view({T_, h_});
   kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
   times_.head_us += us_since(t0);
+  trace_since("head.bwd (loss, LM head, final LayerNorm)", t0);
   t0 = Clock::now();
   const Tensor dx0 = from_layers(stack_.backward(to_layers(dy_, dy_local_), d_aux, after_layer), dx_full_);
   times_.layers_us += us_since(t0);
@@ -185,6 +193,7 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   }
   last_flops_ = stack_.flops() + 3.0 * 2.0 * double(T_) * double(h_) * double(V_);
   times_.head_us += us_since(t0);
+  trace_since("embedding.bwd", t0);
 }
 
 }  // namespace ampipe::train

@@ -1,6 +1,7 @@
 #include "ampipe/train/text_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -117,18 +118,56 @@ Corpus load_corpus(const std::string& data_path) {
   return text_corpus(text);
 }
 
+DataSplit parse_split(const std::string& text) {
+  DataSplit out{0, 0, 0};
+  double* w[3] = {&out.train, &out.valid, &out.test};
+  std::stringstream ss(text);
+  std::string item;
+  int n = 0;
+  bool ok = !text.empty() && text.back() != ',';
+  while (ok && std::getline(ss, item, ',')) {
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    ok = n < 3 && used > 0 && used == item.size() && std::isfinite(v) && v >= 0;
+    if (ok) *w[n++] = v;
+  }
+  if (!ok)
+    throw ConfigError(fmt::format("--split {} is invalid: give up to three non-negative weights for the training, "
+                                  "validation and test splits, e.g. 969,30,1",
+                                  text));
+  if (!(out.valid > 0) || !(out.train > 0))
+    throw ConfigError(fmt::format("--split {} is invalid: the training and the validation weight must be > 0 "
+                                  "(evaluation and training each need their own tokens)",
+                                  text));
+  return out;
+}
+
+std::string split_str(const DataSplit& s) { return fmt::format("{},{},{}", s.train, s.valid, s.test); }
+
 TextData::TextData(const Corpus& corpus, int64_t seq_length, double valid_fraction, uint64_t seed,
+                   const std::string& source)
+    : TextData(corpus, seq_length, DataSplit{1.0 - valid_fraction, valid_fraction, 0.0}, seed, source) {}
+
+TextData::TextData(const Corpus& corpus, int64_t seq_length, const DataSplit& split, uint64_t seed,
                    const std::string& source)
     : tokens_(corpus.tokens), s_(seq_length), seed_(seed), source_(source) {
   const int64_t n = int64_t(tokens_.size());
-  const int64_t n_valid_tokens = int64_t(double(n) * valid_fraction);
-  n_train_tokens_ = n - n_valid_tokens;
+  const double sum = split.train + split.valid + split.test;
+  n_valid_tokens_ = int64_t(double(n) * (split.valid / sum));
+  const int64_t n_test_tokens = int64_t(double(n) * (split.test / sum));
+  n_train_tokens_ = n - n_valid_tokens_ - n_test_tokens;
   n_train_ = (n_train_tokens_ - 1) / s_;
-  n_valid_ = (n_valid_tokens - 1) / s_;
+  n_valid_ = (n_valid_tokens_ - 1) / s_;
+  n_test_ = n_test_tokens > 0 ? (n_test_tokens - 1) / s_ : 0;
   if (n_train_ < 1 || n_valid_ < 1)
     throw ConfigError(fmt::format("{}: {} tokens are too few for --seq-length {}: the training and the validation "
                                   "split ({} of the text) each need at least {} tokens",
-                                  source_, n, s_, valid_fraction, s_ + 1));
+                                  source_, n, s_, split.valid / sum, s_ + 1));
 }
 
 const std::vector<int64_t>& TextData::permutation(int64_t epoch) const {
@@ -158,6 +197,10 @@ void TextData::train_sample(int64_t g, std::span<int32_t> inputs, std::span<int3
 
 void TextData::valid_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const {
   window(n_train_tokens_ + (j % n_valid_) * s_, inputs, targets);
+}
+
+void TextData::test_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const {
+  window(n_train_tokens_ + n_valid_tokens_ + (j % n_test_) * s_, inputs, targets);
 }
 
 }  // namespace ampipe::train

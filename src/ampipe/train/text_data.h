@@ -20,6 +20,11 @@
 // shuffle driven by Philox(seed, purpose data, token = 2^32 + e, feature = i). So the order depends only on the
 // seed and the sample index: any rank can compute any sample, and a resumed run continues the same sequence.
 // Validation sample j is window j % N_valid of the validation split, unshuffled.
+//
+// --split (Megatron's spelling, e.g. 969,30,1): weights of the training, validation and test splits, in that order
+// along the token stream: the validation split gets floor(n w1 / sum) tokens, the test split floor(n w2 / sum), the
+// training split the rest (--valid-fraction f is the split 1-f, f, 0). Test sample j is window j % N_test of the
+// test split, unshuffled; a test split shorter than s + 1 tokens has no sample (test_samples() == 0).
 #pragma once
 
 #include <cstdint>
@@ -47,26 +52,38 @@ Corpus load_corpus(const std::string& data_path);
 // Byte-level tokenization of a text (token = byte value, V = 256).
 Corpus text_corpus(const std::string& text);
 
+// Weights of the training, validation and test splits (--split); parse_split reads "969,30,1" (1 to 3 numbers, the
+// missing ones 0) and throws ConfigError naming --split when it is not that, a weight is negative, or the validation
+// weight is 0.
+struct DataSplit {
+  double train = 0.95, valid = 0.05, test = 0;
+};
+DataSplit parse_split(const std::string& text);
+std::string split_str(const DataSplit& s);  // "969,30,1"
+
 class TextData {
  public:
   // seq_length: s. Throws ConfigError when either split has no complete window of s + 1 tokens.
   TextData(const Corpus& corpus, int64_t seq_length, double valid_fraction, uint64_t seed, const std::string& source);
+  TextData(const Corpus& corpus, int64_t seq_length, const DataSplit& split, uint64_t seed, const std::string& source);
 
   int64_t train_samples() const { return n_train_; }
   int64_t valid_samples() const { return n_valid_; }
+  int64_t test_samples() const { return n_test_; }
   int64_t tokens() const { return int64_t(tokens_.size()); }
   const std::string& source() const { return source_; }
 
   // Sample g of the training stream / validation sample j: inputs and targets, s tokens each.
   void train_sample(int64_t g, std::span<int32_t> inputs, std::span<int32_t> targets) const;
   void valid_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const;
+  void test_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const;  // needs test_samples() > 0
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;
   void window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const;
 
   std::vector<int32_t> tokens_;
-  int64_t s_, n_train_tokens_, n_train_, n_valid_;
+  int64_t s_, n_train_tokens_, n_valid_tokens_ = 0, n_train_, n_valid_, n_test_ = 0;
   uint64_t seed_;
   std::string source_;
   mutable int64_t perm_epoch_ = -1;

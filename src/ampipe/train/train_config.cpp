@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/megatron_args.h"
 
 namespace ampipe::train {
 
@@ -32,12 +33,12 @@ void TrainConfig::validate(int world) const {
   if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
     throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
   if (M > 1 && moe_model_type != "deepspeed_moe")
-    throw ConfigError(fmt::format("--ampipe-degree {} needs --moe-model-type deepspeed_moe (got {}): ampipe only "
-                                  "supports the DeepSpeed-MoE layer (seed constraint 1)",
+    throw ConfigError(fmt::format("--ampipe-degree {} needs --moe-model-type deepspeed_moe (got {}): AMPipe chunks only "
+                                  "the DeepSpeed-MoE layer (its gate and all-to-alls); use --ampipe-degree 1 otherwise",
                                   M, moe_model_type));
   if (M > 1 && !use_flash_attn)
-    throw ConfigError(fmt::format("--ampipe-degree {} needs --use-flash-attn: ampipe only supports flash attention, "
-                                  "whose causal kernel runs a query chunk against the full K and V (seed constraint 1)",
+    throw ConfigError(fmt::format("--ampipe-degree {} needs --use-flash-attn: AMPipe runs each sequence chunk's queries "
+                                  "against the K and V of the rows before it, which only the flash attention kernel does",
                                   M));
 
   // Seed constraint 2: features that do not combine with AMPipe.
@@ -62,13 +63,13 @@ void TrainConfig::validate(int world) const {
   if (M > 1)
     for (const Incompatible& f : incompatible)
       if (f.on)
-        throw ConfigError(fmt::format("{} cannot be used with --ampipe-degree {}: {} (seed constraint 2)", f.flag, M,
+        throw ConfigError(fmt::format("{} cannot be used with --ampipe-degree {}: {}", f.flag, M,
                                       f.reason));
 
   // Seed constraint 3: every chunk has the same rows on every TP / CP rank.
   if (s % M != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have the "
-                                  "same number of rows (seed constraint 3)",
+                                  "same number of rows",
                                   s, M));
   layer.check_tensor_parallel(M);  // with --sequence-parallel every chunk has the same rows on every TP rank
   if (cp > 1) {
@@ -79,12 +80,12 @@ void TrainConfig::validate(int world) const {
     if (s % (2 * int64_t(M) * cp) != 0)
       throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
                                     "--context-parallel-size {} (= {}): each CP rank holds two load-balanced halves, "
-                                    "each cut into the same chunks (seed constraint 3)",
+                                    "each cut into the same chunks",
                                     s, M, cp, 2 * M * cp));
     if (sequence_parallel && (s / (2 * int64_t(M) * cp)) % tp != 0)
       throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
                                     "--context-parallel-size {} x --tensor-model-parallel-size {} (= {}) with "
-                                    "--sequence-parallel (seed constraint 3)",
+                                    "--sequence-parallel: every chunk must have the same rows on every CP and TP rank",
                                     s, M, cp, tp, 2 * M * cp * tp));
   }
 
@@ -140,6 +141,12 @@ void TrainConfig::validate(int world) const {
   if (lr_warmup_iters < 0 || lr_warmup_iters > train_iters)
     throw ConfigError(fmt::format("--lr-warmup-iters {} is invalid: it must be in [0, --train-iters {}]",
                                   lr_warmup_iters, train_iters));
+  if (lr_decay_style != "constant" && lr_decay_style != "linear" && lr_decay_style != "cosine")
+    throw ConfigError(fmt::format("--lr-decay-style {} is not one of constant, linear, cosine", lr_decay_style));
+  if (lr_decay_iters < 0 || (lr_decay_iters > 0 && lr_decay_iters < lr_warmup_iters))
+    throw ConfigError(fmt::format("--lr-decay-iters {} is invalid: it must be >= --lr-warmup-iters {} (the decay "
+                                  "starts after the warm-up; 0 = --train-iters)",
+                                  lr_decay_iters, lr_warmup_iters));
   if (!(weight_decay >= 0))
     throw ConfigError(fmt::format("--weight-decay {} is invalid: it must be >= 0", weight_decay));
   if (!(adam_beta1 >= 0 && adam_beta1 < 1))
@@ -162,6 +169,7 @@ void TrainConfig::validate(int world) const {
     throw ConfigError(fmt::format("--save-interval {} is invalid: it must be >= 0", save_interval));
   if (save_interval > 0 && save.empty())
     throw ConfigError(fmt::format("--save-interval {} needs --save DIR: there is nowhere to write", save_interval));
+  validate_megatron_args(*this);
   if (!trace.empty() && (trace_iteration < 1 || trace_iteration > train_iters))
     throw ConfigError(fmt::format("--trace-iteration {} is invalid: it must be in [1, --train-iters {}]",
                                   trace_iteration, train_iters));
@@ -193,8 +201,10 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["moe_train_capacity_factor"] = l.moe_train_capacity_factor;
   j["moe_min_capacity"] = l.moe_min_capacity;
   j["moe_no_drop"] = l.moe_no_drop;
-  j["use_rts"] = l.use_rts;
-  j["noisy_gate_policy"] = int(l.noisy_gate_policy);
+  j["no_use_rts"] = !l.use_rts;  // the keys are flags: metadata.json's config is usable as --config
+  j["noisy_gate_policy"] = l.noisy_gate_policy == model::NoisyGatePolicy::jitter    ? "Jitter"
+                           : l.noisy_gate_policy == model::NoisyGatePolicy::rsample ? "RSample"
+                                                                                    : "None";
   j["swiglu"] = l.expert == model::ExpertKind::swiglu;
   j["hidden_dropout"] = l.hidden_dropout;
   j["init_method_std"] = l.init_method_std;
@@ -212,13 +222,16 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["lr"] = c.lr;
   j["min_lr"] = c.min_lr;
   j["lr_warmup_iters"] = c.lr_warmup_iters;
+  j["lr_decay_style"] = c.lr_decay_style;
+  j["lr_decay_iters"] = c.lr_decay_iters;
   j["weight_decay"] = c.weight_decay;
   j["adam_beta1"] = c.adam_beta1;
   j["adam_beta2"] = c.adam_beta2;
   j["adam_eps"] = c.adam_eps;
   j["clip_grad"] = c.clip_grad;
   j["data_path"] = c.data_path;
-  j["valid_fraction"] = c.valid_fraction;
+  j["split"] = split_str(data_split(c));  // --valid-fraction f is the split 1-f,f,0
+  j["max_position_embeddings"] = c.max_position_embeddings;
   return j;
 }
 

@@ -50,10 +50,12 @@ struct TrainConfig {
   // ---- optimizer and schedule ----
   int64_t global_batch_size = 0;  // 0: micro-batch size x data-parallel size
   int64_t train_iters = 300;
-  int64_t exit_interval = 0;  // stop after this many iterations (as if interrupted; for resume tests)
+  int64_t exit_interval = 0;  // stop at the first iteration divisible by it (Megatron's; as if interrupted)
   double lr = 1.5e-3;
   double min_lr = 1.5e-4;
   int64_t lr_warmup_iters = 30;
+  std::string lr_decay_style = "cosine";  // after the warm-up: constant, linear or cosine (Megatron's styles)
+  int64_t lr_decay_iters = 0;             // the decay reaches --min-lr here; 0: --train-iters
   double weight_decay = 0.1;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.95;
@@ -74,7 +76,18 @@ struct TrainConfig {
   // ---- output ----
   int64_t log_interval = 20;
   std::string trace;
-  int64_t trace_iteration = 2;
+  int64_t trace_iteration = 2;  // the K-th iteration of this run (after a resume: resume point + K)
+
+  // ---- Megatron launch-script flags (train/megatron_args.h; docs/training.md, "Megatron launch scripts") ----
+  int64_t max_position_embeddings = 0;  // 0: --seq-length; must be >= it
+  int64_t train_samples = 0;            // > 0: train_iters = train_samples / global batch (resolve_train_samples)
+  std::string split;                    // "969,30,1": train / valid / test weights; empty: from valid_fraction
+  double attention_dropout = 0;         // this engine has none: only 0 is accepted
+  std::string distributed_backend = "mpi";  // nccl, gloo, mpi: accepted, every one runs over MPI
+  bool no_load_optim = false;        // --load: the model only, a fresh optimizer (the iteration continues)
+  bool finetune = false;             // --load: the model only, a fresh optimizer, from iteration 0 and sample 0
+  bool use_checkpoint_args = false;  // --load: the model flags come from the checkpoint (train/checkpoint_args.h)
+  bool skip_train = false;           // no training: evaluate (validation, test) and stop
 
   // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
   void validate(int world) const;

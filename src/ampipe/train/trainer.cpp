@@ -1,5 +1,6 @@
 #include "ampipe/train/trainer.h"
 
+#include <algorithm>
 #include <functional>
 
 #include <tuple>
@@ -51,16 +52,18 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
     layer_of_.push_back(layer);
   }
   dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
-  scalars_ = Tensor::empty({2});
+  scalars_ = Tensor::empty({4});
   expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
 }
 
 // tokens_/targets_ [s, b] of micro-batch samples first_sample + [0, b): token (i, bb) at i*b + bb.
-void Trainer::fill_batch(int64_t first_sample, bool valid) {
+void Trainer::fill_batch(int64_t first_sample, Split which) {
   std::vector<int32_t> in(static_cast<size_t>(s_)), tg(static_cast<size_t>(s_));
   for (int64_t bb = 0; bb < b_; ++bb) {
-    if (valid)
+    if (which == Split::valid)
       data_->valid_sample(first_sample + bb, in, tg);
+    else if (which == Split::test)
+      data_->test_sample(first_sample + bb, in, tg);
     else
       data_->train_sample(first_sample + bb, in, tg);
     for (int64_t i = 0; i < s_; ++i) {
@@ -165,6 +168,18 @@ double Trainer::grad_norm() {
   return std::sqrt(dense_sumsq_ + sharded + expert);
 }
 
+// The expert choices (token, k) of the last forward's gates that found their expert full, over every layer and
+// chunk of this rank's tokens.
+void Trainer::count_drops(double& dropped, double& choices) {
+  schedule::LayerStack& stack = model_.stack();
+  for (int i = 0; i < stack.num_layers(); ++i)
+    for (int c = 0; c < stack.degree(); ++c)
+      for (int32_t slot : stack.layer(i).gate_ctx(c).routing.slot) {
+        dropped += slot < 0;
+        choices += 1;
+      }
+}
+
 IterationStats Trainer::train_step() {
   IterationStats st;
   const auto t_iter = Clock::now();
@@ -172,12 +187,16 @@ IterationStats Trainer::train_step() {
   model_.stack().executor().reset_stats();
   st.lr = learning_rate(cfg_, iteration_);
   model_.zero_grads();
-  double loss_sum = 0, aux_sum = 0;
+  double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0;
   for (int64_t j = 0; j < K_; ++j) {
     const int64_t first = consumed_ + (dp_rank_ * K_ + j) * b_;
-    fill_batch(first, false);
+    {
+      comm::TraceScope trace(comm::Lane::compute, "data");
+      fill_batch(first, Split::train);
+    }
     loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
     aux_sum += model_.aux_loss();
+    count_drops(dropped, choices);
     // The last micro-batch completes each layer's gradients: start its reduction while the layers below compute.
     const bool last = j == K_ - 1;
     model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff),
@@ -185,15 +204,24 @@ IterationStats Trainer::train_step() {
     st.flops += model_.flops_per_micro_batch();
   }
   const auto t_opt = Clock::now();
-  reduce_gradients();
+  {
+    comm::TraceScope trace(comm::Lane::compute, "grad.reduce (wait, scale, sums of squares)");
+    reduce_gradients();
+  }
   Tensor losses = scalars_;
   losses.set(0, float(loss_sum));
   losses.set(1, float(aux_sum));
+  losses.set(2, float(dropped));
+  losses.set(3, float(choices));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
   st.lm_loss = losses.get(0) / double(G_ / b_);
   st.aux_loss = losses.get(1) / double(G_ / b_);
+  st.drop_fraction = losses.get(3) > 0 ? losses.get(2) / losses.get(3) : 0.0;
   st.reduce_ms = ms_since(t_opt);
-  st.grad_norm = grad_norm();
+  {
+    comm::TraceScope trace(comm::Lane::compute, "grad.norm");
+    st.grad_norm = grad_norm();
+  }
   // Megatron's --check-for-nan-in-loss-and-grad (on by default): the loss and the gradient norm are all-reduced, so
   // every rank takes this branch together, before the optimizer writes anything.
   if (!std::isfinite(st.lm_loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm))
@@ -204,7 +232,10 @@ IterationStats Trainer::train_step() {
                                    "not finite", st.lm_loss, st.aux_loss, st.grad_norm));
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && st.grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (st.grad_norm + 1e-6));
-  opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
+  {
+    comm::TraceScope trace(comm::Lane::compute, "optimizer (clip, AdamW)");
+    opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
+  }
   model_.stack().weights_changed();  // the bf16 weight copies: once per optimizer step
   st.optim_ms = ms_since(t_opt);
   consumed_ += G_;
@@ -222,18 +253,22 @@ IterationStats Trainer::train_step() {
   return st;
 }
 
-double Trainer::evaluate() {
+int64_t Trainer::test_eval_iters() const { return std::min(cfg_.eval_iters, data_->test_samples() / G_); }
+
+double Trainer::evaluate(bool test) {
+  const int64_t iters = test ? test_eval_iters() : cfg_.eval_iters;
+  AMPIPE_CHECK(iters > 0, "evaluate: no global batch to evaluate");
   double sum = 0;
-  for (int64_t e = 0; e < cfg_.eval_iters; ++e)
+  for (int64_t e = 0; e < iters; ++e)
     for (int64_t j = 0; j < K_; ++j) {
       const int64_t first = e * G_ + (dp_rank_ * K_ + j) * b_;
-      fill_batch(first, true);
+      fill_batch(first, test ? Split::test : Split::valid);
       sum += model_.evaluate(tokens_, targets_, uint64_t(first * s_));
     }
   Tensor t = scalars_.rows(0, 1);
   t.fill(float(sum));
-  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, "eval.loss");
-  return t.get(0) / double(cfg_.eval_iters * (G_ / b_));
+  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, test ? "test.loss" : "eval.loss");
+  return t.get(0) / double(iters * (G_ / b_));
 }
 
 std::map<std::string, Tensor> Trainer::full_params() {
@@ -244,10 +279,12 @@ std::map<std::string, Tensor> Trainer::full_params() {
 
 int64_t Trainer::maybe_load() {
   if (cfg_.load.empty()) return 0;
-  const CheckpointMeta meta = load_checkpoint(cfg_.load, cfg_, model_, opt_, g_);
+  const CheckpointMeta meta =
+      load_checkpoint(cfg_.load, cfg_, model_, opt_, g_, !(cfg_.no_load_optim || cfg_.finetune));
   model_.stack().weights_changed();
-  iteration_ = meta.iteration;
-  consumed_ = meta.consumed_samples;
+  // --finetune (Megatron): the loaded model starts a new run, from iteration 0 and the first sample.
+  iteration_ = cfg_.finetune ? 0 : meta.iteration;
+  consumed_ = cfg_.finetune ? 0 : meta.consumed_samples;
   return iteration_;
 }
 
@@ -275,6 +312,23 @@ void Trainer::save(int64_t iteration) {
   save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
 }
 
+void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say) {
+  if (test_eval_iters() == 0) return;
+  const double tl = evaluate(true);
+  res.tests.push_back({iteration_, tl});
+  say(fmt::format(" test loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", iteration_, tl,
+                  std::exp(tl)));
+}
+
+int64_t Trainer::end_iteration(int64_t max_iterations) const {
+  // --exit-interval E (Megatron's): stop at the first iteration divisible by E, counted from iteration 0.
+  int64_t end = cfg_.train_iters;
+  if (cfg_.exit_interval > 0) end = std::min(end, (iteration_ / cfg_.exit_interval + 1) * cfg_.exit_interval);
+  if (max_iterations > 0) end = std::min(end, iteration_ + max_iterations);
+  if (cfg_.skip_train) end = iteration_;
+  return std::max(end, iteration_);
+}
+
 TrainResult Trainer::train(const std::function<void(const std::string&)>& print, int64_t max_iterations) {
   TrainResult res;
   res.start_iteration = iteration_;
@@ -285,9 +339,8 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
   // A progress bar only on a terminal, and not under mpirun (whose output forwarding looks like a terminal).
   const bool tty = rank0 && print && isatty(STDOUT_FILENO) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr &&
                    std::getenv("PMI_SIZE") == nullptr;
-  int64_t end = cfg_.exit_interval > 0 ? std::min(cfg_.train_iters, iteration_ + cfg_.exit_interval)
-                                       : cfg_.train_iters;
-  if (max_iterations > 0) end = std::min(end, iteration_ + max_iterations);
+  const int64_t end = end_iteration(max_iterations);
+  const int64_t trace_at = iteration_ + cfg_.trace_iteration;  // the K-th iteration of this run
   const bool tracing = !cfg_.trace.empty();
   comm::Trace::set_enabled(true);
   const auto t_start = Clock::now();
@@ -297,7 +350,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
     IterationStats st = train_step();
     res.iterations.push_back(st);
     window.push_back(st);
-    if (tracing && st.iteration == cfg_.trace_iteration) {
+    if (tracing && st.iteration == trace_at) {
       comm::Trace::write_chrome_trace(cfg_.trace);
       say(fmt::format(" trace of iteration {} written to {}", st.iteration, cfg_.trace));
     }
@@ -306,6 +359,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       for (const IterationStats& w : window) {
         a.lm_loss += w.lm_loss;
         a.aux_loss += w.aux_loss;
+        a.drop_fraction += w.drop_fraction;
         a.iter_ms += w.iter_ms;
         a.flops += w.flops;
         a.exposed_comm_ms += w.exposed_comm_ms;
@@ -314,16 +368,17 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       }
       const double n = double(window.size());
       const double ms = a.iter_ms / n;
-      const std::string hidden =
-          a.a2a_ms > 0 ? fmt::format("{:.1f}%", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0))
-                       : std::string("n/a (ep=1: no all-to-all)");
+      // Exposed times first (what the step waited for); the hidden share only where it means something.
+      std::string a2a = g_.ep.size() > 1 ? fmt::format(" a2a exposed (ms): {:.2f} |", a.a2a_exposed_ms / n) : "";
+      if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
+        a2a += fmt::format(" a2a hidden: {:.1f}% |", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
                       "tokens/s: {:.0f} | TFLOP/s per rank: {:.4f} | learning rate: {:.6E} | lm loss: {:.6E} | "
-                      "aux loss: {:.4E} | grad norm: {:.4f} | exposed comm (ms): {:.2f} | a2a hidden: {} |",
+                      "aux loss: {:.4E} | token drops: {:.2f}% | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}",
                       st.iteration, cfg_.train_iters, consumed_, ms, double(G_ * s_) / (ms / 1e3),
-                      a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n, st.grad_norm,
-                      a.exposed_comm_ms / n, hidden));
+                      a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n,
+                      100.0 * a.drop_fraction / n, st.grad_norm, a.exposed_comm_ms / n, a2a));
       window.clear();
     } else if (tty) {
       const int width = 30, done = int(width * (st.iteration - res.start_iteration) / std::max<int64_t>(1, end - res.start_iteration));
@@ -341,6 +396,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration,
                       vl, std::exp(vl)));
+      if (last) evaluate_test(res, say);
     }
     if (!cfg_.save.empty() && ((cfg_.save_interval > 0 && st.iteration % cfg_.save_interval == 0) || last)) {
       save(st.iteration);
@@ -348,6 +404,15 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                       checkpoint_subdir(st.iteration)));
     }
     if (res.stop_signal != 0) break;
+  }
+  // Nothing to train (--skip-train, or a checkpoint already at --train-iters): the evaluation of the end of a
+  // run still runs, as in Megatron.
+  if (res.iterations.empty() && (cfg_.eval_interval > 0 || cfg_.skip_train)) {
+    const double vl = evaluate();
+    res.evals.push_back({iteration_, vl});
+    say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", iteration_, vl,
+                    std::exp(vl)));
+    evaluate_test(res, say);
   }
   comm::Trace::clear();
   comm::Trace::set_enabled(false);

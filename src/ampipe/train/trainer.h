@@ -33,6 +33,7 @@ namespace ampipe::train {
 struct IterationStats {
   int64_t iteration = 0;  // 1-based, after the step
   double lm_loss = 0, aux_loss = 0, grad_norm = 0, lr = 0;
+  double drop_fraction = 0;  // expert choices (token, k) over capacity / all choices, every layer and rank
   double iter_ms = 0, layers_ms = 0, head_ms = 0, optim_ms = 0;  // this rank
   double reduce_ms = 0;  // part of optim_ms: gradient and loss all-reduce
   double flops = 0;                                            // this rank, forward + backward
@@ -48,6 +49,7 @@ struct EvalStats {
 struct TrainResult {
   std::vector<IterationStats> iterations;
   std::vector<EvalStats> evals;
+  std::vector<EvalStats> tests;  // the test split's loss at the end (when --split gives it a global batch)
   double wall_s = 0;
   int64_t start_iteration = 0;
   int stop_signal = 0;  // the SIGTERM / SIGINT that stopped the run early on every rank (stop_signal.h); 0: none
@@ -58,14 +60,21 @@ class Trainer {
   // cfg must be validated for groups.world.size(). The groups' layout must have cfg's EP size.
   Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared_ptr<const TextData> data);
 
-  // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load).
+  // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load or with
+  // --finetune; --no-load-optim and --finetune keep the fresh optimizer).
   int64_t maybe_load();
-  // Trains from the current iteration to --train-iters (or --exit-interval iterations, or max_iterations when
-  // > 0, whichever comes first); the last iteration of the call is evaluated and saved as the end of a run is.
+  // Trains from the current iteration to --train-iters (or the next multiple of --exit-interval, or
+  // max_iterations when > 0, whichever comes first); the last iteration of the call is evaluated and saved as the
+  // end of a run is. With nothing to train (--skip-train, or already at --train-iters) it evaluates only.
   // `print`: called on rank 0 with each output line (log, evaluation, checkpoint); may be empty.
   TrainResult train(const std::function<void(const std::string&)>& print = {}, int64_t max_iterations = 0);
-  // Mean validation loss over --eval-iters global batches (collective).
-  double evaluate();
+  // The iteration train(print, max_iterations) would stop after (the current one when it trains nothing).
+  int64_t end_iteration(int64_t max_iterations = 0) const;
+  // Mean validation loss over --eval-iters global batches (collective). test: over the test split of --split
+  // instead, on min(--eval-iters, test_eval_iters()) global batches.
+  double evaluate(bool test = false);
+  // Global batches the test split holds (0: no test evaluation).
+  int64_t test_eval_iters() const;
   // Every parameter as the full tensor (expert tensors gathered over EP), by name (collective).
   std::map<std::string, Tensor> full_params();
 
@@ -73,11 +82,19 @@ class Trainer {
   int64_t consumed_samples() const { return consumed_; }
   GptModel& model() { return model_; }
   void set_save_options(SaveOptions o) { save_opts_ = o; }
+  // Whether the log states the share of the all-to-all time hidden behind compute: only where the all-to-alls
+  // cross a wire (ranks on more than one host). On shared memory the all-to-all is a copy on the same cores, and
+  // its time grows with the degree, so the share misleads; exposed times are printed always (docs/training.md).
+  void set_report_a2a_hidden(bool on) { report_a2a_hidden_ = on; }
   void save(int64_t iteration);  // collective
 
  private:
   IterationStats train_step();
-  void fill_batch(int64_t first_sample, bool valid);
+  void count_drops(double& dropped, double& choices);
+  // The test split's loss at the end of a run (when it holds a global batch), printed through `say`.
+  void evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say);
+  enum class Split { train, valid, test };
+  void fill_batch(int64_t first_sample, Split which);
   // Data-parallel reduction of the gradients, started per layer during the last micro-batch's backward
   // (start_reduce(layer)), finished by reduce_gradients() (the remaining parameters, wait, scale, norms).
   void start_reduce(int layer);
@@ -100,6 +117,7 @@ class Trainer {
   std::vector<comm::Event> pending_;  // reductions in flight
   double dense_sumsq_ = 0, expert_sumsq_ = 0, tp_sharded_sumsq_ = 0;
   SaveOptions save_opts_;
+  bool report_a2a_hidden_ = false;
 };
 
 }  // namespace ampipe::train

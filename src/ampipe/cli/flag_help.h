@@ -1,0 +1,22 @@
+// How `ampipe <subcommand> --help` is laid out and what an unknown flag is told: flags grouped like Megatron-LM's
+// argument groups (model, MoE / AMPipe, parallelism, training, learning rate, checkpointing, data, logging), the
+// refused ones in groups of their own, and the known flag closest to a mistyped one.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+namespace ampipe::cli {
+
+// Puts every known flag of `sub` into its group (a flag it does not know stays where it is).
+void group_flags(CLI::App& sub);
+// A help formatter that prints the groups in the order above.
+std::shared_ptr<CLI::Formatter> grouped_formatter();
+// The long flag of `app` closest to `flag` by edit distance (its "--name" before any '='), or "" when none is
+// within max(2, length / 3) edits.
+std::string closest_flag(const CLI::App& app, const std::string& flag);
+// Edit distance (insertions, deletions, substitutions), for closest_flag.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace ampipe::cli

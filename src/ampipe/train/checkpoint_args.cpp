@@ -1,0 +1,118 @@
+#include "ampipe/train/checkpoint_args.h"
+
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "ampipe/core/error.h"
+#include "ampipe/train/checkpoint.h"
+
+namespace ampipe::train {
+
+namespace {
+
+std::string flag_of(const std::string& key) {
+  std::string f = "--" + key;
+  std::replace(f.begin(), f.end(), '_', '-');
+  return f;
+}
+
+std::string value_str(const std::string& key, const nlohmann::json& v) {
+  if (key == "data_path" && v.is_string() && v.get<std::string>().empty()) return "(the bundled corpus)";
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+// The file's contents, or nullopt when it cannot be read.
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required) {
+  // The messages are load_checkpoint's for the same faults (it verifies much more, later).
+  auto fail = [&](const std::string& msg) -> std::optional<CheckpointInfo> {
+    if (required) throw ConfigError(msg);
+    return std::nullopt;
+  };
+  const std::string marker = dir + "/" + kLatestMarker;
+  const std::optional<std::string> mtext = read_file(marker);
+  if (!mtext) return fail(fmt::format("--load {}: no checkpoint there ({} is missing)", dir, kLatestMarker));
+  CheckpointInfo info;
+  try {
+    size_t used = 0;
+    info.iteration = std::stoll(*mtext, &used);
+    if (info.iteration < 0 || mtext->find_first_not_of(" \n\r\t", used) != std::string::npos) info.iteration = -1;
+  } catch (const std::exception&) {
+    info.iteration = -1;
+  }
+  if (info.iteration < 0)
+    return fail(fmt::format("--load {}: {} is corrupt (expected an iteration number)", marker, kLatestMarker));
+  const std::string meta = dir + "/" + checkpoint_subdir(info.iteration) + "/metadata.json";
+  const std::optional<std::string> mj = read_file(meta);
+  if (!mj)
+    return fail(fmt::format("--load {}: the file is missing (the marker names iteration {})", meta, info.iteration));
+  try {
+    const nlohmann::json j = nlohmann::json::parse(*mj);
+    info.config = j.is_object() && j.contains("config") && j["config"].is_object() ? j["config"]
+                                                                                    : nlohmann::json::object();
+  } catch (const nlohmann::json::exception& e) {
+    return fail(fmt::format("--load {}: corrupt metadata: {}", meta, e.what()));
+  }
+  return info;
+}
+
+const std::vector<std::string>& model_arg_keys() {
+  static const std::vector<std::string> keys = {"num_layers",      "seq_length",          "hidden_size",
+                                                "ffn_hidden_size", "num_attention_heads", "num_experts",
+                                                "swiglu",          "untie_embeddings_and_output_weights"};
+  return keys;
+}
+
+std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohmann::json& ckpt) {
+  std::vector<std::string> changed;
+  const nlohmann::json mine = to_json(c);
+  std::vector<std::string> keys = model_arg_keys();
+  keys.push_back("moe_router_topk");
+  keys.push_back("max_position_embeddings");
+  model::LayerConfig& l = c.layer;
+  for (const std::string& k : keys) {
+    if (!ckpt.contains(k) || ckpt[k] == mine[k]) continue;
+    const nlohmann::json& v = ckpt[k];
+    try {
+      if (k == "num_layers") c.num_layers = v.get<int>();
+      else if (k == "seq_length") l.seq_length = v.get<int64_t>();
+      else if (k == "hidden_size") l.hidden_size = v.get<int64_t>();
+      else if (k == "ffn_hidden_size") l.ffn_hidden_size = v.get<int64_t>();
+      else if (k == "num_attention_heads") l.num_attention_heads = v.get<int64_t>();
+      else if (k == "num_experts") l.num_experts = v.get<int64_t>();
+      else if (k == "moe_router_topk") l.moe_router_topk = v.get<int>();
+      else if (k == "swiglu") l.expert = v.get<bool>() ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
+      else if (k == "untie_embeddings_and_output_weights") c.untie_embeddings_and_output_weights = v.get<bool>();
+      else if (k == "max_position_embeddings") c.max_position_embeddings = v.get<int64_t>();
+    } catch (const nlohmann::json::exception&) {
+      throw ConfigError(fmt::format("--use-checkpoint-args: the checkpoint's {} is {}, not a value of that flag",
+                                    flag_of(k), v.dump()));
+    }
+    changed.push_back(fmt::format("{} {} -> {}", flag_of(k), mine[k].dump(), v.dump()));
+  }
+  return changed;
+}
+
+std::vector<std::string> describe_resume_changes(const nlohmann::json& ckpt, const nlohmann::json& run) {
+  std::vector<std::string> out;
+  const auto& model = model_arg_keys();
+  for (const auto& [key, value] : run.items()) {
+    if (std::find(model.begin(), model.end(), key) != model.end()) continue;  // load_checkpoint refuses those
+    if (!ckpt.contains(key) || ckpt[key] == value) continue;
+    out.push_back(fmt::format("{} {} -> {}", flag_of(key), value_str(key, ckpt[key]), value_str(key, value)));
+  }
+  return out;
+}
+
+}  // namespace ampipe::train

@@ -1,0 +1,38 @@
+// What a resume does with the configuration a checkpoint was trained with (metadata.json's "config"), apart from
+// loading the tensors (checkpoint.h): --use-checkpoint-args takes the model flags from it, and a resume states every
+// other setting that differs from this run (docs/training.md, "Checkpoints").
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ampipe/train/train_config.h"
+
+namespace ampipe::train {
+
+struct CheckpointInfo {
+  int64_t iteration = 0;
+  nlohmann::json config;  // the "config" object (empty object when the metadata has none)
+};
+
+// The newest complete checkpoint of `dir` (the marker's iteration) and its configuration. Reads files only (every
+// rank may call it). When there is none or it cannot be read: ConfigError naming --load and the file (with
+// load_checkpoint's words) if `required`, else nullopt (load_checkpoint then reports what is wrong).
+std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required);
+
+// The flags that make the model's shape (what load_checkpoint requires to match), as config keys.
+const std::vector<std::string>& model_arg_keys();
+
+// --use-checkpoint-args: the model flags of `ckpt` (model_arg_keys, and the router's top-k) replace this run's.
+// Returns one line per flag that changed ("--hidden-size 128 -> 64").
+std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohmann::json& ckpt);
+
+// Every setting outside the model's shape whose value in `run` differs from the checkpoint's `ckpt` (both as
+// to_json writes them): one line each, "--global-batch-size 8 -> 16". Keys a checkpoint does not have are skipped.
+std::vector<std::string> describe_resume_changes(const nlohmann::json& ckpt, const nlohmann::json& run);
+
+}  // namespace ampipe::train

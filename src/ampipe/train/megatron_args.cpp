@@ -1,0 +1,51 @@
+#include "ampipe/train/megatron_args.h"
+
+#include <cmath>
+#include <utility>
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::train {
+
+void validate_megatron_args(const TrainConfig& c) {
+  const int64_t s = c.layer.seq_length;
+  if (c.max_position_embeddings < 0 || (c.max_position_embeddings > 0 && c.max_position_embeddings < s))
+    throw ConfigError(fmt::format("--max-position-embeddings {} is invalid: it must be >= --seq-length {} (a position "
+                                  "embedding row per position of a sequence)",
+                                  c.max_position_embeddings, s));
+  if (!std::isfinite(c.attention_dropout) || c.attention_dropout < 0 || c.attention_dropout >= 1)
+    throw ConfigError(fmt::format("--attention-dropout {} is invalid: it must be in [0, 1)", c.attention_dropout));
+  if (c.attention_dropout > 0)
+    throw ConfigError(fmt::format("--attention-dropout {} is not supported: this engine's fused flash attention has no "
+                                  "dropout on the attention probabilities (pass 0; --hidden-dropout applies after "
+                                  "the attention and after the MoE)",
+                                  c.attention_dropout));
+  if (c.distributed_backend != "nccl" && c.distributed_backend != "gloo" && c.distributed_backend != "mpi")
+    throw ConfigError(fmt::format("--distributed-backend {} is not one of nccl, gloo, mpi (every one runs over MPI "
+                                  "here)",
+                                  c.distributed_backend));
+  if (c.train_samples < 0)
+    throw ConfigError(fmt::format("--train-samples {} is invalid: it must be >= 1", c.train_samples));
+  if (!c.split.empty()) (void)parse_split(c.split);
+  for (const auto& [flag, on] : {std::pair{"--no-load-optim", c.no_load_optim}, {"--finetune", c.finetune},
+                                 {"--use-checkpoint-args", c.use_checkpoint_args}})
+    if (on && c.load.empty())
+      throw ConfigError(fmt::format("{} needs --load DIR: there is no checkpoint to take it from", flag));
+}
+
+DataSplit data_split(const TrainConfig& c) {
+  if (!c.split.empty()) return parse_split(c.split);
+  return DataSplit{1.0 - c.valid_fraction, c.valid_fraction, 0.0};
+}
+
+void resolve_train_samples(TrainConfig& c, int world) {
+  if (c.train_samples <= 0) return;
+  const int64_t G = c.global_batch(world);
+  if (c.train_samples < G)
+    throw ConfigError(fmt::format("--train-samples {} is invalid: it is fewer than one global batch ({} sequences; "
+                                  "--train-iters = --train-samples / global batch)",
+                                  c.train_samples, G));
+  c.train_iters = c.train_samples / G;
+}
+
+}  // namespace ampipe::train
