@@ -63,7 +63,7 @@ struct LayerConfig {
 
   // Throws ConfigError naming the flag, value and rule for a config that cannot work.
   void validate() const;
-  // The pipe-experts rules that need the AMPipe degree M (seed constraint 4 and MindSpeed's checks, as errors
+  // The pipe-experts rules that need the AMPipe degree M (MindSpeed's AMPipe rules and pipe-experts checks, as errors
   // where MindSpeed silently switched the feature off): N divisible by M and N > M, N / M slices per chunk at most
   // the chunk's expert capacity, not with --moe-no-drop. Throws ConfigError. Returns a notice (one line) when the
   // feature has nothing to pipeline (one local expert and N = 1, MindSpeed's warning case) and is run without it;
