@@ -52,6 +52,11 @@ struct LayerConfig {
   int tensor_model_parallel_size = 1;  // t
   bool sequence_parallel = false;
   bool ampipe_tp_sp_comm_overlap = false;
+  // Activation recomputation of this layer (set per layer by the stack driver from --recompute-granularity full,
+  // schedule::LayerStack::set_recompute): the layer keeps only its output and input gradient between steps of its
+  // own; everything else its backward reads is in the stack's shared memory, refilled by re-running its forward
+  // (the same Plan, the same random numbers) just before its backward.
+  bool recompute = false;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }

@@ -62,6 +62,17 @@ void LayerStack::replan(int M, int pipe_experts_n, int tp_overlap) {
   if (changed) build(M);
 }
 
+void LayerStack::set_recompute(const std::vector<bool>& layers) {
+  AMPIPE_CHECK(layers.size() == layers_.size(), "set_recompute: {} flags for {} layers", layers.size(),
+               layers_.size());
+  bool changed = false;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    changed |= layers_[i]->cfg.recompute != layers[i];
+    layers_[i]->cfg.recompute = layers[i];
+  }
+  if (changed) build(M_);
+}
+
 void LayerStack::set_training(bool on) {
   for (auto& e : layers_) {
     e->cfg.training = on;
@@ -81,6 +92,8 @@ model::LayerParams& LayerStack::params(int i) {
 Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
   Tensor in = x;
   for (auto& e : layers_) {
+    e->input = in;
+    e->token_base = token_base;
     e->layer->begin_forward(in, token_base);
     ex_.run(e->plan, Dir::fwd, *e->layer);
     in = e->layer->output();
@@ -92,6 +105,10 @@ Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<v
   Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
     Entry& e = *layers_[i];
+    if (e.cfg.recompute) {  // refill what the backward reads: the same forward, the same random numbers
+      e.layer->begin_forward(e.input, e.token_base);
+      ex_.run(e.plan, Dir::fwd, *e.layer);
+    }
     e.layer->begin_backward(g, d_aux);
     ex_.run(e.plan, Dir::bwd, *e.layer);
     g = e.layer->input_grad();
