@@ -60,7 +60,7 @@ def log_points(out):
             for key, pat in [("tokens/s", r"tokens/s: ([0-9.]+)"), ("lr", r"learning rate: ([0-9.E+-]+)"),
                              ("lm loss", r"lm loss: ([0-9.E+-]+)"), ("aux loss", r"aux loss: ([0-9.E+-]+)"),
                              ("drops", r"token drops: ([0-9.]+)%"), ("grad-norm", r"grad norm: ([0-9.]+)"),
-                             ("worst", r"expert load max/mean: ([0-9.]+), dropped: ([0-9.]+)% \(worst layer (\d+)\)")]:
+                             ("worst", r"expert load max/mean: ([0-9.]+) \(layer (\d+)\) \| most dropped: ([0-9.]+)% \(layer (\d+)\)")]:
                 mm = re.search(pat, line)
                 check(mm is not None, f"log line has {key}: {line}")
                 if mm:
@@ -144,8 +144,11 @@ def case_events(work, ampipe):
         check(close(d["drops"], 100 * mean_drop, 0, 0.006), f"token drops {d['drops']}% vs {100 * mean_drop}%")
         check(close(v["moe/dropped_fraction"], mean_drop, 1e-5, 1e-7), "moe/dropped_fraction")
         worst = max(range(L), key=lambda i: got[i]["imbalance"])
-        check(int(d["worst"][2]) == worst and close(d["worst"][0], got[worst]["imbalance"], 0, 6e-4),
+        check(int(d["worst"][1]) == worst and close(d["worst"][0], got[worst]["imbalance"], 0, 6e-4),
               f"worst layer {d['worst']} vs {worst}")
+        most = max(range(L), key=lambda i: got[i]["dropped"])
+        check(close(d["worst"][2], 100 * got[most]["dropped"], 0, 0.006) and
+              got[int(d["worst"][3])]["dropped"] == got[most]["dropped"], f"most dropped {d['worst']} vs {most}")
     check(any(g > 0 for step in logs for g in [x["dropped"] for x in moe_of(sc, step, L, E)]),
           "capacity factor 1.0 drops some choices (else the drop checks are vacuous)")
     vals = validations(out)
@@ -171,7 +174,7 @@ def case_drops(work, ampipe):
             check(l["dropped"] == 0.5, f"step {step} layer {i}: dropped {l['dropped']}, expected exactly 0.5")
             check(l["tokens"] == [G * s / 2] * 2, f"step {step} layer {i}: tokens {l['tokens']}, expected {G * s / 2}")
             check(l["imbalance"] == 1.0, f"step {step} layer {i}: max/mean {l['imbalance']}")
-        check(logs[step]["drops"] == 50.0 and logs[step]["worst"][1] == 50.0, f"log at {step}: {logs[step]}")
+        check(logs[step]["drops"] == 50.0 and logs[step]["worst"][2] == 50.0, f"log at {step}: {logs[step]}")
         check(all(l["dropped"] == 50.0 for l in per_layer[step]), f"per-layer lines at {step}")
 
 

@@ -448,16 +448,20 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       std::string a2a = g_.ep.size() > 1 ? fmt::format(" a2a exposed (ms): {:.2f} |", a.a2a_exposed_ms / n) : "";
       if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
         a2a += fmt::format(" a2a hidden: {:.1f}% |", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
-      // Expert loads of the window (collective), the layer with the largest max / mean load in the log line.
+      // Expert loads of the window (collective): the layer with the largest max / mean load and the one with the
+      // largest drop share (kept counts are capped by the capacity, so a skewed router shows in both).
       const MoeLog moe = reduce_expert_loads(st.iteration);
-      size_t worst = 0;
-      for (size_t i = 1; i < moe.layers.size(); ++i)
+      size_t worst = 0, most_dropped = 0;
+      for (size_t i = 1; i < moe.layers.size(); ++i) {
         if (moe.layers[i].load_imbalance() > moe.layers[worst].load_imbalance()) worst = i;
+        if (moe.layers[i].dropped_fraction() > moe.layers[most_dropped].dropped_fraction()) most_dropped = i;
+      }
       const std::string moe_summary =
-          moe.layers.empty() ? std::string()
-                             : fmt::format(" expert load max/mean: {:.3f}, dropped: {:.2f}% (worst layer {}) |",
-                                           moe.layers[worst].load_imbalance(),
-                                           100.0 * moe.layers[worst].dropped_fraction(), worst);
+          moe.layers.empty()
+              ? std::string()
+              : fmt::format(" expert load max/mean: {:.3f} (layer {}) | most dropped: {:.2f}% (layer {}) |",
+                            moe.layers[worst].load_imbalance(), worst,
+                            100.0 * moe.layers[most_dropped].dropped_fraction(), most_dropped);
       const double tokens_per_s = double(G_ * s_) / (ms / 1e3), tflops = a.flops / (a.iter_ms / 1e3) / 1e12;
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
