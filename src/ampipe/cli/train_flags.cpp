@@ -131,6 +131,14 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--trace-iteration", c.trace_iteration,
                "which iteration of this run --trace records (1-based; after a resume at R: iteration R + K)")
       ->capture_default_str();
+  a.add_option("--tensorboard-dir", c.tensorboard_dir,
+               "rank 0 writes TensorBoard event files here: the log line's scalars and the expert loads, every "
+               "--log-interval iterations, and each evaluation");
+  a.add_option("--tensorboard-log-interval", tensorboard_log_interval,
+               "accepted for Megatron launch scripts: --log-interval governs the TensorBoard scalars (the means "
+               "over each log interval)");
+  a.add_flag("--moe-per-layer-logging", c.moe_per_layer_logging,
+             "one log line per MoE layer: tokens kept per expert, max/mean load, dropped share");
   refused.add_to(a, "Megatron flags this engine refuses (each says why)");  // the group name of flag_help.cpp
 }
 
@@ -236,6 +244,15 @@ train::TrainConfig TrainFlags::finish() {
     layer.notices.push_back(fmt::format("--distributed-backend {} has no effect: this engine always communicates "
                                         "over MPI",
                                         cfg.distributed_backend));
+  if (given("--tensorboard-log-interval")) {
+    if (tensorboard_log_interval < 1)
+      throw ConfigError(fmt::format("--tensorboard-log-interval {} is invalid: it must be >= 1",
+                                    tensorboard_log_interval));
+    if (tensorboard_log_interval != cfg.log_interval)
+      layer.notices.push_back(fmt::format("--tensorboard-log-interval {} has no effect: --log-interval {} governs the "
+                                          "TensorBoard scalars (the means over each log interval)",
+                                          tensorboard_log_interval, cfg.log_interval));
+  }
   auto_degree = ampipe_degree == "auto";
   if (auto_degree) {
     cfg.ampipe_degree = 1;  // until run_train has asked the simulator

@@ -77,6 +77,8 @@ struct TrainConfig {
   int64_t log_interval = 20;
   std::string trace;
   int64_t trace_iteration = 2;  // the K-th iteration of this run (after a resume: resume point + K)
+  std::string tensorboard_dir;  // rank 0 writes TensorBoard event files here (train/tensorboard.h); empty: none
+  bool moe_per_layer_logging = false;  // one log line per layer with the expert loads (Megatron's flag)
 
   // ---- Megatron launch-script flags (train/megatron_args.h; docs/training.md, "Megatron launch scripts") ----
   int64_t max_position_embeddings = 0;  // 0: --seq-length; must be >= it
