@@ -80,6 +80,13 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_flag("--adaptive-recompute-device-swap", c.adaptive_recompute_device_swap, "(incompatible with AMPipe)");
   a.add_option("--adaptive-recompute-device-size", c.adaptive_recompute_device_size, "(incompatible with AMPipe)");
   a.add_flag("--adaptive-memory-optimization", c.adaptive_memory_optimization, "(incompatible with AMPipe)");
+  a.add_option("--recompute-granularity", c.recompute_granularity,
+               "full: recompute whole layers in the backward (selective is not supported yet)");
+  a.add_option("--recompute-method", c.recompute_method,
+               "with full: uniform (every layer) or block (the first --recompute-num-layers layers)");
+  a.add_option("--recompute-num-layers", c.recompute_num_layers,
+               "block: layers recomputed; uniform: Megatron's layers per group (every layer is recomputed here)")
+      ->capture_default_str();
   // Optimizer and schedule.
   a.add_option("--global-batch-size", c.global_batch_size,
                "sequences per iteration (default: micro-batch size x data-parallel size)");

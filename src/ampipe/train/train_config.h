@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ampipe/model/layer_config.h"
 
@@ -46,6 +47,14 @@ struct TrainConfig {
   bool adaptive_recompute_device_swap = false;
   int64_t adaptive_recompute_device_size = -1;
   bool adaptive_memory_optimization = false;
+  // Activation recomputation (Megatron's flags): granularity "" (none) or "full"; with full, method "uniform" (every
+  // layer) or "block" (the first recompute_num_layers layers). Each recomputed layer keeps only its output between
+  // its forward and its backward and re-runs its forward before the backward (schedule::LayerStack::set_recompute).
+  std::string recompute_granularity;
+  std::string recompute_method;
+  int recompute_num_layers = 1;
+  // Which layers recompute (after validate): one flag per layer.
+  std::vector<bool> recompute_layers() const;
 
   // ---- optimizer and schedule ----
   int64_t global_batch_size = 0;  // 0: micro-batch size x data-parallel size
