@@ -290,6 +290,12 @@ void Arena::reserve(size_t bytes) {
   storage_ = Tensor();  // reallocated on the next view()
 }
 
+void Arena::resize(size_t bytes) {
+  if (align_up(bytes) == capacity_) return;
+  capacity_ = align_up(bytes);
+  storage_ = Tensor();
+}
+
 Tensor Arena::view(size_t offset, const Shape& shape, DType dtype) {
   const size_t n = size_t(shape_numel(shape)) * dtype_size(dtype);
   AMPIPE_CHECK(offset + n <= capacity_, "arena view [{}, {}) beyond its {} bytes", offset, offset + n, capacity_);

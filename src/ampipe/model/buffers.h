@@ -146,6 +146,9 @@ struct BufferLayout {
 class Arena {
  public:
   void reserve(size_t bytes);
+  // Exactly `bytes` from now on, smaller or larger (re-planning a stack that owns its arena, e.g. for
+  // recomputation); the storage is reallocated on the next view.
+  void resize(size_t bytes);
   size_t capacity() const { return capacity_; }
   // A view of `shape` elements of `dtype` starting at byte `offset` (allocates on first use).
   Tensor view(size_t offset, const Shape& shape, DType dtype);

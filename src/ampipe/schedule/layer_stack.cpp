@@ -28,7 +28,12 @@ void LayerStack::build(int M) {
     saved += e->plan.memory.saved_bytes;
     shared = std::max(shared, e->plan.memory.shared_bytes);
   }
-  arena_->reserve(saved + shared);
+  // An arena of our own fits this plan exactly (a re-plan may need less, e.g. with recomputation); one shared with
+  // other stacks only grows.
+  if (arena_.use_count() == 1)
+    arena_->resize(saved + shared);
+  else
+    arena_->reserve(saved + shared);
   size_t base = 0;
   for (auto& e : layers_) {
     e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, tp_rank_, e->params, e->grads, e->weights, e->plan.memory,
