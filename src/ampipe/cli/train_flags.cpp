@@ -57,7 +57,7 @@ void TrainFlags::add_to(CLI::App& a) {
                "dropout on the attention probabilities: only 0 (the fused attention has none)")
       ->capture_default_str();
   a.add_option("--distributed-backend", c.distributed_backend,
-               "nccl, gloo or mpi: accepted for launch scripts, no effect (this engine always communicates over MPI)")
+               "mpi only: this engine communicates over MPI (nccl and gloo are refused)")
       ->capture_default_str();
   // Parallelism.
   ampipe_degree = std::to_string(c.ampipe_degree);
@@ -247,10 +247,6 @@ train::TrainConfig TrainFlags::finish() {
   // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
   // checked as it is.
   if (!given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
-  if (cfg.distributed_backend != "mpi" && given("--distributed-backend"))
-    layer.notices.push_back(fmt::format("--distributed-backend {} has no effect: this engine always communicates "
-                                        "over MPI",
-                                        cfg.distributed_backend));
   if (given("--tensorboard-log-interval")) {
     if (tensorboard_log_interval < 1)
       throw ConfigError(fmt::format("--tensorboard-log-interval {} is invalid: it must be >= 1",
