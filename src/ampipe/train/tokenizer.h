@@ -6,7 +6,8 @@
 //
 // Models trained here are exact: identity normalization, no dummy prefix, whitespace kept as it is, and byte
 // fallback (a character not in the vocabulary becomes its UTF-8 bytes, pieces <0x00>..<0xFF>), so
-// decode(encode(text)) == text for any UTF-8 text.
+// decode(encode(text)) == text for valid UTF-8 without U+2581 (SentencePiece's space mark, which decodes as a
+// space); invalid UTF-8 decodes as U+FFFD. `ampipe preprocess --check-roundtrip` checks a given text.
 #pragma once
 
 #include <cstdint>
