@@ -35,7 +35,10 @@ void PreprocessArgs::add_to(CLI::App& a) {
 }
 
 int run_preprocess(PreprocessArgs& args) {
-  const bool rank0 = comm::Runtime::current().rank() == 0;
+  const comm::Runtime& rt = comm::Runtime::current();
+  if (rt.size() > 1)  // every rank would write the same files
+    throw ConfigError(fmt::format("ampipe preprocess runs as one process, not {} ranks: run it without mpirun",
+                                  rt.size()));
   const CLI::Option* vs = args.app ? args.app->get_option_no_throw("--vocab-size") : nullptr;
   const bool vocab_given = vs != nullptr && vs->count() > 0;
   if (!args.tokenizer_model.empty() && vocab_given)
@@ -57,12 +60,11 @@ int run_preprocess(PreprocessArgs& args) {
   std::string model = args.tokenizer_model;
   if (model.empty()) {
     model = args.output_prefix + ".model";
-    if (rank0)
-      fmt::print("preprocess: training a SentencePiece unigram model of {} pieces on {} ({} bytes)\n", args.vocab_size,
-                 args.input, text.size());
+    fmt::print("preprocess: training a SentencePiece unigram model of {} pieces on {} ({} bytes)\n", args.vocab_size,
+               args.input, text.size());
     std::fflush(stdout);
     train::train_sentencepiece(text, args.output_prefix, args.vocab_size);
-    if (rank0) fmt::print("preprocess: wrote {} and {}.vocab ({:.1f} s)\n", model, args.output_prefix, secs());
+    fmt::print("preprocess: wrote {} and {}.vocab ({:.1f} s)\n", model, args.output_prefix, secs());
   }
   const train::SentencePieceTokenizer tok(model, "--tokenizer-model");
   if (tok.vocab_size() > train::kTokenFileMaxVocab)
@@ -70,19 +72,16 @@ int run_preprocess(PreprocessArgs& args) {
                                   "{})",
                                   model, tok.vocab_size(), train::kTokenFileMaxVocab));
 
-  if (rank0) {
-    fmt::print("preprocess: tokenizing {} ({} bytes) with {} ({} pieces)\n", args.input, text.size(), model,
-               tok.vocab_size());
-    std::fflush(stdout);
-  }
+  fmt::print("preprocess: tokenizing {} ({} bytes) with {} ({} pieces)\n", args.input, text.size(), model,
+             tok.vocab_size());
+  std::fflush(stdout);
   const std::vector<int32_t> ids = tok.encode(text);
   const std::string bin = args.output_prefix + ".bin";
-  if (rank0) train::write_token_file(bin, ids, "--output-prefix");
-  if (rank0)
-    fmt::print("preprocess: wrote {}: {} tokens of a {}-piece vocabulary, {:.2f} bytes per token ({:.1f} s); train "
-               "with --tokenizer-type SentencePieceTokenizer --tokenizer-model {} --data-path {}\n",
-               bin, ids.size(), tok.vocab_size(), double(text.size()) / double(std::max<size_t>(ids.size(), 1)),
-               secs(), model, bin);
+  train::write_token_file(bin, ids, "--output-prefix");
+  fmt::print("preprocess: wrote {}: {} tokens of a {}-piece vocabulary, {:.2f} bytes per token ({:.1f} s); train "
+             "with --tokenizer-type SentencePieceTokenizer --tokenizer-model {} --data-path {}\n",
+             bin, ids.size(), tok.vocab_size(), double(text.size()) / double(std::max<size_t>(ids.size(), 1)), secs(),
+             model, bin);
   if (args.check_roundtrip) {
     const std::string back = tok.decode(ids);
     if (back != text) {
@@ -92,8 +91,8 @@ int run_preprocess(PreprocessArgs& args) {
                    "the input (%zu bytes) at byte %zu\n", args.input.c_str(), back.size(), text.size(), i);
       return 1;
     }
-    if (rank0) fmt::print("preprocess: round trip exact: {} bytes -> {} ids -> the same {} bytes\n", text.size(),
-                          ids.size(), back.size());
+    fmt::print("preprocess: round trip exact: {} bytes -> {} ids -> the same {} bytes\n", text.size(), ids.size(),
+               back.size());
   }
   return 0;
 }
