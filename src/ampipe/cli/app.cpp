@@ -10,6 +10,7 @@
 #include "ampipe/cli/flag_help.h"
 #include "ampipe/cli/layer_check.h"
 #include "ampipe/cli/plan.h"
+#include "ampipe/cli/preprocess.h"
 #include "ampipe/cli/simulate.h"
 #include "ampipe/cli/train.h"
 #include "ampipe/comm/runtime.h"
@@ -57,6 +58,10 @@ int main(int argc, char** argv) {
   CLI::App* si_cmd = app.add_subcommand(
       "simulate", "predict a training iteration of the train flags on a profile, for several AMPipe degrees");
   si.add_to(*si_cmd);
+  PreprocessArgs pp;
+  CLI::App* pp_cmd = app.add_subcommand(
+      "preprocess", "train a SentencePiece model on a text (or take one) and write its token file for --data-path");
+  pp.add_to(*pp_cmd);
 
   // Path options: an empty path is an error, not "no file" (`--save ""` used to write nothing and exit 0).
   const CLI::Validator non_empty(
@@ -64,7 +69,7 @@ int main(int argc, char** argv) {
       "PATH");
   for (CLI::App* sub : app.get_subcommands({}))
     for (const char* flag : {"--save", "--load", "--data-path", "--trace", "--export", "--json", "--out",
-                             "--sim-profile", "--profile", "--config", "--tokenizer-model", "--tensorboard-dir"})
+                             "--sim-profile", "--profile", "--config", "--tokenizer-model", "--tensorboard-dir", "--input", "--output-prefix"})
       if (CLI::Option* o = sub->get_option_no_throw(flag)) o->check(non_empty);
   for (CLI::App* sub : app.get_subcommands({})) {
     group_flags(*sub);
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
     if (pl_cmd->parsed()) return run_plan(pl);
     if (ca_cmd->parsed()) return run_calibrate(ca);
     if (si_cmd->parsed()) return run_simulate(si);
+    if (pp_cmd->parsed()) return run_preprocess(pp);
   } catch (const ConfigError& e) {
     print_error(e.what());
     return 2;

@@ -9,9 +9,7 @@ constexpr const char* kNoPipeline =
     "this engine has no pipeline parallelism (AMPipe pipelines inside a block); use data and expert parallelism";
 constexpr const char* kNoSelective =
     "selective recomputation is not supported yet; use --recompute-granularity full --recompute-method uniform|block";
-constexpr const char* kTokenizer =
-    "this engine reads plain text byte by byte (V = 256) or pre-tokenized llm.c token files (--data-path); "
-    "tokenize with llm.c's data scripts";
+constexpr const char* kTokenizer = RefusedFlags::kTokenizerReason;
 }  // namespace
 
 void RefusedFlags::add_to(CLI::App& app, const std::string& group) {
@@ -30,7 +28,6 @@ void RefusedFlags::add_to(CLI::App& app, const std::string& group) {
       E("--recompute-activations", nullptr, kNoSelective),
       E("--use-distributed-optimizer", nullptr,
         "the optimizer state is not sharded: every data-parallel rank keeps the whole AdamW state"),
-      E("--tokenizer-type", nullptr, kTokenizer),
       E("--vocab-file", nullptr, kTokenizer),
       E("--merge-file", nullptr, kTokenizer),
       E("--position-embedding-type", "learned_absolute",

@@ -11,6 +11,11 @@
 namespace ampipe::cli {
 
 struct RefusedFlags {
+  // Why a tokenizer other than the byte level, the token file's ids and SentencePiece is refused (--vocab-file,
+  // --merge-file, --tokenizer-type other than SentencePieceTokenizer).
+  static constexpr const char* kTokenizerReason =
+      "this engine reads plain text byte by byte (V = 256), pre-tokenized llm.c token files (--data-path), or "
+      "SentencePiece models (--tokenizer-type SentencePieceTokenizer --tokenizer-model FILE; ampipe preprocess)";
   struct Entry {
     const char* flag = nullptr;
     const char* accepted = nullptr;  // the one value accepted (nullptr: none)

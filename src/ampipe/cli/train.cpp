@@ -18,6 +18,7 @@
 #include "ampipe/train/megatron_args.h"
 #include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
+#include "ampipe/train/tokenizer.h"
 #include "ampipe/train/trainer.h"
 
 namespace ampipe::cli {
@@ -65,7 +66,10 @@ int run_train(TrainFlags& flags) {
 
   // Data before any collective: a bad file fails identically on every rank.
   const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
-  const train::Corpus corpus = train::load_corpus(cfg.data_path);
+  std::unique_ptr<train::SentencePieceTokenizer> tokenizer;
+  if (!cfg.tokenizer_model.empty())
+    tokenizer = std::make_unique<train::SentencePieceTokenizer>(cfg.tokenizer_model, "--tokenizer-model");
+  const train::Corpus corpus = train::load_corpus(cfg.data_path, tokenizer.get());
   cfg.vocab_size = corpus.vocab_size;
   auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, train::data_split(cfg),
                                                       cfg.layer.seed, source + ", " + corpus.format);

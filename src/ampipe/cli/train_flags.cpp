@@ -113,6 +113,11 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--clip-grad", c.clip_grad, "clip the global gradient norm to this (0: off)")->capture_default_str();
   // Data.
   a.add_option("--data-path", c.data_path, "training data: a plain-text file, or a pre-tokenized llm.c token file (default: the bundled corpus)");
+  a.add_option("--tokenizer-type", c.tokenizer_type,
+               "SentencePieceTokenizer (with --tokenizer-model); default: bytes of plain text, ids of a token file");
+  a.add_option("--tokenizer-model", c.tokenizer_model,
+               "SentencePiece model (e.g. from ampipe preprocess): tokenizes a plain-text --data-path at load, and "
+               "gives the vocabulary size");
   a.add_option("--valid-fraction", c.valid_fraction, "tail of the text held out for validation (the split 1-f,f,0)")
       ->capture_default_str();
   a.add_option("--split", c.split,
@@ -237,6 +242,16 @@ train::TrainConfig TrainFlags::finish() {
     }
   }
   refused.check();
+  if (!cfg.tokenizer_type.empty() && cfg.tokenizer_type != "SentencePieceTokenizer")
+    throw ConfigError(fmt::format("--tokenizer-type {} is not supported: {}", cfg.tokenizer_type,
+                                  RefusedFlags::kTokenizerReason));
+  if (cfg.tokenizer_type == "SentencePieceTokenizer" && cfg.tokenizer_model.empty())
+    throw ConfigError("--tokenizer-type SentencePieceTokenizer needs --tokenizer-model FILE (a SentencePiece model, "
+                      "e.g. PREFIX.model from ampipe preprocess)");
+  if (!cfg.tokenizer_model.empty() && cfg.tokenizer_type != "SentencePieceTokenizer")
+    throw ConfigError(fmt::format("--tokenizer-model {} needs --tokenizer-type SentencePieceTokenizer (the only "
+                                  "tokenizer type that takes a model here)",
+                                  cfg.tokenizer_model));
   auto given = [&](const char* flag) {
     const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
     return o != nullptr && o->count() > 0;

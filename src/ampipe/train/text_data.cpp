@@ -8,6 +8,7 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/core/philox.h"
+#include "ampipe/train/tokenizer.h"
 
 namespace ampipe::train {
 
@@ -60,12 +61,12 @@ int32_t le_i32(const std::string& b, size_t i) {
 
 // An llm.c token file: 256 int32 header (magic, version 1, count), then `count` uint16 ids.
 Corpus parse_token_file(const std::string& b, const std::string& path) {
-  constexpr size_t kHeader = 256 * 4;
+  constexpr size_t kHeader = kTokenFileHeaderInts * 4;
   if (b.size() < kHeader)
     throw ConfigError(fmt::format("--data-path {}: truncated token file: {} bytes, the header alone is {}", path,
                                   b.size(), kHeader));
   const int32_t version = le_i32(b, 1), count = le_i32(b, 2);
-  if (version != 1)
+  if (version != kTokenFileVersion)
     throw ConfigError(fmt::format("--data-path {}: token file version {} is not supported (only version 1: uint16 "
                                   "ids)",
                                   path, version));
@@ -82,7 +83,7 @@ Corpus parse_token_file(const std::string& b, const std::string& path) {
     c.tokens[i] = id;
     max_id = std::max(max_id, id);
   }
-  c.vocab_size = (int64_t(max_id) + 1 + 127) / 128 * 128;
+  c.vocab_size = (int64_t(max_id) + 1 + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   return c;
 }
 
@@ -97,13 +98,13 @@ Corpus text_corpus(const std::string& text) {
   return c;
 }
 
-Corpus load_corpus(const std::string& data_path) {
-  if (!data_path.empty()) {
-    std::string bytes = read_all(data_path, "--data-path");
-    if (bytes.size() >= 4 && le_i32(bytes, 0) == kTokenFileMagic) return parse_token_file(bytes, data_path);
-    check_text(bytes, data_path, "--data-path");
-    return text_corpus(bytes);
-  }
+std::string read_text_file(const std::string& path, const std::string& flag) {
+  std::string bytes = read_all(path, flag);
+  check_text(bytes, path, flag);
+  return bytes;
+}
+
+std::string bundled_corpus_text() {
   std::vector<std::filesystem::path> files;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(kBundledCorpusDir, ec))
@@ -115,7 +116,68 @@ Corpus load_corpus(const std::string& data_path) {
   std::sort(files.begin(), files.end());
   std::string text;
   for (const auto& f : files) text += read_all(f.string(), "bundled corpus file") + "\n";
-  return text_corpus(text);
+  return text;
+}
+
+Corpus load_corpus(const std::string& data_path) { return load_corpus(data_path, nullptr); }
+
+Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* tokenizer) {
+  std::string text;
+  if (!data_path.empty()) {
+    std::string bytes = read_all(data_path, "--data-path");
+    if (bytes.size() >= 4 && le_i32(bytes, 0) == kTokenFileMagic) {
+      Corpus c = parse_token_file(bytes, data_path);
+      if (tokenizer != nullptr) {
+        const int64_t V = tokenizer->vocab_size();
+        for (size_t i = 0; i < c.tokens.size(); ++i)
+          if (c.tokens[i] >= V)
+            throw ConfigError(fmt::format("--data-path {}: token {} has id {}, outside --tokenizer-model {}'s "
+                                          "vocabulary of {} pieces (ids must be < {}): the file was tokenized with "
+                                          "another model",
+                                          data_path, i, c.tokens[i], tokenizer->path(), V, V));
+        c.vocab_size = (V + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+        c.format += ", SentencePiece " + std::to_string(V) + " pieces";
+      }
+      return c;
+    }
+    check_text(bytes, data_path, "--data-path");
+    text = std::move(bytes);
+  } else {
+    text = bundled_corpus_text();
+  }
+  if (tokenizer == nullptr) return text_corpus(text);
+  Corpus c;
+  c.tokens = tokenizer->encode(text);
+  const int64_t V = tokenizer->vocab_size();
+  c.vocab_size = (V + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+  c.format = "text (SentencePiece " + std::to_string(V) + " pieces)";
+  return c;
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, const std::string& flag) {
+  if (tokens.size() > size_t(INT32_MAX))
+    throw ConfigError(fmt::format("{} {}: {} tokens do not fit the token file's int32 count", flag, path,
+                                  tokens.size()));
+  std::string b(size_t(kTokenFileHeaderInts) * 4 + 2 * tokens.size(), '\0');
+  auto put32 = [&](size_t word, int32_t v) {
+    for (int k = 0; k < 4; ++k) b[word * 4 + size_t(k)] = char(uint32_t(v) >> (8 * k) & 0xff);
+  };
+  put32(0, kTokenFileMagic);
+  put32(1, kTokenFileVersion);
+  put32(2, int32_t(tokens.size()));
+  const size_t h = size_t(kTokenFileHeaderInts) * 4;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t id = tokens[i];
+    if (id < 0 || id >= kTokenFileMaxVocab)
+      throw ConfigError(fmt::format("{} {}: token id {} does not fit the token file's uint16 ids (< {})", flag, path,
+                                    id, kTokenFileMaxVocab));
+    b[h + 2 * i] = char(id & 0xff);
+    b[h + 2 * i + 1] = char(id >> 8 & 0xff);
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(b.data(), std::streamsize(b.size()));
+  out.close();
+  if (!out) throw ConfigError(fmt::format("{} {}: the file cannot be written", flag, path));
 }
 
 DataSplit parse_split(const std::string& text) {

@@ -13,6 +13,11 @@
 // magic number; the vocabulary is the largest id + 1, rounded up to a multiple of 128 (Megatron's
 // --make-vocab-size-divisible-by default), so the LM head has a row for every id.
 //
+// Subword tokens: with a SentencePiece model (--tokenizer-type SentencePieceTokenizer --tokenizer-model FILE,
+// train/tokenizer.h), plain text is tokenized with the model at load, and a token file must hold ids below the
+// model's piece count; the vocabulary is then the model's piece count rounded up to a multiple of 128.
+// `ampipe preprocess` writes token files (write_token_file) that the model's ids fit in: at most 65536 pieces.
+//
 // Split: the token stream's last valid_fraction is the validation split; the rest is the training split. A
 // sample is a window of s + 1 tokens (inputs = window[0, s), targets = window[1, s]); the training split has
 // N = (n_train - 1) / s windows at stride s. Training sample g (g = 0, 1, 2, ... over the whole run, the
@@ -37,6 +42,12 @@ namespace ampipe::train {
 inline constexpr int64_t kVocabSize = 256;  // the byte-level tokenizer's vocabulary
 inline constexpr const char* kBundledCorpusDir = "/usr/share/common-licenses";
 inline constexpr int32_t kTokenFileMagic = 20240520;  // llm.c token files
+inline constexpr int32_t kTokenFileVersion = 1;       // uint16 ids
+inline constexpr int kTokenFileHeaderInts = 256;      // int32 header words
+inline constexpr int64_t kTokenFileMaxVocab = 65536;  // uint16 ids
+inline constexpr int64_t kVocabPadding = 128;         // Megatron's --make-vocab-size-divisible-by default
+
+class SentencePieceTokenizer;
 
 // A token stream and the vocabulary it needs.
 struct Corpus {
@@ -49,6 +60,17 @@ struct Corpus {
 // Throws ConfigError naming --data-path and the path when the file is missing, unreadable, empty, a token file
 // with a bad header or size, or neither (a NUL byte, or more than 1% control characters).
 Corpus load_corpus(const std::string& data_path);
+// The same with a SentencePiece model: text is tokenized with it; a token file with an id >= the model's piece
+// count is refused (ConfigError naming --data-path, the id and --tokenizer-model). tokenizer == nullptr: as above.
+Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* tokenizer);
+// The bundled corpus's text (kBundledCorpusDir's files in name order, each followed by a newline).
+std::string bundled_corpus_text();
+// A plain-text file, checked as --data-path's text is (missing, unreadable, empty, binary: ConfigError naming
+// `flag` and the path).
+std::string read_text_file(const std::string& path, const std::string& flag);
+// Writes tokens as an llm.c token file (the format load_corpus reads). Throws ConfigError naming `flag` and the path
+// when it cannot be written, and when an id does not fit uint16.
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, const std::string& flag);
 // Byte-level tokenization of a text (token = byte value, V = 256).
 Corpus text_corpus(const std::string& text);
 

@@ -259,6 +259,8 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["adam_eps"] = c.adam_eps;
   j["clip_grad"] = c.clip_grad;
   j["data_path"] = c.data_path;
+  j["tokenizer_type"] = c.tokenizer_type;
+  j["tokenizer_model"] = c.tokenizer_model;
   j["split"] = split_str(data_split(c));  // --valid-fraction f is the split 1-f,f,0
   j["max_position_embeddings"] = c.max_position_embeddings;
   return j;

@@ -73,6 +73,8 @@ struct TrainConfig {
 
   // ---- data ----
   std::string data_path;        // empty: the bundled corpus
+  std::string tokenizer_type;   // empty: byte-level (text) or the token file's ids; or SentencePieceTokenizer
+  std::string tokenizer_model;  // the SentencePiece model of tokenizer_type SentencePieceTokenizer
   int64_t vocab_size = 256;     // set from the data (train/text_data.h): 256 for byte-level text
   double valid_fraction = 0.05;  // tail of the token stream held out for validation
   int64_t eval_interval = 100;   // 0: no evaluation during training
