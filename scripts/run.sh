@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Sets everything up, builds, and runs the main job: `ampipe train` on 2 local ranks with its embedded default (a
 # small GPT-MoE, 2 layers of 4 experts, on the bundled corpus; AMPipe degree 2 with expert parallelism 2; 300
-# iterations, about a minute on 2 cores), ending with a summary of where the loss went and how fast it ran.
+# iterations, about a minute on 2 cores), ending with a summary of where the loss went and how fast it ran, a
+# checkpoint in out/main-job/ and the loss curves as out/main-job/loss.png.
 # Extra arguments are passed to `ampipe train` (e.g. --train-iters 50, --data-path FILE, --save DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The checkpoint and the loss curves (PNG: training loss blue, validation orange) go to out/main-job/.
 exec mpirun -np 2 --bind-to none --mca btl self,vader ./build/ampipe train \
-  --ampipe-degree 2 --moe-model-type deepspeed_moe --use-flash-attn --expert-model-parallel-size 2 "$@"
+  --ampipe-degree 2 --moe-model-type deepspeed_moe --use-flash-attn --expert-model-parallel-size 2 \
+  --save out/main-job --loss-plot out/main-job/loss.png "$@"

@@ -45,7 +45,7 @@ const std::map<std::string, const char*>& group_of() {
     put(kLr, {"--lr", "--min-lr", "--lr-warmup-iters", "--lr-decay-style", "--lr-decay-iters"});
     put(kCheckpoint, {"--save", "--load", "--save-interval", "--no-load-optim", "--finetune", "--use-checkpoint-args"});
     put(kData, {"--data-path", "--tokenizer-type", "--tokenizer-model", "--input", "--output-prefix", "--split", "--valid-fraction", "--eval-interval", "--eval-iters"});
-    put(kLogging, {"--log-interval", "--trace", "--trace-iteration", "--json", "--tensorboard-dir",
+    put(kLogging, {"--log-interval", "--trace", "--loss-plot", "--trace-iteration", "--json", "--tensorboard-dir",
                    "--tensorboard-log-interval", "--moe-per-layer-logging"});
     put(kNotRun, {"--use-ascend-mc2", "--overlap-grad-reduce", "--overlap-param-gather", "--use-nanopipe",
                   "--recompute-in-bubble", "--recompute-in-advance", "--adaptive-recompute-device-swap",

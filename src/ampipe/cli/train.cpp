@@ -15,6 +15,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint_args.h"
+#include "ampipe/train/loss_plot.h"
 #include "ampipe/train/megatron_args.h"
 #include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
@@ -106,6 +107,7 @@ int run_train(TrainFlags& flags) {
   check_ranks_agree(train_agreement(cfg, flags, corpus), groups.world);
   rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
+  check_output_file("--loss-plot", cfg.loss_plot, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
   if (!cfg.tensorboard_dir.empty()) train::check_writable_dir("--tensorboard-dir", cfg.tensorboard_dir, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
@@ -185,6 +187,8 @@ int run_train(TrainFlags& flags) {
   });
 
   if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
+  if (rank0 && !cfg.loss_plot.empty())
+    fmt::print("ampipe train: loss curves written to {}: {}\n", cfg.loss_plot, train::write_loss_plot(cfg.loss_plot, res));
   if (rank0 && res.iterations.empty()) {  // --skip-train, or the checkpoint is already at --train-iters
     fmt::print("ampipe train: done: no iteration trained ({}; the model of iteration {})",
                cfg.skip_train ? "--skip-train" : fmt::format("--train-iters {} reached", cfg.train_iters), start);

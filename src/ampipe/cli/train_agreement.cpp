@@ -44,6 +44,7 @@ nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& 
   j["save_interval"] = cfg.save_interval;
   j["log_interval"] = cfg.log_interval;
   j["trace"] = cfg.trace;
+  j["loss_plot"] = cfg.loss_plot;
   j["trace_iteration"] = cfg.trace_iteration;
   j["sim_profile"] = flags.sim_profile;
   j["ampipe_degree"] = flags.ampipe_degree;  // as given: an integer or auto

@@ -140,6 +140,8 @@ void TrainFlags::add_to(CLI::App& a) {
   // Output.
   a.add_option("--log-interval", c.log_interval, "log line every N iterations")->capture_default_str();
   a.add_option("--trace", c.trace, "write a Chrome trace (Perfetto) of one iteration to this file");
+  a.add_option("--loss-plot", c.loss_plot,
+               "write the loss curves (training per iteration, validation per evaluation) as a PNG at the end");
   a.add_option("--trace-iteration", c.trace_iteration,
                "which iteration of this run --trace records (1-based; after a resume at R: iteration R + K)")
       ->capture_default_str();

@@ -87,6 +87,7 @@ struct TrainConfig {
   // ---- output ----
   int64_t log_interval = 20;
   std::string trace;
+  std::string loss_plot;  // --loss-plot FILE: the loss curves as a PNG at the end (train/loss_plot.h)
   int64_t trace_iteration = 2;  // the K-th iteration of this run (after a resume: resume point + K)
   std::string tensorboard_dir;  // rank 0 writes TensorBoard event files here (train/tensorboard.h); empty: none
   bool moe_per_layer_logging = false;  // one log line per layer with the expert loads (Megatron's flag)
