@@ -109,4 +109,10 @@ TEST(MemoryEstimate, FitRules) {
   schedule::MemoryEstimate huge;
   huge.add("parameters", int64_t(1) << 60);
   EXPECT_THAT(schedule::memory_fit_error(huge, 0, -1, 2), HasSubstr("/ 2 ranks on this host"));
+  EXPECT_EQ(schedule::memory_fit_error(huge, 0, 0, 2), "");  // --memory-limit 0: no check at all
+  // What the process already holds is not counted twice against the host (MemAvailable no longer includes it).
+  schedule::MemoryEstimate held;
+  held.add("process now", int64_t(1) << 60);
+  held.add("parameters", 1 << 20);
+  EXPECT_EQ(schedule::memory_fit_error(held, int64_t(1) << 60, -1, 1), "");
 }
