@@ -74,3 +74,29 @@ TEST(SizeCheck, CheckedArithmetic) {
   EXPECT_THROW(model::checked_add(INT64_MAX, 1, "x"), ConfigError);
   EXPECT_EQ(model::checked_add(INT64_MAX - 1, 1, "x"), INT64_MAX);
 }
+
+TEST(SizeCheck, PlanSize) {
+  model::LayerConfig c = small_layer();
+  c.seq_length = int64_t(1) << 30;
+  EXPECT_EQ(model::check_plan_size(c, 16), 16);
+  EXPECT_EQ(model::check_plan_size(c, 1 << 16), 1 << 16);  // the bound itself is planned
+  try {
+    model::check_plan_size(c, (1 << 16) * 2);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--ampipe-degree 131072 is too large"));
+  }
+  c.use_pipe_experts = true;  // 4 local experts x 8 / 2 slices: 16 pieces per chunk, 2 x 17 groups
+  c.pipe_experts_multi_data = 8;
+  EXPECT_EQ(model::check_plan_size(c, 2), 34);
+  c.pipe_experts_multi_data = 1 << 20;  // 4 x 2^19 pieces per chunk
+  EXPECT_THROW(model::check_plan_size(c, 2), ConfigError);
+  c.use_pipe_experts = false;
+  EXPECT_EQ(model::check_plan_size(c, 4, 1 << 18), 4);  // 2^20 groups over the stack: the bound
+  try {
+    model::check_plan_size(c, 4, (1 << 18) + 1);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--num-layers 262145 is too large"));
+  }
+}

@@ -143,6 +143,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
                                     "divide the sequence length",
                                     M, cfg.seq_length));
+    model::check_plan_size(cfg, M, std::max(a.num_layers, 1));  // the Plans' task lists (model/size_check.h)
     model::LayerConfig c = cfg;
     c.ampipe_tp_sp_comm_overlap = false;  // the sweep decides; the flag itself is checked with degree > 1 below
     c.check_tensor_parallel(M);

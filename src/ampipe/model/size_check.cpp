@@ -1,5 +1,6 @@
 #include "ampipe/model/size_check.h"
 
+#include <algorithm>
 #include <string>
 
 #include "ampipe/core/error.h"
@@ -55,6 +56,35 @@ void check_layer_sizes(const LayerConfig& c) {
   // [E, C, h] per chunk is at most E x T x h over a step, [L, M*R, F1] at most E x T x F1.
   checked_elements("the [E, C, h] all-to-all buffers at one slot per token", {E, s, b, h});
   checked_elements("the [L, M*R, F1] expert activations at one slot per token", {E, s, b, two, F1});
+}
+
+int64_t check_plan_size(const LayerConfig& c, int M, int64_t num_layers) {
+  const int64_t L = c.local_experts();
+  int64_t P = 0;  // expert pieces per chunk
+  if (c.use_pipe_experts)
+    P = checked_mul(L, std::max<int64_t>(1, c.pipe_experts_multi_data / std::max(M, 1)), "the pieces of a chunk");
+  else if (c.ampipe_tp_sp_comm_overlap && c.tp() > 1)
+    P = L;
+  int64_t groups = 0;
+  if (__builtin_mul_overflow(int64_t(M), P + 1, &groups) || groups > kMaxPlanGroups) {
+    if (P == 0 || int64_t(M) * 2 > kMaxPlanGroups)  // the degree alone is too large
+      throw ConfigError(fmt::format("--ampipe-degree {} is too large: a layer's Plan has tasks for each of its {} "
+                                    "chunks, and at most {} chunks are planned",
+                                    M, M, kMaxPlanGroups));
+    const std::string what =
+        c.use_pipe_experts ? fmt::format("--pipe-experts-multi-data {} with {} local experts", c.pipe_experts_multi_data, L)
+                           : fmt::format("--ampipe-tp-sp-comm-overlap with {} local experts", L);
+    throw ConfigError(fmt::format("{} (--num-experts / --expert-model-parallel-size) is too large: {} expert pieces "
+                                  "per chunk, and a layer's Plan has tasks for each chunk and piece, --ampipe-degree "
+                                  "{} x (1 + {}), at most {}",
+                                  what, P, M, P, kMaxPlanGroups));
+  }
+  int64_t all = 0;
+  if (__builtin_mul_overflow(groups, num_layers, &all) || all > kMaxStackPlanGroups)
+    throw ConfigError(fmt::format("--num-layers {} is too large: one Plan per layer of {} task groups (M x (1 + "
+                                  "pieces per chunk)) is {} x {}, and at most {} are planned for a stack",
+                                  num_layers, groups, num_layers, groups, kMaxStackPlanGroups));
+  return groups;
 }
 
 }  // namespace ampipe::model

@@ -37,4 +37,14 @@ int64_t checked_mul(int64_t a, int64_t b, const char* what);
 // degree: those bounds do not grow with it.
 void check_layer_sizes(const LayerConfig& cfg);
 
+// The size of the Plans themselves (their task lists): a layer's Plan has a few tasks per chunk and per expert piece
+// of a chunk, so about M x (1 + P) groups of tasks, P = pieces per chunk (pipe-experts: L x N/M; tp overlap: L;
+// else 0). At most kMaxPlanGroups per layer and kMaxStackPlanGroups for `num_layers` layers (the stacks of train and
+// simulate build one Plan per layer): far beyond any useful degree (a degree of 16 with 1024 pieces is 16400), and
+// small enough that the task lists cannot exhaust memory before the memory check. Throws ConfigError naming
+// --ampipe-degree (or --pipe-experts-multi-data, --num-layers). Returns the groups of one layer.
+inline constexpr int64_t kMaxPlanGroups = int64_t(1) << 16;
+inline constexpr int64_t kMaxStackPlanGroups = int64_t(1) << 20;
+int64_t check_plan_size(const LayerConfig& cfg, int M, int64_t num_layers = 1);
+
 }  // namespace ampipe::model
