@@ -89,7 +89,20 @@ TEST(MemoryEstimate, TrainByHand) {
   EXPECT_EQ(e.bytes("data order"), 800);
   const schedule::Plan p = schedule::build_layer_plan(t.layer, 1);
   EXPECT_EQ(e.bytes("activations + communication (planned)"), int64_t(p.planned_bytes(2)));
-  EXPECT_EQ(e.bytes("checkpoint save (gathered tensors)"), 0);  // no --save
+  EXPECT_EQ(e.bytes("checkpoint buffers (--save / --load)"), 0);  // neither --save nor --load
+  // --save at ep 1: nothing is gathered; the optimizer file (two moments of every tensor) is built in memory.
+  t.save = "ckpt";
+  EXPECT_EQ(train::estimate_train_memory(t).bytes("checkpoint buffers (--save / --load)"), params * 8);
+  // --load: the optimizer file read whole, and its tensors parsed from it.
+  t.load = "ckpt";
+  EXPECT_EQ(train::estimate_train_memory(t).bytes("checkpoint buffers (--save / --load)"), params * 16);
+  // ep 2 and --save only: the expert matrices fc1, fc2 (4*24*32 each, full) and both moments gathered whole.
+  t.load.clear();
+  t.layer.expert_model_parallel_size = 2;
+  EXPECT_EQ(train::estimate_train_memory(t).bytes("checkpoint buffers (--save / --load)"),
+            params * 8 + 2 * 2 * 3072 * 12);
+  t.layer.expert_model_parallel_size = 1;
+  t.save.clear();
 
   t.untie_embeddings_and_output_weights = true;  // + output layer [256, 32]
   EXPECT_EQ(train::estimate_train_memory(t).bytes("parameters"), (params + 8192) * 4);

@@ -1,5 +1,7 @@
 #include "ampipe/train/memory_estimate.h"
 
+#include <algorithm>
+
 #include "ampipe/model/layer_params.h"
 #include "ampipe/model/size_check.h"
 
@@ -42,18 +44,31 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   e.add("embedding + LM head buffers", checked_mul(act, 4, "the head's buffer bytes"));
   if (train_samples > 0) e.add("data order", checked_mul(train_samples, 8, "the data order"));
 
-  if (!cfg.save.empty()) {  // save_checkpoint gathers the full tensor of every sharded parameter and both moments
-    int64_t full = 0;
-    for (const char* name : {"attn.qkv.weight", "attn.proj.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"}) {
-      const bool expert = model::LayerParams::is_expert(name);
-      const bool sharded = (expert && l.expert_model_parallel_size > 1) || (l.tp() > 1 && model::tp_split(l, name).dim >= 0);
-      if (!sharded) continue;
+  if (!cfg.save.empty() || !cfg.load.empty()) {
+    // Checkpoints hold full tensors, and core/safetensors builds (save) or reads (load) a whole file in one buffer.
+    // Save: every sharded matrix and both its moments gathered whole, plus the optimizer file's buffer (two moments
+    // of every full tensor, the larger file). Load: the optimizer file read whole plus its parsed tensors. The
+    // larger of the two, on top of the steady state (a save runs between steps, a load before the first).
+    int64_t full_layer = 0, sharded = 0;
+    for (const char* name : {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
+                             "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"}) {
       int64_t n = 1;
       for (int64_t d : model::full_shape(l, name)) n = checked_mul(n, d, "a parameter's size");
-      full = checked_add(full, n, "the checkpoint's size");
+      full_layer = checked_add(full_layer, n, "the checkpoint's size");
+      const bool expert = model::LayerParams::is_expert(name);
+      if ((expert && l.expert_model_parallel_size > 1) || (l.tp() > 1 && model::tp_split(l, name).dim >= 0))
+        sharded = checked_add(sharded, n, "the checkpoint's size");
     }
-    e.add("checkpoint save (gathered tensors)",
-          checked_mul(checked_mul(full, 12, "the checkpoint's size"), cfg.num_layers, "the checkpoint's size"));
+    const int64_t full = checked_add(checked_mul(full_layer, cfg.num_layers, "the checkpoint's size"), head,
+                                     "the checkpoint's size");
+    const int64_t opt_file = checked_mul(full, 8, "the optimizer file");  // two fp32 moments
+    const int64_t save = cfg.save.empty()
+                             ? 0
+                             : checked_add(checked_mul(checked_mul(sharded, 12, "the checkpoint's size"),
+                                                       cfg.num_layers, "the checkpoint's size"),
+                                           opt_file, "the checkpoint's size");
+    const int64_t load = cfg.load.empty() ? 0 : checked_mul(opt_file, 2, "the checkpoint's size");
+    e.add("checkpoint buffers (--save / --load)", std::max(save, load));
   }
   return e;
 }

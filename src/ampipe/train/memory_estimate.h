@@ -5,7 +5,8 @@
 // parameter; the flat gradient buffers of the data-parallel all-reduce (one fp32 copy of every local gradient);
 // the head's buffers (logits [T, V], the [T, h] LayerNorm input and output gradients, the embedding output, the
 // upstream gradient, sequence parallelism's gathers); the data order (one int64 per training sample); and, with
-// --save, the full tensors a checkpoint save gathers (parameters and both moments of every sharded tensor).
+// --save or --load, the checkpoint's buffers (a save gathers every sharded tensor and both its moments whole and
+// builds the optimizer file in memory; a load reads the optimizer file whole and parses it).
 // All in overflow-checked arithmetic: a size that does not fit is a ConfigError naming the flags.
 #pragma once
 
