@@ -32,3 +32,27 @@ TEST(Checksum, OneFlippedBitChangesTheChecksum) {
   }
   EXPECT_EQ(core::checksum_string(0xabcull), "xxh64:0000000000000abc");
 }
+
+// CRC-32C against the check value of the Castagnoli CRC and the test vectors of RFC 3720 (iSCSI), appendix B.4.
+TEST(Checksum, Crc32cMatchesTheRfc3720Vectors) {
+  EXPECT_EQ(core::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(core::crc32c("", 0), 0u);
+  std::string zeros(32, '\0'), ones(32, '\xff'), up, down;
+  for (int i = 0; i < 32; ++i) {
+    up.push_back(char(i));
+    down.push_back(char(31 - i));
+  }
+  EXPECT_EQ(core::crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(core::crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(core::crc32c(up.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(core::crc32c(down.data(), 32), 0x113FDB5Cu);
+  // Continuing a previous result equals one call over the whole input.
+  EXPECT_EQ(core::crc32c("56789", 5, core::crc32c("1234", 4)), 0xE3069283u);
+}
+
+// TFRecord's mask: rotate right by 15, add 0xa282ead8.
+TEST(Checksum, Crc32cMaskedIsTfRecordsMask) {
+  const uint32_t c = 0xE3069283u;
+  EXPECT_EQ(core::crc32c_masked("123456789", 9), uint32_t(((c >> 15) | (c << 17)) + 0xa282ead8u));
+  EXPECT_NE(core::crc32c_masked("123456789", 9), c);
+}

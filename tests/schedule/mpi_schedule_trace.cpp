@@ -170,12 +170,13 @@ TEST(ScheduleTrace, TensorParallelCollectivesOverlapExpertPieces) {
   comm::barrier_sync(groups.world, "trace_tp.end");
   comm::Trace::set_enabled(false);
   std::map<std::string, Span> rec;
-  std::string sequence;
+  std::map<int64_t, std::string> by_seq;  // the tp group's collectives by their number (two lanes: tp, etp)
   for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
     rec[r.name] = {r.issued_us, r.start_us, r.end_us};
-    if (r.name.find(".tp_") != std::string::npos && r.name.rfind("wait:", 0) != 0)
-      sequence += fmt::format("{}#{};", r.seq, r.name);
+    if (r.name.find(".tp_") != std::string::npos && r.name.rfind("wait:", 0) != 0) by_seq[r.seq] = r.name;
   }
+  std::string sequence;
+  for (const auto& [seq, name] : by_seq) sequence += fmt::format("{}#{};", seq, name);
   std::vector<std::string> fwd, bwd;  // piece suffixes in each direction's order
   for (int c = 0; c < M; ++c)
     for (int q = 0; q < pieces; ++q) fwd.push_back(fmt::format("c{}.p{}", c, q));

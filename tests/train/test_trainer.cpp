@@ -3,6 +3,7 @@
 // interrupted before the marker leaves the previous checkpoint loadable; checkpoints load across degrees.
 #include <gmock/gmock.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -219,5 +220,43 @@ TEST(Trainer, SteadyStateIterationsAllocateNoTensorStorage) {
     const TensorAllocStats after = tensor_alloc_stats();
     EXPECT_EQ(t.iteration(), 5);
     EXPECT_EQ(after.count - before.count, 0u) << (after.bytes - before.bytes) << " bytes in 3 iterations, bf16 " << bf16;
+  }
+}
+
+// The expert loads of each log window (issue 14 item 4): per layer, kept + dropped = all choices = window
+// iterations x global batch x s x top-k; and the drop share over all layers equals the per-iteration token drops,
+// which count slot -1 separately (count_drops, all-reduced per iteration).
+TEST(Trainer, ExpertLoadsCountEveryChoiceOnce) {
+  train::TrainConfig c = ampipe::testing::tiny_config();
+  c.layer.moe_train_capacity_factor = 0.75;  // drops
+  c.ampipe_degree = 2;
+  c.train_iters = 4;
+  c.log_interval = 2;
+  c.validate(1);
+  train::Trainer t(c, *g_groups, ampipe::testing::corpus_data(c));
+  const train::TrainResult r = t.train();
+  ASSERT_EQ(r.moe.size(), 2u);
+  const int64_t G = c.global_batch(1);
+  for (size_t w = 0; w < r.moe.size(); ++w) {
+    EXPECT_EQ(r.moe[w].iteration, int64_t(2 * (w + 1)));
+    ASSERT_EQ(r.moe[w].layers.size(), size_t(c.num_layers));
+    int64_t dropped = 0, choices = 0;
+    for (const train::MoeLayerStats& l : r.moe[w].layers) {
+      ASSERT_EQ(l.tokens.size(), size_t(c.layer.num_experts));
+      int64_t kept = 0, mx = 0;
+      for (int64_t n : l.tokens) {
+        kept += n;
+        mx = std::max(mx, n);
+      }
+      EXPECT_EQ(l.choices, 2 * G * c.layer.seq_length * c.layer.moe_router_topk);
+      EXPECT_EQ(kept + l.dropped, l.choices);
+      EXPECT_DOUBLE_EQ(l.load_imbalance(), double(mx) / (double(kept) / double(l.tokens.size())));
+      dropped += l.dropped;
+      choices += l.choices;
+    }
+    EXPECT_GT(dropped, 0) << "capacity factor 0.75 drops choices";
+    const double per_iteration =
+        (r.iterations[2 * w].drop_fraction + r.iterations[2 * w + 1].drop_fraction) / 2.0;
+    EXPECT_NEAR(double(dropped) / double(choices), per_iteration, 1e-6);
   }
 }

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       "PATH");
   for (CLI::App* sub : app.get_subcommands({}))
     for (const char* flag : {"--save", "--load", "--data-path", "--trace", "--export", "--json", "--out",
-                             "--sim-profile", "--profile", "--config", "--tokenizer-model"})
+                             "--sim-profile", "--profile", "--config", "--tokenizer-model", "--tensorboard-dir"})
       if (CLI::Option* o = sub->get_option_no_throw(flag)) o->check(non_empty);
   for (CLI::App* sub : app.get_subcommands({})) {
     group_flags(*sub);

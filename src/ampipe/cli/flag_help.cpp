@@ -38,13 +38,15 @@ const std::map<std::string, const char*>& group_of() {
     put(kParallel, {"--expert-model-parallel-size", "--tensor-model-parallel-size", "--context-parallel-size",
                     "--context-parallel-algo", "--sequence-parallel", "--ampipe-tp-sp-comm-overlap",
                     "--distributed-backend", "--check-collectives", "--comm-timeout", "--world-size", "--nodes"});
-    put(kTraining, {"--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples",
+    put(kTraining, {"--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+                    "--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples",
                     "--exit-interval", "--exit-signal-handler", "--skip-train", "--weight-decay", "--adam-beta1", "--adam-beta2",
                     "--adam-eps", "--clip-grad", "--config"});
     put(kLr, {"--lr", "--min-lr", "--lr-warmup-iters", "--lr-decay-style", "--lr-decay-iters"});
     put(kCheckpoint, {"--save", "--load", "--save-interval", "--no-load-optim", "--finetune", "--use-checkpoint-args"});
     put(kData, {"--data-path", "--split", "--valid-fraction", "--eval-interval", "--eval-iters"});
-    put(kLogging, {"--log-interval", "--trace", "--trace-iteration", "--json"});
+    put(kLogging, {"--log-interval", "--trace", "--trace-iteration", "--json", "--tensorboard-dir",
+                   "--tensorboard-log-interval", "--moe-per-layer-logging"});
     put(kNotRun, {"--use-ascend-mc2", "--overlap-grad-reduce", "--overlap-param-gather", "--use-nanopipe",
                   "--recompute-in-bubble", "--recompute-in-advance", "--adaptive-recompute-device-swap",
                   "--adaptive-recompute-device-size", "--adaptive-memory-optimization", "--add-bias-linear"});

@@ -106,6 +106,7 @@ int run_train(TrainFlags& flags) {
   rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);
+  if (!cfg.tensorboard_dir.empty()) train::check_writable_dir("--tensorboard-dir", cfg.tensorboard_dir, groups.world);
   if (flags.auto_degree) {  // every degree the trainer accepts, predicted on the simulator; rank 0's choice
     const int world = rt.size();
     const DegreeChoice choice = choose_degree(cfg.layer, cfg.num_layers, groups, flags.sim_profile, [&](int M) {

@@ -25,6 +25,9 @@ nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& 
   j["adaptive_recompute_device_swap"] = cfg.adaptive_recompute_device_swap;
   j["adaptive_recompute_device_size"] = cfg.adaptive_recompute_device_size;
   j["adaptive_memory_optimization"] = cfg.adaptive_memory_optimization;
+  j["recompute_granularity"] = cfg.recompute_granularity;
+  j["recompute_method"] = cfg.recompute_method;
+  j["recompute_num_layers"] = cfg.recompute_num_layers;
   j["exit_interval"] = cfg.exit_interval;
   j["train_samples"] = cfg.train_samples;
   j["attention_dropout"] = cfg.attention_dropout;

@@ -58,7 +58,7 @@ void TrainFlags::add_to(CLI::App& a) {
                "dropout on the attention probabilities: only 0 (the fused attention has none)")
       ->capture_default_str();
   a.add_option("--distributed-backend", c.distributed_backend,
-               "nccl, gloo or mpi: accepted for launch scripts, no effect (this engine always communicates over MPI)")
+               "mpi only: this engine communicates over MPI (nccl and gloo are refused)")
       ->capture_default_str();
   // Parallelism.
   ampipe_degree = std::to_string(c.ampipe_degree);
@@ -81,6 +81,13 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_flag("--adaptive-recompute-device-swap", c.adaptive_recompute_device_swap, "(incompatible with AMPipe)");
   a.add_option("--adaptive-recompute-device-size", c.adaptive_recompute_device_size, "(incompatible with AMPipe)");
   a.add_flag("--adaptive-memory-optimization", c.adaptive_memory_optimization, "(incompatible with AMPipe)");
+  a.add_option("--recompute-granularity", c.recompute_granularity,
+               "full: recompute whole layers in the backward (selective is not supported yet)");
+  a.add_option("--recompute-method", c.recompute_method,
+               "with full: uniform (every layer) or block (the first --recompute-num-layers layers)");
+  a.add_option("--recompute-num-layers", c.recompute_num_layers,
+               "block: layers recomputed; uniform: Megatron's layers per group (every layer is recomputed here)")
+      ->capture_default_str();
   // Optimizer and schedule.
   a.add_option("--global-batch-size", c.global_batch_size,
                "sequences per iteration (default: micro-batch size x data-parallel size)");
@@ -132,6 +139,14 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--trace-iteration", c.trace_iteration,
                "which iteration of this run --trace records (1-based; after a resume at R: iteration R + K)")
       ->capture_default_str();
+  a.add_option("--tensorboard-dir", c.tensorboard_dir,
+               "rank 0 writes TensorBoard event files here: the log line's scalars and the expert loads, every "
+               "--log-interval iterations, and each evaluation");
+  a.add_option("--tensorboard-log-interval", tensorboard_log_interval,
+               "accepted for Megatron launch scripts: --log-interval governs the TensorBoard scalars (the means "
+               "over each log interval)");
+  a.add_flag("--moe-per-layer-logging", c.moe_per_layer_logging,
+             "one log line per MoE layer: tokens kept per expert, max/mean load, dropped share");
   refused.add_to(a, "Megatron flags this engine refuses (each says why)");  // the group name of flag_help.cpp
 }
 
@@ -233,10 +248,15 @@ train::TrainConfig TrainFlags::finish() {
   // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
   // checked as it is.
   if (!given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
-  if (cfg.distributed_backend != "mpi" && given("--distributed-backend"))
-    layer.notices.push_back(fmt::format("--distributed-backend {} has no effect: this engine always communicates "
-                                        "over MPI",
-                                        cfg.distributed_backend));
+  if (given("--tensorboard-log-interval")) {
+    if (tensorboard_log_interval < 1)
+      throw ConfigError(fmt::format("--tensorboard-log-interval {} is invalid: it must be >= 1",
+                                    tensorboard_log_interval));
+    if (tensorboard_log_interval != cfg.log_interval)
+      layer.notices.push_back(fmt::format("--tensorboard-log-interval {} has no effect: --log-interval {} governs the "
+                                          "TensorBoard scalars (the means over each log interval)",
+                                          tensorboard_log_interval, cfg.log_interval));
+  }
   auto_degree = ampipe_degree == "auto";
   if (auto_degree) {
     cfg.ampipe_degree = 1;  // until run_train has asked the simulator

@@ -24,6 +24,7 @@ struct TrainFlags {
   bool auto_degree = false;   // --ampipe-degree auto: run_train asks the simulator (auto_degree.h)
   std::string sim_profile;    // --sim-profile FILE for it
   RefusedFlags refused;        // Megatron flags parsed only to be refused with their reason
+  int64_t tensorboard_log_interval = 0;  // Megatron's flag: accepted; --log-interval governs TensorBoard (a note)
   bool exit_signal_handler = true;  // Megatron's --exit-signal-handler: accepted; this engine always does it
   CLI::App* app = nullptr;
 

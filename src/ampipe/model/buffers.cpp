@@ -111,6 +111,9 @@ bool in_compute_dtype(Buf b) {
 
 Scope scope_of(const LayerDims& d, Buf b) {
   const bool f32 = d.cd == DType::f32;
+  // A recomputed layer keeps its output (the next layer's input) and its input gradient (the previous layer's
+  // output gradient); what its backward reads is refilled by re-running its forward, in the shared region.
+  if (d.recompute && b != Buf::y && b != Buf::dx) return Scope::shared;
   switch (b) {
     // read by the backward (the fp32 originals only where they are not also the compute-dtype copy)
     case Buf::ln1_mean:
@@ -285,6 +288,12 @@ void Arena::reserve(size_t bytes) {
   if (bytes <= capacity_) return;
   capacity_ = align_up(bytes);
   storage_ = Tensor();  // reallocated on the next view()
+}
+
+void Arena::resize(size_t bytes) {
+  if (align_up(bytes) == capacity_) return;
+  capacity_ = align_up(bytes);
+  storage_ = Tensor();
 }
 
 Tensor Arena::view(size_t offset, const Shape& shape, DType dtype) {

@@ -8,6 +8,8 @@
 //   shared   one copy for every layer of a stack: transient values that live inside one layer's forward or one
 //            layer's backward (communication buffers, the backward's gradients, bf16 staging copies). A layer's
 //            forward (or backward) waits for all its collectives before the next layer starts, so reuse is safe.
+//            A recomputed layer (LayerDims::recompute) plans everything but y and dx here: its forward is re-run
+//            into them just before its backward.
 // Per-chunk buffers (chunks = M) have one slot per chunk, so a chunk's all-to-all buffers stay untouched while
 // later chunks compute. Shapes that depend on the capacity are planned at LayerDims::C; at run time a chunk uses
 // the leading part of its slot for its actual capacity (only --moe-no-drop uses less than planned).
@@ -144,6 +146,9 @@ struct BufferLayout {
 class Arena {
  public:
   void reserve(size_t bytes);
+  // Exactly `bytes` from now on, smaller or larger (re-planning a stack that owns its arena, e.g. for
+  // recomputation); the storage is reallocated on the next view.
+  void resize(size_t bytes);
   size_t capacity() const { return capacity_; }
   // A view of `shape` elements of `dtype` starting at byte `offset` (allocates on first use).
   Tensor view(size_t offset, const Shape& shape, DType dtype);

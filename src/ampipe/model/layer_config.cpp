@@ -89,11 +89,12 @@ std::string LayerConfig::check_pipe_experts(int M) const {
   if (M > 1) {
     if (N % M != 0)
       throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "
-                                    "every chunk must get the same number of expert slices (seed constraint 4)",
+                                    "every chunk must get the same number of expert slices",
                                     N, M));
     if (N < M || (N == M && !pipe_experts_multi_stream))
       throw ConfigError(fmt::format("--pipe-experts-multi-data {} must be > --ampipe-degree {} with --use-pipe-experts "
-                                    "(seed constraint 4; >= only with --pipe-experts-multi-stream)",
+                                    "(each AMPipe chunk needs more than one slice to pipeline; equal is allowed "
+                                    "only with --pipe-experts-multi-stream)",
                                     N, M));
   }
   const int64_t Sc = tokens() / M / (sp() ? tp() : 1), S = N / M;  // the tokens one rank routes per chunk

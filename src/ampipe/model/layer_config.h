@@ -52,6 +52,11 @@ struct LayerConfig {
   int tensor_model_parallel_size = 1;  // t
   bool sequence_parallel = false;
   bool ampipe_tp_sp_comm_overlap = false;
+  // Activation recomputation of this layer (set per layer by the stack driver from --recompute-granularity full,
+  // schedule::LayerStack::set_recompute): the layer keeps only its output and input gradient between steps of its
+  // own; everything else its backward reads is in the stack's shared memory, refilled by re-running its forward
+  // (the same Plan, the same random numbers) just before its backward.
+  bool recompute = false;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }
@@ -63,7 +68,7 @@ struct LayerConfig {
 
   // Throws ConfigError naming the flag, value and rule for a config that cannot work.
   void validate() const;
-  // The pipe-experts rules that need the AMPipe degree M (seed constraint 4 and MindSpeed's checks, as errors
+  // The pipe-experts rules that need the AMPipe degree M (MindSpeed's AMPipe rules and pipe-experts checks, as errors
   // where MindSpeed silently switched the feature off): N divisible by M and N > M, N / M slices per chunk at most
   // the chunk's expert capacity, not with --moe-no-drop. Throws ConfigError. Returns a notice (one line) when the
   // feature has nothing to pipeline (one local expert and N = 1, MindSpeed's warning case) and is run without it;

@@ -44,6 +44,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
                         : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
   d.defer_expert_wgrad = !cfg.moe_no_drop;
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
+  d.recompute = cfg.recompute;
   d.cd = cfg.compute_dtype();
   if (cfg.use_pipe_experts) {  // cfg.check_pipe_experts(M) has accepted it
     AMPIPE_CHECK(!cfg.moe_no_drop && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",

@@ -28,7 +28,12 @@ void LayerStack::build(int M) {
     saved += e->plan.memory.saved_bytes;
     shared = std::max(shared, e->plan.memory.shared_bytes);
   }
-  arena_->reserve(saved + shared);
+  // An arena of our own fits this plan exactly (a re-plan may need less, e.g. with recomputation); one shared with
+  // other stacks only grows.
+  if (arena_.use_count() == 1)
+    arena_->resize(saved + shared);
+  else
+    arena_->reserve(saved + shared);
   size_t base = 0;
   for (auto& e : layers_) {
     e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, tp_rank_, e->params, e->grads, e->weights, e->plan.memory,
@@ -62,6 +67,17 @@ void LayerStack::replan(int M, int pipe_experts_n, int tp_overlap) {
   if (changed) build(M);
 }
 
+void LayerStack::set_recompute(const std::vector<bool>& layers) {
+  AMPIPE_CHECK(layers.size() == layers_.size(), "set_recompute: {} flags for {} layers", layers.size(),
+               layers_.size());
+  bool changed = false;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    changed |= layers_[i]->cfg.recompute != layers[i];
+    layers_[i]->cfg.recompute = layers[i];
+  }
+  if (changed) build(M_);
+}
+
 void LayerStack::set_training(bool on) {
   for (auto& e : layers_) {
     e->cfg.training = on;
@@ -81,6 +97,8 @@ model::LayerParams& LayerStack::params(int i) {
 Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
   Tensor in = x;
   for (auto& e : layers_) {
+    e->input = in;
+    e->token_base = token_base;
     e->layer->begin_forward(in, token_base);
     ex_.run(e->plan, Dir::fwd, *e->layer);
     in = e->layer->output();
@@ -92,6 +110,10 @@ Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<v
   Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
     Entry& e = *layers_[i];
+    if (e.cfg.recompute) {  // refill what the backward reads: the same forward, the same random numbers
+      e.layer->begin_forward(e.input, e.token_base);
+      ex_.run(e.plan, Dir::fwd, *e.layer);
+    }
     e.layer->begin_backward(g, d_aux);
     ex_.run(e.plan, Dir::bwd, *e.layer);
     g = e.layer->input_grad();

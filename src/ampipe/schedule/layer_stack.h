@@ -38,6 +38,10 @@ class LayerStack {
   // without --ampipe-tp-sp-comm-overlap (tp_overlap -1: as configured); the caller has checked the combination
   // (LayerConfig::check_pipe_experts, check_tensor_parallel).
   void replan(int M, int pipe_experts_n, int tp_overlap = -1);
+  // Activation recomputation: layer i re-runs its forward (its own Plan, the same random numbers) just before its
+  // backward, and keeps only its output and input gradient in between (model::LayerConfig::recompute). Re-plans
+  // the memory; parameters and gradients are kept. `layers` has one entry per layer.
+  void set_recompute(const std::vector<bool>& layers);
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
   // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
@@ -73,6 +77,8 @@ class LayerStack {
     model::ComputeWeights weights;  // survives re-planning (set_degree)
     Plan plan;
     std::unique_ptr<model::Layer> layer;
+    Tensor input;             // the last forward's input and token base (a recomputed layer re-runs it)
+    uint64_t token_base = 0;
   };
   void build(int M);
 

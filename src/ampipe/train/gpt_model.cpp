@@ -47,6 +47,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       V_(cfg.vocab_size),
       stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups),
       groups_(groups) {
+  stack_.set_recompute(cfg.recompute_layers());  // --recompute-granularity full
   wte_ = normal_init({V_, h_}, cfg, 1);
   wpe_ = normal_init({s_, h_}, cfg, 2);
   lnf_w_ = Tensor::empty({h_});

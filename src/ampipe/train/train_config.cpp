@@ -108,6 +108,23 @@ void TrainConfig::validate(int world) const {
                                   "size {} (world size {}): every EP group is made of data-parallel ranks",
                                   ep, dp * cp, world));
 
+  // Activation recomputation (Megatron's rules and meaning).
+  if (!recompute_granularity.empty() && recompute_granularity != "full") {
+    if (recompute_granularity == "selective")
+      throw ConfigError("--recompute-granularity selective is not supported yet: only full (a layer keeps its output "
+                        "and re-runs its forward before its backward)");
+    throw ConfigError(fmt::format("--recompute-granularity {} is not one of full, selective", recompute_granularity));
+  }
+  if (recompute_granularity == "full" && recompute_method.empty())
+    throw ConfigError("--recompute-granularity full needs --recompute-method uniform or block");
+  if (!recompute_method.empty() && recompute_method != "uniform" && recompute_method != "block")
+    throw ConfigError(fmt::format("--recompute-method {} is not one of uniform, block", recompute_method));
+  if (!recompute_method.empty() && recompute_granularity != "full")
+    throw ConfigError(fmt::format("--recompute-method {} needs --recompute-granularity full", recompute_method));
+  if (recompute_granularity == "full" && (recompute_num_layers < 1 || recompute_num_layers > num_layers))
+    throw ConfigError(fmt::format("--recompute-num-layers {} is invalid: it must be in [1, --num-layers {}]",
+                                  recompute_num_layers, num_layers));
+
   // Parsed but not run by this engine yet: refused, never ignored.
   auto not_yet = [](const std::string& what) {
     throw ConfigError(fmt::format("{} is not supported by this engine yet (the flag is parsed so that MindSpeed "
@@ -189,6 +206,15 @@ std::string TrainConfig::drop_idle_pipe_experts() {
   return notice;
 }
 
+std::vector<bool> TrainConfig::recompute_layers() const {
+  std::vector<bool> on(size_t(num_layers), false);
+  if (recompute_granularity != "full") return on;
+  // uniform: Megatron recomputes every layer, its input kept once per group of recompute_num_layers; here every
+  // layer keeps its own output (one [s, b, h] per layer). block: the first recompute_num_layers layers.
+  for (int i = 0; i < num_layers; ++i) on[size_t(i)] = recompute_method == "uniform" || i < recompute_num_layers;
+  return on;
+}
+
 nlohmann::json to_json(const TrainConfig& c) {
   const model::LayerConfig& l = c.layer;
   nlohmann::json j;
@@ -219,6 +245,9 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["moe_aux_loss_coeff"] = c.moe_aux_loss_coeff;
   j["moe_model_type"] = c.moe_model_type;
   j["ampipe_degree"] = c.ampipe_degree;
+  j["recompute_granularity"] = c.recompute_granularity;
+  j["recompute_method"] = c.recompute_method;
+  j["recompute_num_layers"] = c.recompute_num_layers;
   j["global_batch_size"] = c.global_batch_size;
   j["train_iters"] = c.train_iters;
   j["lr"] = c.lr;

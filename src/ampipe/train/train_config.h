@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ampipe/model/layer_config.h"
 
@@ -46,6 +47,14 @@ struct TrainConfig {
   bool adaptive_recompute_device_swap = false;
   int64_t adaptive_recompute_device_size = -1;
   bool adaptive_memory_optimization = false;
+  // Activation recomputation (Megatron's flags): granularity "" (none) or "full"; with full, method "uniform" (every
+  // layer) or "block" (the first recompute_num_layers layers). Each recomputed layer keeps only its output between
+  // its forward and its backward and re-runs its forward before the backward (schedule::LayerStack::set_recompute).
+  std::string recompute_granularity;
+  std::string recompute_method;
+  int recompute_num_layers = 1;
+  // Which layers recompute (after validate): one flag per layer.
+  std::vector<bool> recompute_layers() const;
 
   // ---- optimizer and schedule ----
   int64_t global_batch_size = 0;  // 0: micro-batch size x data-parallel size
@@ -77,13 +86,15 @@ struct TrainConfig {
   int64_t log_interval = 20;
   std::string trace;
   int64_t trace_iteration = 2;  // the K-th iteration of this run (after a resume: resume point + K)
+  std::string tensorboard_dir;  // rank 0 writes TensorBoard event files here (train/tensorboard.h); empty: none
+  bool moe_per_layer_logging = false;  // one log line per layer with the expert loads (Megatron's flag)
 
   // ---- Megatron launch-script flags (train/megatron_args.h; docs/training.md, "Megatron launch scripts") ----
   int64_t max_position_embeddings = 0;  // 0: --seq-length; must be >= it
   int64_t train_samples = 0;            // > 0: train_iters = train_samples / global batch (resolve_train_samples)
   std::string split;                    // "969,30,1": train / valid / test weights; empty: from valid_fraction
   double attention_dropout = 0;         // this engine has none: only 0 is accepted
-  std::string distributed_backend = "mpi";  // nccl, gloo, mpi: accepted, every one runs over MPI
+  std::string distributed_backend = "mpi";  // mpi only (nccl and gloo are refused with one line)
   bool no_load_optim = false;        // --load: the model only, a fresh optimizer (the iteration continues)
   bool finetune = false;             // --load: the model only, a fresh optimizer, from iteration 0 and sample 0
   bool use_checkpoint_args = false;  // --load: the model flags come from the checkpoint (train/checkpoint_args.h)

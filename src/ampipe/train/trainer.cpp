@@ -15,6 +15,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
 #include "ampipe/train/stop_signal.h"
+#include "ampipe/train/tensorboard.h"
 
 namespace ampipe::train {
 
@@ -54,6 +55,19 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
   scalars_ = Tensor::empty({4});
   expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
+  moe_counts_.assign(size_t(model_.stack().num_layers()) * size_t(cfg.layer.num_experts + 2), 0);
+  moe_buf_ = Tensor::empty({int64_t(2 * moe_counts_.size())});
+}
+
+Trainer::~Trainer() = default;
+
+double MoeLayerStats::load_imbalance() const {
+  int64_t sum = 0, mx = 0;
+  for (int64_t t : tokens) {
+    sum += t;
+    mx = std::max(mx, t);
+  }
+  return sum > 0 ? double(mx) * double(tokens.size()) / double(sum) : 0.0;
 }
 
 // tokens_/targets_ [s, b] of micro-batch samples first_sample + [0, b): token (i, bb) at i*b + bb.
@@ -180,6 +194,57 @@ void Trainer::count_drops(double& dropped, double& choices) {
       }
 }
 
+// The kept choices per expert (GateRouting::expert_count, filled by the gate's slot assignment) and, counted
+// separately, the dropped ones (slot -1) and all choices of the last forward, every layer and chunk.
+void Trainer::count_expert_loads() {
+  schedule::LayerStack& stack = model_.stack();
+  const size_t E = size_t(cfg_.layer.num_experts);
+  for (int i = 0; i < stack.num_layers(); ++i) {
+    int64_t* c = moe_counts_.data() + size_t(i) * (E + 2);
+    for (int ch = 0; ch < stack.degree(); ++ch) {
+      const model::GateRouting& r = stack.layer(i).gate_ctx(ch).routing;
+      AMPIPE_CHECK(r.expert_count.size() == E, "gate routing of layer {} has {} expert counts, expected {}", i,
+                   r.expert_count.size(), E);
+      for (size_t e = 0; e < E; ++e) c[e] += r.expert_count[e];
+      for (int32_t slot : r.slot) c[E] += slot < 0;
+      c[E + 1] += int64_t(r.slot.size());
+    }
+  }
+}
+
+// One all-reduce over the world of the window's counts. fp32 is the reduction type, exact only below 2^24, so
+// each count travels as its low 12 bits and the rest: both sums stay exact up to 2^36 per rank and 4096 ranks.
+// Without sequence parallelism the tp ranks of a group routed the same tokens: their sum is tp x the count.
+MoeLog Trainer::reduce_expert_loads(int64_t iteration) {
+  const size_t n = moe_counts_.size(), E = size_t(cfg_.layer.num_experts);
+  if (g_.world.size() > 1) {
+    float* b = moe_buf_.data<float>();
+    for (size_t i = 0; i < n; ++i) {
+      b[i] = float(moe_counts_[i] & 4095);
+      b[n + i] = float(moe_counts_[i] >> 12);
+    }
+    comm::all_reduce_sync(g_.world, moe_buf_, comm::Reduce::sum, "moe.expert_loads");
+    const int64_t copies = cfg_.layer.sp() ? 1 : g_.tp.size();
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t v = int64_t(b[n + i]) * 4096 + int64_t(b[i]);
+      AMPIPE_CHECK(v % copies == 0, "expert load {} is not a multiple of the {} tp ranks that count it", v, copies);
+      moe_counts_[i] = v / copies;
+    }
+  }
+  MoeLog log;
+  log.iteration = iteration;
+  for (size_t i = 0; i < n / (E + 2); ++i) {
+    const int64_t* c = moe_counts_.data() + i * (E + 2);
+    MoeLayerStats l;
+    l.tokens.assign(c, c + E);
+    l.dropped = c[E];
+    l.choices = c[E + 1];
+    log.layers.push_back(std::move(l));
+  }
+  std::fill(moe_counts_.begin(), moe_counts_.end(), 0);
+  return log;
+}
+
 IterationStats Trainer::train_step() {
   IterationStats st;
   const auto t_iter = Clock::now();
@@ -197,6 +262,7 @@ IterationStats Trainer::train_step() {
     loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
     aux_sum += model_.aux_loss();
     count_drops(dropped, choices);
+    count_expert_loads();
     // The last micro-batch completes each layer's gradients: start its reduction while the layers below compute.
     const bool last = j == K_ - 1;
     model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff),
@@ -316,8 +382,17 @@ void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std
   if (test_eval_iters() == 0) return;
   const double tl = evaluate(true);
   res.tests.push_back({iteration_, tl});
+  write_eval_scalars(iteration_, tl, "test");
   say(fmt::format(" test loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", iteration_, tl,
                   std::exp(tl)));
+}
+
+// Megatron's tags: "lm loss validation", "lm loss validation ppl" (and "lm loss test" ... for the test split).
+void Trainer::write_eval_scalars(int64_t iteration, double loss, const char* split) {
+  if (!tb_) return;
+  tb_->add_scalars(iteration, {{fmt::format("lm loss {}", split), loss}, {fmt::format("lm loss {} ppl", split),
+                                                                         std::exp(std::min(loss, 20.0))}});
+  tb_->flush();
 }
 
 int64_t Trainer::end_iteration(int64_t max_iterations) const {
@@ -342,6 +417,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
   const int64_t end = end_iteration(max_iterations);
   const int64_t trace_at = iteration_ + cfg_.trace_iteration;  // the K-th iteration of this run
   const bool tracing = !cfg_.trace.empty();
+  if (rank0 && !cfg_.tensorboard_dir.empty() && !tb_) tb_ = std::make_unique<EventWriter>(cfg_.tensorboard_dir);
   comm::Trace::set_enabled(true);
   const auto t_start = Clock::now();
   std::vector<IterationStats> window;
@@ -372,13 +448,56 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       std::string a2a = g_.ep.size() > 1 ? fmt::format(" a2a exposed (ms): {:.2f} |", a.a2a_exposed_ms / n) : "";
       if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
         a2a += fmt::format(" a2a hidden: {:.1f}% |", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
+      // Expert loads of the window (collective): the layer with the largest max / mean load and the one with the
+      // largest drop share (kept counts are capped by the capacity, so a skewed router shows in both).
+      const MoeLog moe = reduce_expert_loads(st.iteration);
+      size_t worst = 0, most_dropped = 0;
+      for (size_t i = 1; i < moe.layers.size(); ++i) {
+        if (moe.layers[i].load_imbalance() > moe.layers[worst].load_imbalance()) worst = i;
+        if (moe.layers[i].dropped_fraction() > moe.layers[most_dropped].dropped_fraction()) most_dropped = i;
+      }
+      const std::string moe_summary =
+          moe.layers.empty()
+              ? std::string()
+              : fmt::format(" expert load max/mean: {:.3f} (layer {}) | most dropped: {:.2f}% (layer {}) |",
+                            moe.layers[worst].load_imbalance(), worst,
+                            100.0 * moe.layers[most_dropped].dropped_fraction(), most_dropped);
+      const double tokens_per_s = double(G_ * s_) / (ms / 1e3), tflops = a.flops / (a.iter_ms / 1e3) / 1e12;
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
                       "tokens/s: {:.0f} | TFLOP/s per rank: {:.4f} | learning rate: {:.6E} | lm loss: {:.6E} | "
-                      "aux loss: {:.4E} | token drops: {:.2f}% | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}",
-                      st.iteration, cfg_.train_iters, consumed_, ms, double(G_ * s_) / (ms / 1e3),
-                      a.flops / (a.iter_ms / 1e3) / 1e12, st.lr, a.lm_loss / n, a.aux_loss / n,
-                      100.0 * a.drop_fraction / n, st.grad_norm, a.exposed_comm_ms / n, a2a));
+                      "aux loss: {:.4E} | token drops: {:.2f}% | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}{}",
+                      st.iteration, cfg_.train_iters, consumed_, ms, tokens_per_s, tflops, st.lr, a.lm_loss / n,
+                      a.aux_loss / n, 100.0 * a.drop_fraction / n, st.grad_norm, a.exposed_comm_ms / n, a2a,
+                      moe_summary));
+      if (cfg_.moe_per_layer_logging)
+        for (size_t i = 0; i < moe.layers.size(); ++i) {
+          const MoeLayerStats& l = moe.layers[i];
+          say(fmt::format(" moe layer {}: max/mean load: {:.3f} | dropped: {:.2f}% of {} choices | tokens per "
+                          "expert: {} |",
+                          i, l.load_imbalance(), 100.0 * l.dropped_fraction(), l.choices, fmt::join(l.tokens, " ")));
+        }
+      if (tb_) {
+        std::vector<std::pair<std::string, double>> sc = {
+            {"lm loss", a.lm_loss / n},       {"aux loss", a.aux_loss / n},
+            {"learning-rate", st.lr},         {"grad-norm", st.grad_norm},
+            {"iteration-time", ms / 1e3},     {"tokens/s", tokens_per_s},
+            {"TFLOP/s", tflops},              {"exposed communication ms", a.exposed_comm_ms / n},
+            {"moe/dropped_fraction", a.drop_fraction / n}};
+        if (g_.ep.size() > 1) sc.emplace_back("a2a exposed ms", a.a2a_exposed_ms / n);
+        if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
+          sc.emplace_back("a2a hidden fraction", std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
+        for (size_t i = 0; i < moe.layers.size(); ++i) {
+          const MoeLayerStats& l = moe.layers[i];
+          sc.emplace_back(fmt::format("moe/layer{}/load_imbalance", i), l.load_imbalance());
+          sc.emplace_back(fmt::format("moe/layer{}/dropped_fraction", i), l.dropped_fraction());
+          for (size_t e = 0; e < l.tokens.size(); ++e)
+            sc.emplace_back(fmt::format("moe/layer{}/expert{}_tokens", i, e), double(l.tokens[e]));
+        }
+        tb_->add_scalars(st.iteration, sc);
+        tb_->flush();
+      }
+      res.moe.push_back(moe);
       window.clear();
     } else if (tty) {
       const int width = 30, done = int(width * (st.iteration - res.start_iteration) / std::max<int64_t>(1, end - res.start_iteration));
@@ -393,6 +512,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
     if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || st.iteration == end)) {
       const double vl = evaluate();
       res.evals.push_back({st.iteration, vl});
+      write_eval_scalars(st.iteration, vl, "validation");
       if (tty) std::fputs("\r\033[K", stdout);
       say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", st.iteration,
                       vl, std::exp(vl)));
@@ -410,10 +530,12 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
   if (res.iterations.empty() && (cfg_.eval_interval > 0 || cfg_.skip_train)) {
     const double vl = evaluate();
     res.evals.push_back({iteration_, vl});
+    write_eval_scalars(iteration_, vl, "validation");
     say(fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.4E} |", iteration_, vl,
                     std::exp(vl)));
     evaluate_test(res, say);
   }
+  if (tb_) tb_->flush();
   comm::Trace::clear();
   comm::Trace::set_enabled(false);
   res.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();

@@ -30,6 +30,8 @@
 
 namespace ampipe::train {
 
+class EventWriter;  // train/tensorboard.h
+
 struct IterationStats {
   int64_t iteration = 0;  // 1-based, after the step
   double lm_loss = 0, aux_loss = 0, grad_norm = 0, lr = 0;
@@ -41,6 +43,23 @@ struct IterationStats {
   double a2a_ms = 0, a2a_exposed_ms = 0;  // all-to-all time on the EP lane, and the part compute waited for
 };
 
+// Expert load of one layer over a logging window (the training micro-batches of --log-interval iterations, every
+// chunk, summed over the data-parallel ranks, and over the tp ranks with sequence parallelism, where each routes
+// its own rows; without it the tp ranks route the same tokens and count once).
+struct MoeLayerStats {
+  std::vector<int64_t> tokens;  // [E] token choices each expert kept (within its capacity)
+  int64_t dropped = 0;          // token choices (token, k) that found their expert full
+  int64_t choices = 0;          // all token choices: tokens x top-k
+  // max / mean of `tokens` over the experts (1: balanced; 0 when nothing was kept)
+  double load_imbalance() const;
+  double dropped_fraction() const { return choices > 0 ? double(dropped) / double(choices) : 0.0; }
+};
+
+struct MoeLog {
+  int64_t iteration = 0;  // the log point
+  std::vector<MoeLayerStats> layers;
+};
+
 struct EvalStats {
   int64_t iteration = 0;
   double lm_loss = 0;
@@ -49,6 +68,7 @@ struct EvalStats {
 struct TrainResult {
   std::vector<IterationStats> iterations;
   std::vector<EvalStats> evals;
+  std::vector<MoeLog> moe;        // at every log point
   std::vector<EvalStats> tests;  // the test split's loss at the end (when --split gives it a global batch)
   double wall_s = 0;
   int64_t start_iteration = 0;
@@ -59,6 +79,7 @@ class Trainer {
  public:
   // cfg must be validated for groups.world.size(). The groups' layout must have cfg's EP size.
   Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared_ptr<const TextData> data);
+  ~Trainer();
 
   // Loads --load when set (collective). Returns the iteration it resumes from (0 without --load or with
   // --finetune; --no-load-optim and --finetune keep the fresh optimizer).
@@ -91,7 +112,13 @@ class Trainer {
  private:
   IterationStats train_step();
   void count_drops(double& dropped, double& choices);
+  // Adds the last forward's routing (every layer and chunk) to the window's expert loads (moe_counts_).
+  void count_expert_loads();
+  // The window's expert loads summed over the ranks (one all-reduce; collective), then reset.
+  MoeLog reduce_expert_loads(int64_t iteration);
   // The test split's loss at the end of a run (when it holds a global batch), printed through `say`.
+  // Rank 0 with --tensorboard-dir: the loss and perplexity of an evaluation ("validation" or "test").
+  void write_eval_scalars(int64_t iteration, double loss, const char* split);
   void evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say);
   enum class Split { train, valid, test };
   void fill_batch(int64_t first_sample, Split which);
@@ -116,6 +143,10 @@ class Trainer {
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
   double dense_sumsq_ = 0, expert_sumsq_ = 0, tp_sharded_sumsq_ = 0;
+  // Per layer: E kept counts, then dropped, then choices (E + 2 per layer), over the current logging window.
+  std::vector<int64_t> moe_counts_;
+  Tensor moe_buf_;  // their all-reduce, allocated once: [2 x size] as low and high 12-bit-shifted parts
+  std::unique_ptr<EventWriter> tb_;  // rank 0 with --tensorboard-dir, opened by the first train()
   SaveOptions save_opts_;
   bool report_a2a_hidden_ = false;
 };

@@ -1,0 +1,97 @@
+// Activation recomputation (schedule::LayerStack::set_recompute): a recomputed layer re-runs its forward before its
+// backward, so the output, the input gradient and every parameter gradient equal those of the stack that keeps
+// its activations (bitwise: the same Plans run on the same inputs with the same random numbers), over two
+// micro-batches (the gradients accumulate) and at AMPipe degrees 1 and 2; and the memory it keeps per layer is
+// exactly its output and input gradient.
+#include <gtest/gtest.h>
+
+#include "layer_harness.h"
+
+using namespace ampipe;
+using ampipe::testing::seeded_normal;
+
+namespace {
+
+model::LayerConfig config() {
+  model::LayerConfig c;
+  c.seq_length = 32;
+  c.micro_batch_size = 2;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = 4;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_train_capacity_factor = 1.0;  // tokens dropped: recomputation must drop the same ones
+  c.moe_min_capacity = 1;
+  c.hidden_dropout = 0.1;
+  c.noisy_gate_policy = model::NoisyGatePolicy::jitter;
+  c.init_method_std = 0.1;
+  c.seed = 99;
+  return c;
+}
+
+struct StackRun {
+  std::vector<Tensor> ys, dxs;
+  std::vector<std::map<std::string, Tensor>> grads;  // per layer
+  size_t planned = 0;
+};
+
+StackRun run(const std::vector<bool>& recompute, int M) {
+  const model::LayerConfig cfg = config();
+  schedule::LayerStack stack(cfg, int(recompute.size()), M, 0, nullptr);
+  stack.set_recompute(recompute);
+  StackRun r;
+  r.planned = stack.planned_bytes();
+  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
+  for (uint64_t m = 0; m < 2; ++m) {
+    const Tensor x = seeded_normal(act, cfg.seed, 2 * m), dy = seeded_normal(act, cfg.seed, 2 * m + 1);
+    r.ys.push_back(stack.forward(x, m * uint64_t(cfg.tokens())).clone());
+    r.dxs.push_back(stack.backward(dy, 0.01f).clone());
+  }
+  for (int i = 0; i < stack.num_layers(); ++i) {
+    std::map<std::string, Tensor> g;
+    for (auto& [name, t] : stack.grads(i).named()) g[name] = t.clone();
+    r.grads.push_back(g);
+  }
+  return r;
+}
+
+void expect_identical(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.get(i), b.get(i)) << what << " element " << i;
+}
+
+}  // namespace
+
+TEST(Recompute, EqualsKeepingTheActivationsBitwise) {
+  for (int M : {1, 2}) {
+    const StackRun keep = run({false, false, false}, M);
+    for (const std::vector<bool>& rc : {std::vector<bool>{true, true, true}, std::vector<bool>{true, false, false},
+                                        std::vector<bool>{false, true, true}}) {
+      const StackRun got = run(rc, M);
+      const std::string what = fmt::format("degree {} recompute {}{}{}", M, int(rc[0]), int(rc[1]), int(rc[2]));
+      for (size_t m = 0; m < 2; ++m) {
+        expect_identical(got.ys[m], keep.ys[m], what + " y");
+        expect_identical(got.dxs[m], keep.dxs[m], what + " dx");
+      }
+      for (size_t i = 0; i < keep.grads.size(); ++i)
+        for (const auto& [name, g] : keep.grads[i]) expect_identical(got.grads[i].at(name), g, what + " " + name);
+    }
+  }
+}
+
+TEST(Recompute, ARecomputedLayerKeepsOnlyItsOutputAndInputGradient) {
+  for (int M : {1, 2}) {
+    model::LayerConfig cfg = config();
+    const schedule::Plan keep = schedule::build_layer_plan(cfg, M);
+    cfg.recompute = true;
+    const schedule::Plan rc = schedule::build_layer_plan(cfg, M);
+    const size_t y = rc.memory.spec(model::Buf::y)->bytes(), dx = rc.memory.spec(model::Buf::dx)->bytes();
+    EXPECT_EQ(rc.memory.saved_bytes, y + dx) << "degree " << M;  // 64-byte multiples: [s, b, h] fp32 each
+    EXPECT_EQ(rc.memory.saved_bytes + rc.memory.shared_bytes, keep.memory.saved_bytes + keep.memory.shared_bytes)
+        << "the same buffers, only their scope moves";
+    // A stack of 3 recomputed layers: 3 x (y + dx) + one shared region; less than keeping every layer's.
+    EXPECT_EQ(run({true, true, true}, M).planned, 3 * (y + dx) + rc.memory.shared_bytes);
+    EXPECT_LT(run({true, true, true}, M).planned, run({false, false, false}, M).planned);
+  }
+}
