@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -51,6 +52,15 @@ TEST(MemoryEstimate, LayerStackByHand) {
   EXPECT_EQ(e.bytes("bf16 weight copies"), 0);  // fp32: the GEMMs read the parameters
   EXPECT_EQ(e.bytes("activations + communication (planned)"), int64_t(p.planned_bytes(N)));
   EXPECT_EQ(e.total(), 2 * 3 * 29696 + int64_t(p.planned_bytes(N)));
+
+  // Recomputation (the first two of three layers): those keep only y and dx as their own, the rest is shared.
+  model::LayerConfig r = c;
+  r.recompute = true;
+  const schedule::Plan pr = schedule::build_layer_plan(r, M);
+  EXPECT_LT(pr.memory.saved_bytes, p.memory.saved_bytes);
+  EXPECT_EQ(schedule::estimate_layer_stack(c, N, M, {true, true, false}).bytes("activations + communication (planned)"),
+            int64_t(2 * pr.memory.saved_bytes + p.memory.saved_bytes +
+                    std::max(pr.memory.shared_bytes, p.memory.shared_bytes)));
 
   c.bf16 = true;  // 7168 matrix elements per layer in bf16
   EXPECT_EQ(schedule::estimate_layer_stack(c, N, M).bytes("bf16 weight copies"), 3 * 7168 * 2);

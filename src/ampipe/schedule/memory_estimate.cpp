@@ -62,7 +62,8 @@ LayerParamCounts layer_param_counts(const model::LayerConfig& cfg) {
   return n;
 }
 
-MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layers, int M) {
+MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layers, int M,
+                                    const std::vector<bool>& recompute) {
   const LayerParamCounts n = layer_param_counts(cfg);
   const int64_t per_layer = model::checked_mul(n.params, 4, "a layer's parameter bytes");
   const int64_t all = model::checked_mul(per_layer, num_layers, "--num-layers x a layer's parameter bytes");
@@ -72,12 +73,23 @@ MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layer
   if (cfg.bf16)
     e.add("bf16 weight copies",
           model::checked_mul(model::checked_mul(n.bf16_copies, 2, "bf16 copies"), num_layers, "bf16 copies"));
-  const Plan p = build_layer_plan(cfg, M);
-  // Plan::planned_bytes in checked arithmetic: num_layers x saved + shared.
-  const int64_t planned = model::checked_add(
-      model::checked_mul(int64_t(p.memory.saved_bytes), num_layers, "--num-layers x a layer's saved buffers"),
-      int64_t(p.memory.shared_bytes), "the planned buffers");
-  e.add("activations + communication (planned)", planned);
+  // As LayerStack carves its arena: every layer's saved region, then the largest shared region. Without
+  // recomputation that is Plan::planned_bytes(num_layers) = num_layers x saved + shared, here in checked arithmetic.
+  int64_t recomputed = 0;
+  for (int i = 0; i < num_layers && size_t(i) < recompute.size(); ++i) recomputed += recompute[size_t(i)];
+  int64_t saved = 0, shared = 0;
+  for (const bool rec : {false, true}) {
+    const int64_t n = rec ? recomputed : num_layers - recomputed;
+    if (n == 0) continue;
+    model::LayerConfig c = cfg;
+    c.recompute = rec;
+    const Plan p = build_layer_plan(c, M);
+    saved = model::checked_add(
+        saved, model::checked_mul(int64_t(p.memory.saved_bytes), n, "--num-layers x a layer's saved buffers"),
+        "the planned buffers");
+    shared = std::max(shared, int64_t(p.memory.shared_bytes));
+  }
+  e.add("activations + communication (planned)", model::checked_add(saved, shared, "the planned buffers"));
   return e;
 }
 

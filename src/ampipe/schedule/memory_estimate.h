@@ -41,8 +41,12 @@ LayerParamCounts layer_param_counts(const model::LayerConfig& cfg);
 
 // A stack of `num_layers` layers at degree M on one rank: "parameters", "gradients", "bf16 weight copies" (bf16
 // only) and "activations + communication (planned)" = Plan::planned_bytes(num_layers) of build_layer_plan(cfg, M).
-// For several degrees sharing one stack (bench-layer), take the largest of their estimates.
-MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layers, int M);
+// With activation recomputation, `recompute` flags the layers that recompute (one per layer, as
+// LayerStack::set_recompute takes them; empty: none): such a layer's Plan keeps only its output and input gradient
+// as its own and plans the rest in the shared region, as the stack's arena does (each layer's saved bytes, plus the
+// largest shared region). For several degrees sharing one stack (bench-layer), take the largest of their estimates.
+MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layers, int M,
+                                    const std::vector<bool>& recompute = {});
 
 // Where the estimate is compared with what this host can give (train, layer-check, bench-layer): refuses when
 // `estimate` does not fit. limit_bytes > 0: --memory-limit (the peak this rank may use), compared with the total;

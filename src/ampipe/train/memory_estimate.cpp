@@ -20,7 +20,8 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   const int64_t Vh = checked_elements("the [V, h] token embedding", {V, h});
   const int64_t sh = checked_elements("the [s, h] position embedding", {s, h});
 
-  schedule::MemoryEstimate e = schedule::estimate_layer_stack(l, cfg.num_layers, cfg.ampipe_degree);
+  schedule::MemoryEstimate e =
+      schedule::estimate_layer_stack(l, cfg.num_layers, cfg.ampipe_degree, cfg.recompute_layers());
   // Local parameter elements: the layers' (per layer, times --num-layers) and the embedding-level ones.
   const schedule::LayerParamCounts per_layer = schedule::layer_param_counts(l);
   int64_t head = checked_add(Vh, sh, "the embedding sizes");
