@@ -25,7 +25,9 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
+#include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
+#include "ampipe/model/size_check.h"
 #include "ampipe/schedule/layer_stack.h"
 #include "ampipe/sim/simulator.h"
 
@@ -40,6 +42,7 @@ int64_t g_poll_us = -1;
 void BenchLayerArgs::add_to(CLI::App& app) {
   layer.add_to(app);
   comm.add_to(app);
+  memory.add_to(app);
   app.add_option("--ampipe-degree", degree_text,
                  "AMPipe degrees to compare, e.g. 1,2,4,8 (default 1,2,4), or auto: the degree the simulator predicts "
                  "fastest (on --sim-profile, else a self-calibration), run next to degree 1")
@@ -140,6 +143,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
                                     "divide the sequence length",
                                     M, cfg.seq_length));
+    model::check_plan_size(cfg, M, std::max(a.num_layers, 1));  // the Plans' task lists (model/size_check.h)
     model::LayerConfig c = cfg;
     c.ampipe_tp_sp_comm_overlap = false;  // the sweep decides; the flag itself is checked with degree > 1 below
     c.check_tensor_parallel(M);
@@ -158,6 +162,7 @@ int run_bench_layer(BenchLayerArgs& a) {
     throw ConfigError(fmt::format("--iters {} / --warmup {} are invalid: need iters >= 1, warmup >= 0", a.iters,
                                   a.warmup));
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), 1, cfg.expert_model_parallel_size);
+  (void)a.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
   comm::Groups groups = rt.make_groups(layout);
   {
     nlohmann::json agree = a.layer.to_json(cfg);
@@ -180,16 +185,6 @@ int run_bench_layer(BenchLayerArgs& a) {
     if (choice.degree != 1) a.degrees.push_back(choice.degree);
   }
 
-  // Sequence parallel: this tp rank's rows (the layout differs by degree, but any rows will do for timing).
-  const Shape act{cfg.seq_length / (cfg.sp() ? cfg.tp() : 1), cfg.micro_batch_size, cfg.hidden_size};
-  Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
-  const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
-  const int64_t base = cfg.sp() ? int64_t(me.tp) * x.numel() : 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
-    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
-  }
-  const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
 
   // One stack (one copy of the parameters, gradients and bf16 weights), re-planned for each degree before its
   // repetition: re-planning is outside the timed step, and the arena only grows while the first round runs.
@@ -232,6 +227,37 @@ int run_bench_layer(BenchLayerArgs& a) {
     }
   }
   if (res.empty()) throw ConfigError("--pipe-experts-sweep: no combination with --ampipe-degree is valid");
+  {
+    // This rank's peak memory before the stack is built: one stack re-planned for every configuration, its arena
+    // sized for the largest, so the largest estimate (schedule/memory_estimate.h), plus x and dy.
+    schedule::MemoryEstimate mem;
+    for (const ConfigResult& r : res) {
+      model::LayerConfig c = cfg;
+      c.use_pipe_experts = r.pipe_n > 0;
+      c.pipe_experts_multi_data = std::max(r.pipe_n, 1);
+      c.ampipe_tp_sp_comm_overlap = r.tp_overlap > 0;
+      schedule::MemoryEstimate e = schedule::estimate_layer_stack(c, a.num_layers, r.degree);
+      if (e.total() > mem.total()) mem = std::move(e);
+    }
+    mem.add("input and upstream gradient",
+            model::checked_elements("the [s, b, h] input and upstream gradient",
+                                    {{nullptr, 2 * 4}, {"--seq-length", cfg.seq_length},
+                                     {"--micro-batch-size", cfg.micro_batch_size}, {"--hidden-size", cfg.hidden_size}},
+                                    1));
+    const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
+    mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
+    check_memory_fits(mem, rss_now, a.memory, groups.world);
+  }
+  // Sequence parallel: this tp rank's rows (the layout differs by degree, but any rows will do for timing).
+  const Shape act{cfg.seq_length / (cfg.sp() ? cfg.tp() : 1), cfg.micro_batch_size, cfg.hidden_size};
+  Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
+  const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
+  const int64_t base = cfg.sp() ? int64_t(me.tp) * x.numel() : 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
+    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
+  }
+  const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
   model::LayerConfig first = cfg;
   first.ampipe_tp_sp_comm_overlap = res[0].tp_overlap > 0;
   schedule::LayerStack st(first, a.num_layers, res[0].degree, me.ep, &groups);

@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "ampipe/cli/layer_flags.h"
+#include "ampipe/cli/memory_check.h"
 
 namespace ampipe::cli {
 
 struct BenchLayerArgs {
   LayerFlags layer;
   CommFlags comm;
+  MemoryFlags memory;  // --memory-limit
   std::string degree_text = "1,2,4";  // --ampipe-degree as given: a comma list, or `auto`
   std::vector<int> degrees;           // the degrees run (from degree_text; with auto, 1 and the chosen one)
   std::string sim_profile;               // --sim-profile (with --ampipe-degree auto)

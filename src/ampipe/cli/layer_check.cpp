@@ -10,6 +10,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -18,11 +19,13 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
+#include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/core/safetensors.h"
 #include "ampipe/model/layer_params.h"
 #include "ampipe/model/layer.h"
 #include "ampipe/model/sequence_shard.h"
+#include "ampipe/model/size_check.h"
 #include "ampipe/schedule/layer_stack.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/train/checkpoint.h"
@@ -32,6 +35,7 @@ namespace ampipe::cli {
 void LayerCheckArgs::add_to(CLI::App& app) {
   layer.add_to(app);
   comm.add_to(app);
+  memory.add_to(app);
   app.add_option("--ampipe-degree", ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
       ->capture_default_str();
   app.add_option("--global-batch-size", global_batch_size,
@@ -86,6 +90,7 @@ int run_layer_check(LayerCheckArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
   a.comm.apply();
+  (void)a.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
   const int M = a.ampipe_degree;
   LayerFlags::check_degree(cfg, M);
   cfg.check_tensor_parallel(M);
@@ -113,6 +118,24 @@ int run_layer_check(LayerCheckArgs& a) {
   const comm::Layout::Coord me = layout.coord(rt.rank());
   const int64_t K = G / (b * dp);
   comm::Trace::set_enabled(!a.trace_file.empty());
+  {
+    // This rank's peak memory before anything is allocated: the layer (schedule/memory_estimate.h), and the inputs,
+    // upstream gradients, outputs and input gradients of its K micro-batches ([s, b, h] each, kept for the export
+    // and the summary); with --export also the gathered [s, G, h] batches (x, dy, y, dx and the gather buffers).
+    schedule::MemoryEstimate mem = schedule::estimate_layer_stack(cfg, 1, M);
+    const model::SizeFactor s{"--seq-length", cfg.seq_length}, h{"--hidden-size", cfg.hidden_size};
+    mem.add("micro-batch inputs and outputs",
+            model::checked_elements("the micro-batches' [s, b, h] tensors",
+                                    {{nullptr, 4 * 4}, {"the micro-batches per rank (--global-batch-size)", K}, s,
+                                     {"--micro-batch-size", b}, h},
+                                    1));
+    if (!a.export_dir.empty())
+      mem.add("export (gathered batches)",
+              model::checked_elements("the exported [s, G, h] tensors", {{nullptr, 6 * 4}, {"--global-batch-size", G}, s, h}, 1));
+    const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
+    mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
+    check_memory_fits(mem, rss_now, a.memory, groups.world);
+  }
 
   schedule::LayerStack stack(cfg, 1, M, me.ep, &groups, cfg.layer_index);
   model::LayerParams& params = stack.params(0);

@@ -5,12 +5,14 @@
 #include <string>
 
 #include "ampipe/cli/layer_flags.h"
+#include "ampipe/cli/memory_check.h"
 
 namespace ampipe::cli {
 
 struct LayerCheckArgs {
   LayerFlags layer;
   CommFlags comm;
+  MemoryFlags memory;  // --memory-limit
   int ampipe_degree = 1;
   int64_t global_batch_size = 0;
   std::string export_dir;

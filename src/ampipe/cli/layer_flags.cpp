@@ -10,6 +10,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/train/checkpoint.h"
 #include "ampipe/core/error.h"
+#include "ampipe/model/size_check.h"
 
 namespace ampipe::cli {
 
@@ -89,12 +90,13 @@ void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int
   notices.push_back(notice);
 }
 
-void LayerFlags::check_degree(const model::LayerConfig& c, int M) {
+void LayerFlags::check_degree(const model::LayerConfig& c, int M, int64_t num_layers) {
   if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1", M));
   if (c.seq_length % M != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
                                   "the same number of rows",
                                   c.seq_length, M));
+  model::check_plan_size(c, M, num_layers);  // the Plans' task lists (model/size_check.h)
 }
 
 nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {

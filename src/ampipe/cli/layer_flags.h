@@ -28,7 +28,8 @@ struct LayerFlags {
   void check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees);
   // One AMPipe degree against the sequence (ConfigError: "--ampipe-degree M is invalid" or "--seq-length s is not
   // divisible by --ampipe-degree M").
-  static void check_degree(const model::LayerConfig& c, int M);
+  // Also the size of the Plans of a stack of `num_layers` layers (model::check_plan_size).
+  static void check_degree(const model::LayerConfig& c, int M, int64_t num_layers = 1);
   // The layer flags as JSON (the "config" object of bench-layer's and plan's --json).
   nlohmann::json to_json(const model::LayerConfig& c) const;
 };

@@ -14,6 +14,7 @@
 
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/schedule/memory_estimate.h"
 #include "ampipe/schedule/plan.h"
 
 namespace ampipe::cli {
@@ -134,7 +135,7 @@ constexpr CollKind kKinds[] = {CollKind::all_to_all, CollKind::all_gather, CollK
                                CollKind::all_reduce, CollKind::send_recv};
 
 nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const Plan& p,
-                       const std::vector<Overlap>& ov, double fwd, double bwd) {
+                       const std::vector<Overlap>& ov, double fwd, double bwd, const schedule::MemoryEstimate& mem) {
   using nlohmann::json;
   const model::LayerDims& d = p.dims;
   json doc;
@@ -201,13 +202,16 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
                    {"waited_by", o.waiter < 0 ? json(nullptr) : json(p.tasks[size_t(o.waiter)].name())},
                    {"through", o.through < 0 ? json(nullptr) : json(p.tasks[size_t(o.through)].name())}});
   }
+  json parts = json::object();
+  for (const schedule::MemoryEstimate::Part& part : mem.parts) parts[part.name] = part.bytes;
   doc["summary"] = {{"flops", {{"forward", fwd}, {"backward", bwd}, {"total", p.flops()}}},
                     {"collectives", std::move(coll)},
                     {"memory",
                      {{"saved_bytes_per_layer", p.memory.saved_bytes},
                       {"shared_bytes", p.memory.shared_bytes},
                       {"num_layers", a.num_layers},
-                      {"planned_bytes", p.planned_bytes(a.num_layers)}}},
+                      {"planned_bytes", p.planned_bytes(a.num_layers)},
+                      {"estimate", {{"total_bytes", mem.total()}, {"parts", parts}}}}},
                     {"overlap", std::move(ovj)}};
   return doc;
 }
@@ -227,11 +231,12 @@ int run_plan(PlanArgs& a) {
     if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
   }
   const Plan p = schedule::build_layer_plan(cfg, M);
+  const schedule::MemoryEstimate mem = schedule::estimate_layer_stack(cfg, a.num_layers, M);
   const std::vector<Overlap> ov = overlaps(p);
   double fwd = 0, bwd = 0;
   for (const Task& t : p.tasks) (t.dir == model::Dir::fwd ? fwd : bwd) += t.flops;
   if (json_out.is_open()) {
-    json_out << to_json(cfg, a, p, ov, fwd, bwd).dump(2) << "\n";
+    json_out << to_json(cfg, a, p, ov, fwd, bwd, mem).dump(2) << "\n";
     json_out.close();
     if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
   }
@@ -269,6 +274,9 @@ int run_plan(PlanArgs& a) {
   fmt::print("memory (planned): saved {} per layer, shared {}; {} layer{}: {} x saved + shared = {}\n",
              bytes_str(double(p.memory.saved_bytes)), bytes_str(double(p.memory.shared_bytes)), a.num_layers,
              a.num_layers == 1 ? "" : "s", a.num_layers, bytes_str(double(p.planned_bytes(a.num_layers))));
+  fmt::print("memory estimate per rank, {} layer{} (parameters, gradients, bf16 copies, planned buffers; no "
+             "optimizer or embeddings: ampipe train adds those): {}\n",
+             a.num_layers, a.num_layers == 1 ? "" : "s", mem.describe());
   std::vector<const model::BufferSpec*> big;
   for (const model::BufferSpec& s : p.memory.specs) big.push_back(&s);
   std::stable_sort(big.begin(), big.end(), [](auto* x, auto* y) { return x->bytes() > y->bytes(); });

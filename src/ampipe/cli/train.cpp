@@ -14,6 +14,8 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/host_memory.h"
+#include "ampipe/train/memory_estimate.h"
 #include "ampipe/train/checkpoint_args.h"
 #include "ampipe/train/loss_plot.h"
 #include "ampipe/train/megatron_args.h"
@@ -48,6 +50,7 @@ int run_train(TrainFlags& flags) {
   // SIGTERM / SIGINT from here on finish the current iteration on every rank and save (train/stop_signal.h).
   const train::StopSignalGuard stop_guard;
   train::TrainConfig cfg = flags.finish();
+  (void)flags.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
   comm::Runtime& rt = comm::Runtime::current();
   flags.resolve(cfg, rt.size());
   // The checkpoint's configuration (files only, every rank): --use-checkpoint-args takes its model flags, and
@@ -136,6 +139,11 @@ int run_train(TrainFlags& flags) {
     gethostname(host, sizeof(host) - 1);
     for (const std::string& h : comm::all_gather_strings(groups.world, host, "train.hosts")) multi_host |= h != host;
   }
+  // This rank's peak memory from the shapes, before the model is built; refused when it does not fit (every rank).
+  schedule::MemoryEstimate mem = train::estimate_train_memory(cfg, data->train_samples());
+  const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
+  mem.parts.insert(mem.parts.begin(), {"process now (code, MPI, data)", rss_now});
+  check_memory_fits(mem, rss_now, flags.memory, groups.world);
   train::Trainer trainer(cfg, groups, data);
   trainer.set_report_a2a_hidden(multi_host);
   const int64_t start = trainer.maybe_load();
@@ -173,6 +181,7 @@ int run_train(TrainFlags& flags) {
     fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
                data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
                data->valid_samples(), data->test_samples());
+    fmt::print("  memory: estimated peak {} per rank\n", mem.describe());
     if (cfg.finetune)
       fmt::print("  finetuning the model of {} (iteration {}): a fresh optimizer, from iteration 0\n", cfg.load,
                  ckpt ? ckpt->iteration : 0);

@@ -39,6 +39,7 @@ void TrainFlags::add_to(CLI::App& a) {
   a.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   layer.add_to(a);
   comm.add_to(a);
+  memory.add_to(a);
   train::TrainConfig& c = cfg;
   a.add_option("--config", config_file, "JSON file of flags (keys: flag names); command-line flags override it");
   // Model.

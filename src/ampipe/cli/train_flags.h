@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ampipe/cli/layer_flags.h"
+#include "ampipe/cli/memory_check.h"
 #include "ampipe/cli/megatron_flags.h"
 #include "ampipe/train/train_config.h"
 
@@ -16,6 +17,7 @@ struct TrainFlags {
   TrainFlags();  // the embedded default: a small GPT-MoE for the bundled corpus
   LayerFlags layer;
   CommFlags comm;
+  MemoryFlags memory;  // --memory-limit
   train::TrainConfig cfg;
   std::string config_file;
   std::string ampipe_degree;  // --ampipe-degree as given: an integer, or `auto`

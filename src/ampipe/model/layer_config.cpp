@@ -5,6 +5,7 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/model/gate.h"
+#include "ampipe/model/size_check.h"
 
 namespace ampipe::model {
 
@@ -67,6 +68,7 @@ void LayerConfig::validate() const {
   if (pipe_experts_multi_data < 1)
     throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
                                   pipe_experts_multi_data));
+  check_layer_sizes(*this);  // every derived size fits in 64 bits (model/size_check.h)
 }
 
 std::string LayerConfig::check_pipe_experts(int M) const {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ampipe/core/error.h"
+#include "ampipe/model/size_check.h"
 #include "ampipe/train/megatron_args.h"
 
 namespace ampipe::train {
@@ -187,6 +188,7 @@ void TrainConfig::validate(int world) const {
   if (save_interval > 0 && save.empty())
     throw ConfigError(fmt::format("--save-interval {} needs --save DIR: there is nowhere to write", save_interval));
   validate_megatron_args(*this);
+  model::check_plan_size(layer, M, num_layers);  // the Plans' task lists (model/size_check.h)
   if (!trace.empty() && (trace_iteration < 1 || trace_iteration > train_iters))
     throw ConfigError(fmt::format("--trace-iteration {} is invalid: it must be in [1, --train-iters {}]",
                                   trace_iteration, train_iters));

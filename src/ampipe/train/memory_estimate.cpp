@@ -1,0 +1,77 @@
+#include "ampipe/train/memory_estimate.h"
+
+#include <algorithm>
+
+#include "ampipe/model/layer_params.h"
+#include "ampipe/model/size_check.h"
+
+namespace ampipe::train {
+
+schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples) {
+  using model::checked_add;
+  using model::checked_elements;
+  using model::checked_mul;
+  const model::LayerConfig& l = cfg.layer;
+  const model::SizeFactor s{"--seq-length", l.seq_length}, b{"--micro-batch-size", l.micro_batch_size},
+      h{"--hidden-size", l.hidden_size}, V{"the data's vocabulary", cfg.vocab_size};
+  const int64_t T = checked_elements("the tokens of a micro-batch", {s, b});
+  const int64_t Th = checked_elements("the [T, h] activation", {s, b, h});
+  const int64_t TV = checked_elements("the [T, V] logits", {s, b, V});
+  const int64_t Vh = checked_elements("the [V, h] token embedding", {V, h});
+  const int64_t sh = checked_elements("the [s, h] position embedding", {s, h});
+
+  schedule::MemoryEstimate e =
+      schedule::estimate_layer_stack(l, cfg.num_layers, cfg.ampipe_degree, cfg.recompute_layers());
+  // Local parameter elements: the layers' (per layer, times --num-layers) and the embedding-level ones.
+  const schedule::LayerParamCounts per_layer = schedule::layer_param_counts(l);
+  int64_t head = checked_add(Vh, sh, "the embedding sizes");
+  head = checked_add(head, 2 * l.hidden_size, "the embedding sizes");  // final LayerNorm weight and bias
+  if (cfg.untie_embeddings_and_output_weights) head = checked_add(head, Vh, "the output layer's size");
+  const int64_t head_bytes = checked_mul(head, 4, "the embedding bytes");
+  e.add("parameters", head_bytes);
+  e.add("gradients", head_bytes);
+  const int64_t params =
+      checked_add(checked_mul(per_layer.params, cfg.num_layers, "--num-layers x a layer's parameters"), head,
+                  "the parameter count");
+  const int64_t param_bytes = checked_mul(params, 4, "the parameter bytes");
+  e.add("optimizer state (AdamW, 2 fp32 moments)", checked_mul(param_bytes, 2, "the optimizer state"));
+  e.add("gradient all-reduce buffers", param_bytes);
+
+  // GptModel's buffers: x0, xn, dxn, dy [T, h]; logits [T, V]; five [T] vectors (LayerNorm statistics, per-token
+  // loss and log-sum-exp, loss gradient); sequence parallelism: two [T/t, h] local row sets and three [T, h] gathers.
+  int64_t act = checked_add(checked_mul(Th, 4, "[T, h] buffers"), TV, "the head's buffers");
+  act = checked_add(act, checked_mul(T, 5, "[T] buffers"), "the head's buffers");
+  if (l.sp()) act = checked_add(act, checked_add(checked_mul(Th, 3, "sp"), 2 * (Th / l.tp()), "sp"), "sp");
+  e.add("embedding + LM head buffers", checked_mul(act, 4, "the head's buffer bytes"));
+  if (train_samples > 0) e.add("data order", checked_mul(train_samples, 8, "the data order"));
+
+  if (!cfg.save.empty() || !cfg.load.empty()) {
+    // Checkpoints hold full tensors, and core/safetensors builds (save) or reads (load) a whole file in one buffer.
+    // Save: every sharded matrix and both its moments gathered whole, plus the optimizer file's buffer (two moments
+    // of every full tensor, the larger file). Load: the optimizer file read whole plus its parsed tensors. The
+    // larger of the two, on top of the steady state (a save runs between steps, a load before the first).
+    int64_t full_layer = 0, sharded = 0;
+    for (const char* name : {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
+                             "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"}) {
+      int64_t n = 1;
+      for (int64_t d : model::full_shape(l, name)) n = checked_mul(n, d, "a parameter's size");
+      full_layer = checked_add(full_layer, n, "the checkpoint's size");
+      const bool expert = model::LayerParams::is_expert(name);
+      if ((expert && l.expert_model_parallel_size > 1) || (l.tp() > 1 && model::tp_split(l, name).dim >= 0))
+        sharded = checked_add(sharded, n, "the checkpoint's size");
+    }
+    const int64_t full = checked_add(checked_mul(full_layer, cfg.num_layers, "the checkpoint's size"), head,
+                                     "the checkpoint's size");
+    const int64_t opt_file = checked_mul(full, 8, "the optimizer file");  // two fp32 moments
+    const int64_t save = cfg.save.empty()
+                             ? 0
+                             : checked_add(checked_mul(checked_mul(sharded, 12, "the checkpoint's size"),
+                                                       cfg.num_layers, "the checkpoint's size"),
+                                           opt_file, "the checkpoint's size");
+    const int64_t load = cfg.load.empty() ? 0 : checked_mul(opt_file, 2, "the checkpoint's size");
+    e.add("checkpoint buffers (--save / --load)", std::max(save, load));
+  }
+  return e;
+}
+
+}  // namespace ampipe::train
