@@ -236,6 +236,7 @@ TEST(GateCapacity, Formula) {
   EXPECT_EQ(gate_capacity(100, 8, 1, 1.5, 4), 19);   // 18.75 -> 19
   EXPECT_EQ(gate_capacity(1024, 8, 2, 1.1, 4), 282); // 281.6 -> 282
   EXPECT_EQ(gate_capacity(5, 4, 2, 4.0, 0), 5);      // 10 > S -> S
+  EXPECT_EQ(gate_capacity(64, 4, 2, 1e300, 0), 64);  // a product beyond int64 (fp32 inf): every token fits
   EXPECT_EQ(gate_capacity(2, 4, 1, 1.0, 4), 2);      // min_capacity 4 first, then > S -> S
   EXPECT_EQ(gate_capacity(6, 4, 2, 0.5, 1), 2);      // 1.5 -> 2
   EXPECT_EQ(gate_capacity(6, 4, 1, 0.1, 1), 1);      // 0.15 -> 1

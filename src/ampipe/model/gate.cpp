@@ -86,6 +86,7 @@ int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64
   // DeepSpeed _capacity: torch.ceil((S / E) * torch.tensor(k * capacity_factor)): a Python double times a
   // float32 tensor, evaluated in float32.
   const float prod = float(double(S) / double(E)) * float(double(k) * capacity_factor);
+  if (!(prod < float(S))) return S;  // also a product too large for int64 (e.g. a factor of 1e300): every token fits
   int64_t C = int64_t(std::ceil(prod));
   if (C < min_capacity) C = min_capacity;
   if (C > S) C = S;
