@@ -54,7 +54,7 @@ TEST(PipeExperts, PiecesEqualTheLayerWithout) {
         for (int N : {1, 2, 3, 4}) {
           const model::LayerConfig pc = with_pieces(cfg, N, 1);
           const model::LayerDims d = model::LayerDims::make(pc, 1);
-          ASSERT_TRUE(d.pipe_experts());
+          ASSERT_TRUE(d.pieced());
           expect_equal(run_layer(pc, 1), ref, fmt::format("E={} k={} cf={} N={} C={}", E, k, cf, N, d.C));
         }
       }

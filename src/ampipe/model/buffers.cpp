@@ -65,8 +65,8 @@ bool needed(const LayerDims& d, Buf b) {
     case Buf::dqkv_bf16: return bf16;
     case Buf::combine_recv:  // staging between the all-to-all layout and expert_y
     case Buf::d_expert_y:
-    case Buf::d_dispatch: return bf16 || d.pipe_experts();
-    case Buf::dispatch_rows: return d.pipe_experts();
+    case Buf::d_dispatch: return bf16 || d.pieced();
+    case Buf::dispatch_rows: return d.pieced();
     case Buf::gate_input: return d.jitter;
     case Buf::capacity_need:
     case Buf::capacity_all: return d.agree_capacity;

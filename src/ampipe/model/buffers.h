@@ -44,7 +44,7 @@ enum class Buf : uint8_t {
   gate_input,          // [S_c, h] jittered router input (Jitter only)
   capacity_need,       // [1] this rank's required capacity (--moe-no-drop with ep > 1)
   capacity_all,        // [ep] every EP rank's
-  dispatch_rows,       // [E, C, h] the gate's dispatch layout (pipe-experts only; packed into dispatch_send's pieces)
+  dispatch_rows,       // [E, C, h] the gate's dispatch layout (pieced MoE only: pipe-experts or the tp overlap; packed into dispatch_send's pieces)
   // Piece-major (all-to-all) buffers: a chunk slot holds its pieces one after another, piece p at rows
   // [row0, row0 + ep*experts*slots) laid out [ep][experts][slots][h] (ExpertPiece). Without pipe-experts a chunk is
   // one piece of all L experts and C slots, so [ep][L][C][h] = [E, C, h] in expert order.

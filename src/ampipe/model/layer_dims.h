@@ -54,9 +54,11 @@ struct LayerDims {
   // pipe-experts: every chunk's MoE MLP cut into pieces, one per (local expert, capacity slice); S = N / M slices of
   // ceil(C / S) slots per expert and chunk (the last ones may be shorter; empty slices have no piece). Empty without
   // pipe-experts: then a chunk is one piece of all L experts and all C slots.
+  // --ampipe-tp-sp-comm-overlap without pipe-experts also cuts a chunk into pieces: one per local expert, all slots.
   int64_t slices = 1;
   std::vector<ExpertPiece> pieces;
-  bool pipe_experts() const { return !pieces.empty(); }
+  // The MoE MLP runs in pieces (pipe-experts or the tp overlap): piece-major all-to-all buffers, staged copies.
+  bool pieced() const { return !pieces.empty(); }
 
   static LayerDims make(const LayerConfig& cfg, int M);
   int64_t R() const { return srcs * C; }  // slots one local expert processes per chunk

@@ -51,7 +51,7 @@ void MoeBlock::set_routing(int c) {
                g.routing.C, st_.dims.C);
   st_.mem.set_capacity(c, g.routing.C);
   Tensor send = st_.mem.get(Buf::dispatch_send, c);
-  if (!st_.dims.pipe_experts()) {  // one piece: the gate's [E, C, h] layout is the all-to-all's
+  if (!st_.dims.pieced()) {  // one piece: the gate's [E, C, h] layout is the all-to-all's
     dispatch_forward(st_.rows(Buf::ln2_out, c), g.routing, send);
     return;
   }
@@ -100,7 +100,7 @@ void MoeBlock::gate_assign(int c) {
 }
 
 ExpertPiece MoeBlock::piece(int c, int p) const {
-  if (!st_.dims.pipe_experts()) return {0, st_.dims.L, 0, st_.mem.capacity(c), 0};
+  if (!st_.dims.pieced()) return {0, st_.dims.L, 0, st_.mem.capacity(c), 0};
   return st_.dims.pieces[size_t(p)];
 }
 
@@ -178,7 +178,7 @@ void MoeBlock::experts(int c, int p) {
 void MoeBlock::weighted_sum(int c) {
   LayerState& s = st_;
   Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32 without pipe-experts: the combine all-to-all received into it
-  if (s.dims.pipe_experts())
+  if (s.dims.pieced())
     copy_slots_pieces(s.mem.get(Buf::combine_recv, c), Y, c, /*to_pieces=*/false);
   else if (s.bf16())
     Y.copy_from(s.mem.get(Buf::combine_recv, c));
@@ -209,11 +209,11 @@ void MoeBlock::weighted_sum_backward(int c) {
   Tensor d_moe = s.mem.get(Buf::d_moe);
   kernels::dropout_backward(s.rows(s.dy, c), s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c), d_moe);
   Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // EP rank j gets the grads of its experts
-  const bool staged = s.bf16() || s.dims.pipe_experts();
+  const bool staged = s.bf16() || s.dims.pieced();
   Tensor dY = staged ? s.mem.get(Buf::d_expert_y, c) : send;
   Tensor d_weight = s.mem.get(Buf::d_weight, c);
   combine_backward(d_moe, s.mem.get(Buf::expert_y, c), gctx_[size_t(c)].routing, dY, d_weight);
-  if (s.dims.pipe_experts())
+  if (s.dims.pieced())
     copy_slots_pieces(dY, send, c, /*to_pieces=*/true);
   else if (s.bf16())
     send.copy_from(dY);
@@ -278,7 +278,7 @@ void MoeBlock::gate_backward(int c) {
   GateCtx& g = gctx_[size_t(c)];
   Tensor d_ln2 = s.rows(Buf::d_ln2, c);
   Tensor recv = s.mem.get(Buf::dispatch_bwd_recv, c);
-  if (s.dims.pipe_experts()) {
+  if (s.dims.pieced()) {
     Tensor d = s.mem.get(Buf::d_dispatch, c);
     copy_slots_pieces(recv, d, c, /*to_pieces=*/false);
     recv = d;

@@ -126,7 +126,7 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   const bool bf16 = d.cd != DType::f32, tp = d.tp > 1, sp = d.sp;
   // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 (and the piece layout of
   // pipe-experts and the tp overlap) lands in a staging buffer.
-  const Buf combine_recv = !bf16 && !d.pipe_experts() ? Buf::expert_y : Buf::combine_recv;
+  const Buf combine_recv = !bf16 && !d.pieced() ? Buf::expert_y : Buf::combine_recv;
   // The tp collectives of Megatron's linears (Stage comments in model/stage.h): all-gather and reduce-scatter with
   // sequence parallelism, else all-reduce where the forward (or backward) needs a sum and nothing where it does not.
   const CollKind reduce = sp ? CollKind::reduce_scatter : CollKind::all_reduce;
