@@ -197,22 +197,7 @@ int run_layer_check(LayerCheckArgs& a) {
     for (auto& [name, t] : params.named()) pmap[name] = t;
     for (auto& [name, t] : grads.named()) gmap[name] = t;
     for (core::TensorMap* mp : {&pmap, &gmap})
-      for (auto& [name, t] : *mp) {
-        if (cfg.tp() > 1 && model::tp_split(cfg, name).dim >= 0) {  // the tp shards, joined
-          Tensor all = Tensor::empty({int64_t(cfg.tp()) * t.numel()});
-          comm::all_gather_sync(groups.tp, t.clone().view({t.numel()}), all, "export.tp." + name);
-          Shape whole_shape = model::full_shape(cfg, name);
-          if (model::LayerParams::is_expert(name)) whole_shape[0] = cfg.local_experts();
-          t = model::tp_join(cfg, name, all, whole_shape);
-        }
-        if (model::LayerParams::is_expert(name) && groups.ep.size() > 1) {
-          Shape full = t.shape();
-          full[0] *= groups.ep.size();
-          Tensor all = Tensor::empty(full);
-          comm::all_gather_sync(groups.ep, t, all, "export." + name);
-          t = all;
-        }
-      }
+      for (auto& [name, t] : *mp) t = train::full_layer_tensor(t, name, cfg, groups, "export." + name);
     if (rt.rank() == 0) {
       gmap["x"] = dx_full;
       const std::map<std::string, std::string> meta{{"format", "ampipe layer-check"},

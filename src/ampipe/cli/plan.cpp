@@ -14,6 +14,7 @@
 
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/host_memory.h"
 #include "ampipe/schedule/memory_estimate.h"
 #include "ampipe/schedule/plan.h"
 
@@ -44,18 +45,6 @@ std::string si(double v, const char* unit) {
   const double a = std::fabs(v);
   const int prec = i == 0 || a >= 99.95 ? 0 : a >= 9.995 ? 1 : 2;
   return fmt::format("{:.{}f} {}{}", v, prec, kPrefix[i], unit);
-}
-
-// Bytes with a binary prefix, 3 significant digits: "16.0 KiB", "1.50 MiB", "4 B".
-std::string bytes_str(double v) {
-  static constexpr const char* kPrefix[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  size_t i = 0;
-  while (v >= 999.5 && i + 1 < std::size(kPrefix)) {
-    v /= 1024;
-    ++i;
-  }
-  const int prec = i == 0 || v >= 99.95 ? 0 : v >= 9.995 ? 1 : 2;
-  return fmt::format("{:.{}f} {}", v, prec, kPrefix[i]);
 }
 
 const char* scope_name(model::Scope s) { return s == model::Scope::saved ? "saved" : "shared"; }
@@ -128,7 +117,7 @@ std::string work_str(const Task& t) {
   if (!t.is_collective()) return si(t.flops, "F");
   const schedule::CollectiveSpec& c = *t.collective;
   return fmt::format("{} {} {} {} -> {}", schedule::coll_kind_name(c.kind), comm::group_kind_name(c.group),
-                     bytes_str(c.bytes), model::buf_name(c.send), model::buf_name(c.recv));
+                     core::format_bytes(c.bytes), model::buf_name(c.send), model::buf_name(c.recv));
 }
 
 constexpr CollKind kKinds[] = {CollKind::all_to_all, CollKind::all_gather, CollKind::reduce_scatter,
@@ -269,11 +258,11 @@ int run_plan(PlanArgs& a) {
     int n = 0;
     for (const Task& t : p.tasks) n += t.is_collective() && t.collective->kind == k;
     if (n > 0)
-      fmt::print("  {:<14} {:>3} tasks  {}\n", schedule::coll_kind_name(k), n, bytes_str(p.collective_bytes(k)));
+      fmt::print("  {:<14} {:>3} tasks  {}\n", schedule::coll_kind_name(k), n, core::format_bytes(p.collective_bytes(k)));
   }
   fmt::print("memory (planned): saved {} per layer, shared {}; {} layer{}: {} x saved + shared = {}\n",
-             bytes_str(double(p.memory.saved_bytes)), bytes_str(double(p.memory.shared_bytes)), a.num_layers,
-             a.num_layers == 1 ? "" : "s", a.num_layers, bytes_str(double(p.planned_bytes(a.num_layers))));
+             core::format_bytes(double(p.memory.saved_bytes)), core::format_bytes(double(p.memory.shared_bytes)), a.num_layers,
+             a.num_layers == 1 ? "" : "s", a.num_layers, core::format_bytes(double(p.planned_bytes(a.num_layers))));
   fmt::print("memory estimate per rank, {} layer{} (parameters, gradients, bf16 copies, planned buffers; no "
              "optimizer or embeddings: ampipe train adds those): {}\n",
              a.num_layers, a.num_layers == 1 ? "" : "s", mem.describe());
@@ -284,7 +273,7 @@ int run_plan(PlanArgs& a) {
   fmt::print("  largest buffers:\n");
   for (const model::BufferSpec* s : big)
     fmt::print("    {:<18} {:<6} {:<4} {:<16} x{:<2} {}\n", s->name, scope_name(s->scope), dtype_name(s->dtype),
-               shape_str(s->shape), s->chunks, bytes_str(double(s->bytes())));
+               shape_str(s->shape), s->chunks, core::format_bytes(double(s->bytes())));
   fmt::print("overlap (compute issued after each collective and before the first compute task that waits for it; "
              "docs/plan.md):\n");
   for (const Overlap& o : ov) fmt::print("  {}\n", overlap_line(p, o));

@@ -19,22 +19,29 @@ namespace fs = std::filesystem;
 
 std::string checkpoint_subdir(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
-Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
-                   const std::string& tag) {
+Tensor full_layer_tensor(const Tensor& local, const std::string& name, const model::LayerConfig& cfg,
+                         const comm::Groups& g, const std::string& tag) {
+  const bool expert = model::LayerParams::is_expert(name);
   Tensor t = local;
-  if (p.tp_sharded(cfg)) {  // the tp shards joined into this EP rank's tensor
+  if (cfg.tp() > 1 && model::tp_split(cfg, name).dim >= 0) {  // the tp shards joined into this EP rank's tensor
     Tensor all = Tensor::empty({int64_t(g.tp.size()) * local.numel()});
-    comm::all_gather_sync(g.tp, local.clone().view({local.numel()}), all, tag + ".tp");
-    Shape whole = model::full_shape(cfg, p.layer_param);
-    if (p.expert) whole[0] = cfg.local_experts();
-    t = model::tp_join(cfg, p.layer_param, all, whole);
+    comm::all_gather_sync(g.tp, local.view({local.numel()}), all, tag + ".tp");
+    Shape whole = model::full_shape(cfg, name);
+    if (expert) whole[0] = cfg.local_experts();
+    t = model::tp_join(cfg, name, all, whole);
   }
-  if (!p.expert || g.ep.size() == 1) return t;
+  if (!expert || g.ep.size() == 1) return t;
   Shape full = t.shape();
   full[0] *= g.ep.size();
   Tensor all = Tensor::empty(full);
   comm::all_gather_sync(g.ep, t, all, tag);
   return all;
+}
+
+Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
+                   const std::string& tag) {
+  // Only layer parameters are split (the embeddings, final LayerNorm and LM head are whole on every rank).
+  return p.layer_param.empty() ? local : full_layer_tensor(local, p.layer_param, cfg, g, tag);
 }
 
 namespace {

@@ -46,9 +46,12 @@ struct SaveOptions {
 
 // Collective over groups.world (every rank calls it). Throws ConfigError naming --save and the path on failure,
 // on every rank.
-// The full tensor of a parameter-shaped local tensor (the parameter, or its optimizer state): a tensor cut over tp
-// all-gathered over the tp group and joined (model::tp_join), then expert tensors all-gathered over EP (dim 0).
-// Collective over the groups the parameter is split over.
+// The full tensor of a local tensor shaped like layer parameter `name` (model::LayerParams; the parameter, its
+// gradient or its optimizer state): cut over tp, all-gathered over the tp group and joined (model::tp_join); then,
+// for an expert tensor, all-gathered over EP (dim 0). Collective over the groups the parameter is split over.
+Tensor full_layer_tensor(const Tensor& local, const std::string& name, const model::LayerConfig& cfg,
+                         const comm::Groups& g, const std::string& tag);
+// The same for any model parameter (only layer parameters are split).
 Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
                    const std::string& tag);
 
