@@ -425,3 +425,64 @@ TEST(Attention, TensorFormChecksShapesAndDtypes) {
   Tensor dq_wide = Tensor::zeros({s * b, h + 1});
   EXPECT_DEATH(attention_backward(sh, out, q, k, v, out, lse, dq_wide, k, v), "attention_backward: dq must be");
 }
+
+// Context parallelism's partial attention: the keys a query block sees are split into key blocks at uneven
+// positions (each a call with its own k_offset, as a ring step delivers them, in any order), the first call writes
+// out and lse and the others merge into them; the backward runs once per key block with the final out and lse,
+// dq accumulated. Everything must equal one call over all keys, and the double reference.
+TEST(Attention, PartialKeyBlocksMergeToFullAttention) {
+  const Problem pb(41, 2, 2, 16, 29);
+  struct Case {
+    int64_t q_offset, sq;
+    std::vector<std::pair<int64_t, int64_t>> key_blocks;  // [k0, k1) in the order they are computed
+    AttentionBlocks blocks;
+  };
+  const Case cases[] = {
+      {30, 11, {{0, 7}, {7, 19}, {19, 41}}, {4, 8}},       // diagonal block last, uneven blocks
+      {30, 11, {{19, 41}, {0, 7}, {7, 19}}, {}},           // diagonal first, then the earlier blocks
+      {12, 9, {{12, 21}, {3, 12}, {0, 3}}, {8, 4}},        // a query block in the middle; keys after it unused
+      {20, 10, {{20, 30}, {10, 20}, {0, 5}, {5, 10}}, {}}, // the causal block at the query's own start
+  };
+  const int64_t b = pb.b, h = pb.h, ld = 3 * h;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "q_offset=" << c.q_offset << " sq=" << c.sq);
+    const float* q = pb.qkv.data() + c.q_offset * b * ld;
+    std::vector<float> out(size_t(c.sq * b * h)), lse(size_t(b * pb.n * c.sq));
+    bool first = true;
+    for (auto [k0, k1] : c.key_blocks) {
+      AttentionShape sh{c.sq, k1 - k0, b, pb.n, pb.d, c.q_offset};
+      sh.k_offset = k0;
+      sh.merge = !first;
+      first = false;
+      attention_forward(sh, DType::f32, q, ld, pb.qkv.data() + k0 * b * ld + h, ld, pb.qkv.data() + k0 * b * ld + 2 * h,
+                        ld, out.data(), h, lse.data(), c.blocks);
+    }
+    // the reference sees every key [0, q_offset + sq)
+    const AttentionShape whole = pb.chunk(c.q_offset, c.sq);
+    const Vec qc = pb.rows(pb.q, c.q_offset, c.sq), dout = pb.rows(pb.dout_d, c.q_offset, c.sq);
+    const Ref ref = ref_forward(whole, qc, pb.k, pb.v);
+    const RefGrad rg = ref_backward(whole, qc, pb.k, pb.v, dout);
+    EXPECT_LT(scaled_err(out, ref.out), 2e-5);
+    EXPECT_LT(scaled_err(lse, ref.lse), 2e-5);
+    std::vector<float> dq(out.size(), 0.0f), dk(size_t(pb.s * b * h), 0.0f), dv(dk.size(), 0.0f);
+    for (auto [k0, k1] : c.key_blocks) {
+      AttentionShape sh{c.sq, k1 - k0, b, pb.n, pb.d, c.q_offset};
+      sh.k_offset = k0;
+      sh.accumulate_dq = true;
+      attention_backward(sh, DType::f32, pb.dout.data() + c.q_offset * b * h, h, q, ld,
+                         pb.qkv.data() + k0 * b * ld + h, ld, pb.qkv.data() + k0 * b * ld + 2 * h, ld, out.data(), h,
+                         lse.data(), dq.data(), h, dk.data() + k0 * b * h, h, dv.data() + k0 * b * h, h, c.blocks);
+    }
+    EXPECT_LT(scaled_err(dq, rg.dq), 2e-5);
+    EXPECT_LT(scaled_err(dk, rg.dk), 2e-5);
+    EXPECT_LT(scaled_err(dv, rg.dv), 2e-5);
+  }
+}
+
+TEST(Attention, KeyOffsetAfterQueriesIsRefused) {
+  AttentionShape sh{4, 4, 1, 1, 8, 2};
+  sh.k_offset = 3;  // key row 0 would be invisible to query row 0
+  std::vector<float> x(64), out(32), lse(4);
+  EXPECT_DEATH(attention_forward(sh, DType::f32, x.data(), 8, x.data(), 8, x.data(), 8, out.data(), 8, lse.data()),
+               "k_offset must be <= q_offset");
+}

@@ -161,9 +161,10 @@ void grad_row(float* s, float* dp, int64_t nv, int64_t n, float scale, float lse
 }
 
 void check_shape(const AttentionShape& sh) {
-  AMPIPE_CHECK(sh.sq >= 0 && sh.skv >= 0 && sh.b > 0 && sh.n > 0 && sh.d > 0 && sh.q_offset >= 0,
-               "attention shape sq={} skv={} b={} n={} d={} q_offset={}", sh.sq, sh.skv, sh.b, sh.n, sh.d,
-               sh.q_offset);
+  AMPIPE_CHECK(sh.sq >= 0 && sh.skv >= 0 && sh.b > 0 && sh.n > 0 && sh.d > 0 && sh.q_offset >= 0 &&
+                   sh.k_offset >= 0 && sh.k_offset <= sh.q_offset,
+               "attention shape sq={} skv={} b={} n={} d={} q_offset={} k_offset={} (k_offset must be <= q_offset)",
+               sh.sq, sh.skv, sh.b, sh.n, sh.d, sh.q_offset, sh.k_offset);
   AMPIPE_CHECK(sh.sq == 0 || sh.skv > 0, "attention: {} query rows but no keys", sh.sq);
 }
 
@@ -202,6 +203,13 @@ void check_lse(const AttentionShape& sh, const Tensor& lse, const char* op) {
                device_name(lse.device()));
 }
 
+// The kernels work with key positions relative to key row 0: only q_offset - k_offset matters.
+AttentionShape relative(AttentionShape sh) {
+  sh.q_offset -= sh.k_offset;
+  sh.k_offset = 0;
+  return sh;
+}
+
 // Last visible key + 1 for a query block ending (exclusive) at local row i_end.
 int64_t kv_end_for(const AttentionShape& sh, int64_t i_end) { return std::min(sh.skv, sh.q_offset + i_end); }
 
@@ -238,7 +246,8 @@ void pack_rows(const void* src, int64_t ld, int64_t rows, int64_t cols, size_t e
 
 }  // namespace
 
-int64_t causal_attention_pairs(const AttentionShape& sh) {
+int64_t causal_attention_pairs(const AttentionShape& shape) {
+  const AttentionShape sh = relative(shape);
   // rows with q_offset + i + 1 <= skv see q_offset + i + 1 keys; the rest see skv.
   const int64_t full_from = std::clamp<int64_t>(sh.skv - sh.q_offset, 0, sh.sq);  // first row seeing all skv
   int64_t pairs = 0;
@@ -252,10 +261,11 @@ double causal_attention_flops(const AttentionShape& sh, bool backward) {
   return double(causal_attention_pairs(sh)) * double(sh.b * sh.n) * double(sh.d) * (backward ? 10.0 : 4.0);
 }
 
-void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_t ldq, const void* k,
+void attention_forward(const AttentionShape& shape, DType in, const void* q, int64_t ldq, const void* k,
                        int64_t ldk, const void* v, int64_t ldv, float* out, int64_t ldo, float* lse,
                        const AttentionBlocks& blocks) {
-  check_args(sh, in, ldq, ldk, ldv, blocks);
+  check_args(shape, in, ldq, ldk, ldv, blocks);
+  const AttentionShape sh = relative(shape);
   AMPIPE_CHECK(ldo >= sh.n * sh.d, "attention out row stride {} below n*d = {}", ldo, sh.n * sh.d);
   if (sh.sq == 0) return;
   const int64_t b = sh.b, n = sh.n, d = sh.d;
@@ -327,21 +337,32 @@ void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_
           gemm(pv, lowp ? static_cast<const void*>(Pb) : S, Vp + size_t(j0 * d) * esz, O);
         }
         for (int64_t r = 0; r < bq; ++r) {
-          const float inv = 1.0f / L[r];
           const float* orow = O + r * d;
           float* dst = Oh + (i0 + r) * b * ldo;
-          for (int64_t dd = 0; dd < d; ++dd) dst[dd] = orow[dd] * inv;
-          lse_h[i0 + r] = M[r] + std::log(L[r]);
+          const float part = M[r] + std::log(L[r]);
+          if (!sh.merge) {
+            const float inv = 1.0f / L[r];
+            for (int64_t dd = 0; dd < d; ++dd) dst[dd] = orow[dd] * inv;
+            lse_h[i0 + r] = part;
+            continue;
+          }
+          // merge with the previous keys' normalised output: shares e^(lse_old - lse) and e^(part - lse)
+          const float old = lse_h[i0 + r], hi = std::max(old, part);
+          const float total = hi + std::log(std::exp(old - hi) + std::exp(part - hi));
+          const float w_old = std::exp(old - total), w_new = std::exp(part - total) / L[r];
+          for (int64_t dd = 0; dd < d; ++dd) dst[dd] = dst[dd] * w_old + orow[dd] * w_new;
+          lse_h[i0 + r] = total;
         }
       }
     }
 }
 
-void attention_backward(const AttentionShape& sh, DType in, const float* dout, int64_t lddo, const void* q,
+void attention_backward(const AttentionShape& shape, DType in, const float* dout, int64_t lddo, const void* q,
                         int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, const float* out,
                         int64_t ldo, const float* lse, float* dq, int64_t lddq, float* dk_accum, int64_t lddk,
                         float* dv_accum, int64_t lddv, const AttentionBlocks& blocks) {
-  check_args(sh, in, ldq, ldk, ldv, blocks);
+  check_args(shape, in, ldq, ldk, ldv, blocks);
+  const AttentionShape sh = relative(shape);
   const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
   AMPIPE_CHECK(lddo >= h && ldo >= h && lddq >= h && lddk >= h && lddv >= h,
                "attention backward row strides dout {} out {} dq {} dk {} dv {} below n*d = {}", lddo, ldo, lddq,
@@ -423,8 +444,13 @@ void attention_backward(const AttentionShape& sh, DType in, const float* dout, i
           dqd.m = bq, dqd.n = d, dqd.k = kb, dqd.in = in, dqd.accumulate = j0 > 0;
           gemm(dqd, dS, Kblk, dQp);
         }
-        for (int64_t r = 0; r < bq; ++r)  // dq overwritten
-          std::memcpy(dQh + (i0 + r) * b * lddq, dQp + r * d, size_t(d) * sizeof(float));
+        for (int64_t r = 0; r < bq; ++r) {  // dq overwritten, or accumulated over key blocks
+          float* dst = dQh + (i0 + r) * b * lddq;
+          if (sh.accumulate_dq)
+            for (int64_t dd = 0; dd < d; ++dd) dst[dd] += dQp[r * d + dd];
+          else
+            std::memcpy(dst, dQp + r * d, size_t(d) * sizeof(float));
+        }
       }
       // dk_accum, dv_accum [skv, b, n*d] += packed [kv_max, d] of this head
       for (int64_t j = 0; j < kv_max; ++j) {

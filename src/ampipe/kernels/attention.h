@@ -35,6 +35,12 @@ struct AttentionShape {
   int64_t n = 0;         // heads
   int64_t d = 0;         // head dim
   int64_t q_offset = 0;  // sequence position of local query row 0
+  // Context parallelism (partial attention over one block of keys, docs/layer.md §12):
+  int64_t k_offset = 0;  // sequence position of key row 0: key j is visible to query i iff k_offset + j <=
+                         // q_offset + i. Must be <= q_offset (key row 0 is visible to every query row).
+  bool merge = false;    // forward: out and lse already hold the normalised result of other key blocks; this
+                         // call's result is merged into them by log-sum-exp (online softmax across calls)
+  bool accumulate_dq = false;  // backward: dq += (instead of =), for a query block split over several key blocks
 };
 
 // Tile sizes (rows of Q, rows of K/V per block). The defaults were tuned for d = 128, s = 4096 on one Zen 3
@@ -45,7 +51,7 @@ struct AttentionBlocks {
   int64_t k = 256;
 };
 
-// Visible (query, key) pairs for one (batch, head): sum over local i of min(skv, q_offset + i + 1).
+// Visible (query, key) pairs for one (batch, head): sum over local i of min(skv, q_offset - k_offset + i + 1).
 int64_t causal_attention_pairs(const AttentionShape& sh);
 // FLOPs counted on visible pairs only, summed over b and n heads (masked work on diagonal blocks is not
 // counted). Forward: 2 matmuls (Q K^T, P V) = 4*d per pair. Backward: 5 matmuls (recompute Q K^T,
@@ -74,7 +80,9 @@ void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tens
 // q: [sq, b, n*d] with row stride ldq; k, v: [skv, b, n*d] with row strides ldk, ldv; type `in`.
 // out: [sq, b, n*d] fp32, row stride ldo, overwritten.
 // lse: [b, n, sq] fp32 (packed), overwritten: log(sum_j exp(q_i.k_j / sqrt(d))) over visible j; read by
-//      attention_backward.
+//      attention_backward. With sh.merge, out and lse hold a previous partial result (other keys of the same
+//      queries) and receive the merged one: lse = log(e^lse + e^lse_this), out weighted by the two shares. The
+//      backward of a merged result runs once per key block with the final out and lse (and accumulate_dq).
 void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_t ldq, const void* k,
                        int64_t ldk, const void* v, int64_t ldv, float* out, int64_t ldo, float* lse,
                        const AttentionBlocks& blocks = {});
