@@ -44,9 +44,15 @@ TEST(TrainConfig, TensorParallelRules) {
 
 TEST(TrainConfig, ContextParallelWorldSize) {
   train::TrainConfig c;
-  c.context_parallel_size = 2;
+  c.layer.context_parallel_size = 2;
   EXPECT_THAT(message(c, 3), ::testing::HasSubstr("world size 3 is not tp x cp x dp"));
-  EXPECT_THAT(message(c, 4), ::testing::HasSubstr("--context-parallel-size 2 is not supported by this engine yet"));
+  EXPECT_EQ(message(c, 4), "");
+  c.ampipe_degree = 2;
+  c.layer.seq_length = 12;  // not divisible by 2 x 2 x 2
+  EXPECT_THAT(message(c, 4), ::testing::HasSubstr("is not divisible by 2 x --ampipe-degree 2 x --context-parallel-size 2"));
+  c.layer.seq_length = 16;
+  c.layer.context_parallel_algo = "ulysses_cp_algo";
+  EXPECT_THAT(message(c, 4), ::testing::HasSubstr("--context-parallel-algo ulysses_cp_algo is not supported"));
 }
 
 TEST(TrainConfig, ExpertParallelInsideDataParallel) {

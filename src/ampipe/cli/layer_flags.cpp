@@ -50,6 +50,11 @@ void LayerFlags::add_to(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--sequence-parallel", cfg.sequence_parallel,
                "Megatron sequence parallelism: LayerNorms, dropout, residual and gate on seq-length/tp rows per rank");
+  app.add_option("--context-parallel-size", cfg.context_parallel_size,
+                 "context-parallel size cp: ring attention over load-balanced halves of the sequence")
+      ->capture_default_str();
+  app.add_option("--context-parallel-algo", cfg.context_parallel_algo, "context-parallel algorithm (megatron_cp_algo)")
+      ->capture_default_str();
   app.add_flag("--ampipe-tp-sp-comm-overlap", cfg.ampipe_tp_sp_comm_overlap,
                "overlap the experts' tensor-parallel collectives per (chunk, local expert) piece");
   app.add_flag("--use-pipe-experts", cfg.use_pipe_experts, "slice each expert's tokens to overlap its all-to-all");

@@ -102,7 +102,7 @@ int run_train(TrainFlags& flags) {
   if (rt.rank() == 0)
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
-                                                 cfg.context_parallel_size, cfg.layer.expert_model_parallel_size);
+                                                 cfg.layer.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
   // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
   // none, and the comparison is what names the difference.

@@ -12,8 +12,8 @@ nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& 
   j["use_flash_attn"] = cfg.use_flash_attn;
   j["add_bias_linear"] = cfg.add_bias_linear;
   j["tensor_model_parallel_size"] = l.tensor_model_parallel_size;
-  j["context_parallel_size"] = cfg.context_parallel_size;
-  j["context_parallel_algo"] = cfg.context_parallel_algo;
+  j["context_parallel_size"] = cfg.layer.context_parallel_size;
+  j["context_parallel_algo"] = cfg.layer.context_parallel_algo;
   j["sequence_parallel"] = l.sequence_parallel;
   j["ampipe_tp_sp_comm_overlap"] = l.ampipe_tp_sp_comm_overlap;
   j["use_ascend_mc2"] = cfg.use_ascend_mc2;

@@ -67,9 +67,7 @@ void TrainFlags::add_to(CLI::App& a) {
                "on --sim-profile, else on a self-calibration at start-up)")
       ->capture_default_str();
   a.add_option("--sim-profile", sim_profile, "hardware profile for --ampipe-degree auto (ampipe calibrate --out)");
-  a.add_option("--context-parallel-size", c.context_parallel_size, "context-parallel size cp")->capture_default_str();
-  a.add_option("--context-parallel-algo", c.context_parallel_algo, "context-parallel algorithm")
-      ->capture_default_str();
+  // --context-parallel-size, --context-parallel-algo: layer flags (LayerFlags).
   // --tensor-model-parallel-size, --sequence-parallel, --ampipe-tp-sp-comm-overlap: layer flags (LayerFlags).
   // --use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream: layer flags (LayerFlags).
   a.add_flag("--use-ascend-mc2", c.use_ascend_mc2, "(incompatible with AMPipe)");

@@ -40,6 +40,64 @@ void AttentionBlock::qkv(int c) {
   Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.full_rows(Buf::qkv, c);
   linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h/t]: [q | k | v] of the local heads
   if (s.bf16()) s.full_rows(Buf::qkv_bf16, c).copy_from(qkv);
+  if (s.dims.cp > 1) {  // this rank's K, V into ring slot 0, packed [A ; B]
+    cp_pack(c, s.full_rows(s.bf16() ? Buf::qkv_bf16 : Buf::qkv, c).cols(s.dims.hl, 3 * s.dims.hl),
+            s.mem.get(Buf::cp_kv, 0), /*to_packed=*/true);
+  }
+}
+
+void AttentionBlock::cp_pack(int c, Tensor rows, Tensor packed, bool to_packed) const {
+  const LayerState& s = st_;
+  const CpLayout cp = s.cp_layout();
+  const int64_t n = cp.len * s.dims.b, half = cp.sb * s.dims.b;  // tokens of a sub-block, of a half
+  for (int part = 0; part < 2; ++part) {
+    Tensor local = rows.rows(part * n, (part + 1) * n);
+    Tensor ring = packed.rows(part * half + c * n, part * half + (c + 1) * n);
+    if (to_packed)
+      ring.copy_from(local);
+    else
+      local.copy_from(ring);
+  }
+}
+
+void AttentionBlock::cp_attention(int c, int t, bool backward) {
+  LayerState& s = st_;
+  const LayerDims& d = s.dims;
+  const int64_t hl = d.hl, half = s.cp_layout().sb * d.b;
+  const Tensor qkv = s.full_rows(s.bf16() ? Buf::qkv_bf16 : Buf::qkv, c);
+  const Tensor kv = s.mem.get(Buf::cp_kv, t);
+  const Tensor attn = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1).view({2, -1});
+  for (const CpAttentionCall& call : cp_attention_calls(s.cp_layout(), c, t, d.b, d.nl, d.d)) {
+    const int64_t q0 = call.q_half * call.shape.sq * d.b, q1 = q0 + call.shape.sq * d.b;
+    const int64_t k0 = call.k_half * half, k1 = k0 + call.k_rows * d.b;
+    const Tensor q = qkv.rows(q0, q1).cols(0, hl), k = kv.rows(k0, k1).cols(0, hl), v = kv.rows(k0, k1).cols(hl, 2 * hl);
+    Tensor out = attn.rows(q0, q1), l = lse.rows(call.q_half, call.q_half + 1);
+    if (!backward) {
+      kernels::attention_forward(call.shape, q, k, v, out, l);
+      continue;
+    }
+    kernels::AttentionShape sh = call.shape;
+    sh.merge = false;
+    sh.accumulate_dq = true;  // every call adds its keys' share to the chunk's dq
+    const Tensor dkv = s.mem.get(Buf::cp_dkv, t);
+    Tensor dq = s.full_rows(Buf::dqkv, c).rows(q0, q1).cols(0, hl);
+    Tensor dk = dkv.rows(k0, k1).cols(0, hl), dv = dkv.rows(k0, k1).cols(hl, 2 * hl);
+    kernels::attention_backward(sh, s.full_rows(Buf::d_attn, c).rows(q0, q1), q, k, v, out, l, dq, dk, dv);
+  }
+}
+
+void AttentionBlock::cp_dkv_reduce(int piece) {
+  LayerState& s = st_;
+  const int C = int(s.dims.cp);
+  Tensor dst = s.mem.get(Buf::cp_dkv, piece);
+  const Tensor src = s.mem.get(Buf::cp_dkv_recv, piece == 0 ? C - 1 : piece - 1);
+  float* a = dst.data<float>();
+  const float* b = src.data<float>();
+  for (int64_t i = 0, n = dst.numel(); i < n; ++i) a[i] += b[i];
+  if (piece != 0) return;
+  // every rank's contribution to this rank's own dK, dV is in slot 0: into the K, V columns of dqkv, per chunk
+  for (int c = 0; c < s.dims.M; ++c)
+    cp_pack(c, s.full_rows(Buf::dqkv, c).cols(s.dims.hl, 3 * s.dims.hl), dst, /*to_packed=*/false);
 }
 
 void AttentionBlock::ln1_qkv(int c) {
@@ -47,8 +105,9 @@ void AttentionBlock::ln1_qkv(int c) {
   qkv(c);
 }
 
-void AttentionBlock::attention(int c) {
+void AttentionBlock::attention(int c, int piece) {
   LayerState& s = st_;
+  if (s.dims.cp > 1) return cp_attention(c, piece, /*backward=*/false);
   const int64_t hl = s.dims.hl;
   const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, int64_t(c + 1) * s.dims.Sc);  // the rows chunk c can see
@@ -76,15 +135,23 @@ void AttentionBlock::residual_ln2(int c) {
   LayerState& s = st_;
   if (s.dims.sp && s.bf16()) s.rows(Buf::proj, c).copy_from(s.rows(Buf::proj_recv, c));  // the reduced rows
   Tensor ln_in = s.rows(Buf::ln_in, c), ln2 = s.rows(Buf::ln2_out, c);
-  kernels::dropout_add_forward(s.rows(Buf::proj, c), s.rows(s.x, c), s.cfg.dropout_p(), dropout_key(s.cfg),
-                               s.chunk_token0(c), ln_in);
+  const Tensor proj = s.rows(Buf::proj, c), x = s.rows(s.x, c);
+  s.chunk_tokens(c).for_each_run(x.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
+    Tensor out = ln_in.rows(first, first + n);
+    kernels::dropout_add_forward(proj.rows(first, first + n), x.rows(first, first + n), s.cfg.dropout_p(),
+                                 dropout_key(s.cfg), token0, out);
+  });
   Tensor mean = s.rows(Buf::ln2_mean, c), rstd = s.rows(Buf::ln2_rstd, c);
   kernels::layernorm_forward(ln_in, s.p.ln2_w, s.p.ln2_b, s.cfg.layernorm_epsilon, ln2, mean, rstd);
 }
 
 // ----------------------------------------------------------------------------------------------- backward
 
-void AttentionBlock::begin_backward() { st_.mem.get(Buf::dqkv).zero(); }
+void AttentionBlock::begin_backward() {
+  st_.mem.get(Buf::dqkv).zero();
+  for (int t = 0; t < int(st_.dims.cp); ++t)
+    if (st_.dims.cp > 1) st_.mem.get(Buf::cp_dkv, t).zero();
+}
 
 Tensor AttentionBlock::d_proj_all() const {
   const LayerState& s = st_;
@@ -101,7 +168,10 @@ void AttentionBlock::residual_ln2_backward(int c) {
                               s.rows(Buf::ln2_rstd, c), d_ln_in, s.g.ln2_w, s.g.ln2_b, /*accumulate_dx=*/true);
   s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c).copy_from(d_ln_in);
   Tensor d_proj = s.rows(Buf::d_proj, c);
-  kernels::dropout_backward(d_ln_in, s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c), d_proj);
+  s.chunk_tokens(c).for_each_run(d_ln_in.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
+    Tensor out = d_proj.rows(first, first + n);
+    kernels::dropout_backward(d_ln_in.rows(first, first + n), s.cfg.dropout_p(), dropout_key(s.cfg), token0, out);
+  });
   // The out-projection's backward reads every row of the chunk in the compute dtype: all-gathered next (sequence
   // parallel, from d_proj or its bf16 copy d_proj_send), or converted here.
   if (s.bf16()) (s.dims.sp ? s.mem.get(Buf::d_proj_send) : s.full_rows(Buf::d_proj_bf16, c)).copy_from(d_proj);
@@ -113,8 +183,9 @@ void AttentionBlock::out_proj_backward(int c) {
   linear_input_grad(s.full_rows(d_proj_all(), c), s.w.proj, d_attn);  // the weight gradient: weight_grads()
 }
 
-void AttentionBlock::attention_backward(int c) {
+void AttentionBlock::attention_backward(int c, int piece) {
   LayerState& s = st_;
+  if (s.dims.cp > 1) return cp_attention(c, piece, /*backward=*/true);
   const int64_t hl = s.dims.hl, visible = int64_t(c + 1) * s.dims.Sc;
   const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, visible);

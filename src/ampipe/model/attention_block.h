@@ -25,14 +25,18 @@ class AttentionBlock {
   void ln1_qkv(int c);  // ln1(c) then qkv(c)
   void ln1(int c);
   void qkv(int c);
-  void attention(int c);
+  // piece: with context parallelism the ring slot t (0: this rank's own K, V) whose keys this call sees; -1 otherwise
+  void attention(int c, int piece = -1);
   void out_proj(int c);
   void residual_ln2(int c);
 
   void begin_backward();  // zeroes the dK, dV accumulators
   void residual_ln2_backward(int c);
   void out_proj_backward(int c);
-  void attention_backward(int c);
+  void attention_backward(int c, int piece = -1);
+  // Context parallelism, backward: piece t > 0: the partial sums received at ring step t-1 added to slot t's before
+  // they travel on; piece 0: the last ones added to this rank's own dK, dV, unpacked into dqkv.
+  void cp_dkv_reduce(int piece);
   void ln1_qkv_backward(int c);  // qkv_backward(c) then ln1_backward(c)
   void qkv_backward(int c);
   void ln1_backward(int c);
@@ -41,6 +45,10 @@ class AttentionBlock {
  private:
   // The out-projection's output gradient of every row, in the compute dtype.
   Tensor d_proj_all() const;
+  // Context parallelism: chunk c's K, V rows moved between the qkv layout ([A_c ; B_c] per chunk) and the ring's
+  // packed [A ; B] (to_packed), or its dK, dV back.
+  void cp_pack(int c, Tensor rows, Tensor packed, bool to_packed) const;
+  void cp_attention(int c, int t, bool backward);
 
   LayerState& st_;
 };

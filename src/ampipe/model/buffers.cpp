@@ -33,7 +33,10 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"d_proj_send", false},     {"d_ln1_local", true},      {"expert_gather", true},    {"combine_partial", true},
     {"d_gather", true},         {"dispatch_bwd_partial", true}, {"gate_stats", false},
     {"proj_send", false},       {"proj_recv", false},       {"d_ln1_send", true},       {"d_ln1_recv", true},
+    {"cp_kv", false},           {"cp_dkv", false},          {"cp_dkv_recv", false},
 };
+// Buffers with one slot per context-parallel ring step.
+bool per_ring_step(Buf b) { return b == Buf::cp_kv || b == Buf::cp_dkv || b == Buf::cp_dkv_recv; }
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
 // Buffers that only some configurations use.
@@ -48,7 +51,10 @@ bool needed(const LayerDims& d, Buf b) {
     case Buf::combine_partial:
     case Buf::d_gather:
     case Buf::dispatch_bwd_partial:
-    case Buf::gate_stats: return d.sp;
+    case Buf::gate_stats: return d.sp || d.cp > 1;
+    case Buf::cp_kv:
+    case Buf::cp_dkv:
+    case Buf::cp_dkv_recv: return d.cp > 1;
     case Buf::ln1_send:
     case Buf::d_proj_send:
     case Buf::proj_send:
@@ -104,7 +110,8 @@ bool in_compute_dtype(Buf b) {
     case Buf::proj_send:
     case Buf::proj_recv:
     case Buf::d_ln1_send:
-    case Buf::d_ln1_recv: return true;
+    case Buf::d_ln1_recv:
+    case Buf::cp_kv: return true;
     default: return false;
   }
 }
@@ -120,6 +127,7 @@ Scope scope_of(const LayerDims& d, Buf b) {
     case Buf::ln1_rstd:
     case Buf::ln1_out_bf16:
     case Buf::qkv_bf16:
+    case Buf::cp_kv:
     case Buf::attn:
     case Buf::attn_bf16:
     case Buf::lse:
@@ -241,6 +249,9 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_act: return {R, d.Fl};
     case Buf::d_logits: return {Scl, E};
     case Buf::gate_stats: return {2 * E + 1};
+    case Buf::cp_kv:
+    case Buf::cp_dkv:
+    case Buf::cp_dkv_recv: return {T, 2 * hl};
   }
   return {};
 }
@@ -255,7 +266,7 @@ std::vector<BufferSpec> layer_buffers(const LayerDims& d) {
     s.name = buf_name(b);
     s.dtype = in_compute_dtype(b) ? d.cd : DType::f32;
     s.shape = buffer_shape(d, b, d.C);
-    s.chunks = kInfo[i].per_chunk ? d.M : 1;
+    s.chunks = per_ring_step(b) ? int(d.cp) : kInfo[i].per_chunk ? d.M : 1;
     s.scope = scope_of(d, b);
     out.push_back(std::move(s));
   }

@@ -102,8 +102,13 @@ enum class Buf : uint8_t {
   proj_recv,           // [Tl, h] bf16: the reduce-scattered rows of every chunk (converted into proj)
   d_ln1_send,          // [S_c, h] bf16 copy of d_ln1_out, per chunk
   d_ln1_recv,          // [Scl, h] bf16, per chunk (converted into d_ln1_local)
+  // context parallelism (cp > 1): one slot per ring step t = 0..C-1, holding cp rank (r - t) mod C's rows packed as
+  // [A half ; B half] (model/context_parallel.h)
+  cp_kv,               // [T, 2h/t] compute dtype, [k | v]: slot 0 this rank's (written by qkv), slot t received
+  cp_dkv,              // [T, 2h/t] fp32 [dk | dv] of slot t's keys from this rank's queries (+ partial sums passed on)
+  cp_dkv_recv,         // [T, 2h/t] fp32 partial sums received at ring step t (backward)
 };
-inline constexpr int kNumBufs = int(Buf::d_ln1_recv) + 1;
+inline constexpr int kNumBufs = int(Buf::cp_dkv_recv) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 

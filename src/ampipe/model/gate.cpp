@@ -93,16 +93,15 @@ int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64
   return C;
 }
 
-void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx) {
+void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
   validate(cfg);
   AMPIPE_CHECK(x.dim() == 2 && x.size(0) >= 1, "gate input x {} must be [S, h] with S >= 1", shape_str(x.shape()));
   const int64_t S = x.size(0), h = x.size(1), E = cfg.num_experts, k = cfg.topk;
   AMPIPE_CHECK(Wg.dtype() == DType::f32 && Wg.dim() == 2 && Wg.size(0) == E && Wg.size(1) == h &&
                    Wg.strides()[1] == 1,
                "gate weight {} {} vs E={} h={}", dtype_name(Wg.dtype()), shape_str(Wg.shape()), E, h);
-  AMPIPE_CHECK(token0 >= 0, "token0 {}", token0);
   ctx.cfg = cfg;
-  ctx.token0 = token0;
+  ctx.tokens = tokens;
 
   // Gate input in fp32, with jitter: x_gate = x * noise. [S, h]
   const bool jitter = jitter_on(cfg);
@@ -119,7 +118,7 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
       std::vector<float> noise(static_cast<size_t>(h));
       float* xg = ctx.x_gate.data<float>();
       for (int64_t t = 0; t < S; ++t) {
-        jitter_row(key, uint64_t(token0 + t), h, noise.data());
+        jitter_row(key, tokens.at(t), h, noise.data());
         for (int64_t j = 0; j < h; ++j) xg[t * h + j] *= noise[size_t(j)];
       }
     }
@@ -149,7 +148,7 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
     if (rsample) {  // argmax over logits + Gumbel noise (computed in double), ties -> lower index
       double best = -INFINITY;
       for (int64_t e = 0; e < E; ++e) {
-        const double v = double(row[e]) + gumbel(rs_key, uint64_t(token0 + t), uint64_t(e));
+        const double v = double(row[e]) + gumbel(rs_key, tokens.at(t), uint64_t(e));
         if (e1 < 0 || v > best) best = v, e1 = int32_t(e);
       }
     }
@@ -223,7 +222,7 @@ void gate_assign_forward(int64_t C, GateCtx& ctx) {
         pri.resize(size_t(n));
         for (int32_t i = 0; i < n; ++i) {
           const int32_t t = bucket[size_t(b + i)];
-          pri[size_t(i)] = {core::philox_uniform(rts_key, uint64_t(ctx.token0 + t), 0), t};
+          pri[size_t(i)] = {core::philox_uniform(rts_key, ctx.tokens.at(t), 0), t};
         }
         std::nth_element(pri.begin(), pri.begin() + C, pri.end(), [](const auto& a, const auto& c) {
           return a.first > c.first || (a.first == c.first && a.second < c.second);
@@ -267,8 +266,8 @@ void gate_assign_forward(int64_t C, GateCtx& ctx) {
   }
 }
 
-void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx) {
-  gate_select_forward(x, Wg, cfg, token0, ctx);
+void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
+  gate_select_forward(x, Wg, cfg, tokens, ctx);
   const int64_t C = cfg.no_drop ? gate_required_capacity(ctx)
                                 : gate_capacity(x.size(0), cfg.num_experts, cfg.topk, cfg.capacity_factor,
                                                 cfg.min_capacity);
@@ -359,7 +358,7 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
       const float* w = W + e * wld;
       for (int64_t j = 0; j < h; ++j) row[size_t(j)] += g * w[j];
     }
-    jitter_row(key, uint64_t(ctx.token0 + t), h, noise.data());
+    jitter_row(key, ctx.tokens.at(t), h, noise.data());
     for (int64_t j = 0; j < h; ++j) dx[t * ld + j] += row[size_t(j)] * noise[size_t(j)];
   }
 }

@@ -4,8 +4,8 @@
 // k = choices per token (1 or 2), C = capacity (slots per expert; C_c for a chunk), N = tokens summed over every
 // chunk of the layer step (the aux-loss denominator).
 //
-// One call routes the S tokens of one chunk. `token0` is the global index of token 0 (t = s_index * b + b_index
-// in the [s, b] layout), so every random draw (jitter, RSample, RTS) is keyed by position and does not depend on
+// One call routes the S tokens of one chunk. `tokens` gives their global indices (t = s_index * b + b_index
+// in the natural [s, b] layout; a plain integer is the index of token 0 of a contiguous run), so every random draw (jitter, RSample, RTS) is keyed by position and does not depend on
 // how the sequence is chunked.
 //
 // Forward, in two phases so that a caller can agree on the capacity between them:
@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "ampipe/core/tensor.h"
+#include "ampipe/model/token_map.h"
 
 namespace ampipe::model {
 
@@ -97,7 +98,7 @@ struct GateRouting {
 // Saved context of one gate call: routing (read by dispatch/combine) plus what gate_backward reads.
 struct GateCtx {
   GateConfig cfg;
-  int64_t token0 = 0;     // global index of chunk token 0
+  TokenMap tokens;        // global indices of the chunk's tokens (token_map.h)
   Tensor x_gate;          // [S, h] fp32 gate input after jitter (a view of x when x is fp32 and there is no jitter)
   Tensor probs;           // [S, E] fp32 clean softmax
   GateStats stats;        // this chunk's aux-loss sums
@@ -112,7 +113,7 @@ int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64
 // Phase 1. x: [S, h] fp32 or bf16 (any row stride); Wg: [E, h] fp32. Fills ctx.x_gate, probs, stats, the chosen
 // experts (ctx.routing.expert) and first/second counts. Throws ConfigError on a bad config (k, E,
 // capacity factor); shapes are AMPIPE_CHECKed.
-void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx);
+void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx);
 
 // The capacity this chunk needs so that nothing is dropped: the largest number of choices any expert receives
 // (top-2: first plus second choices). Local: in a multi-rank --moe-no-drop run the caller all-reduces MAX over
@@ -124,7 +125,7 @@ int64_t gate_required_capacity(const GateCtx& ctx);
 void gate_assign_forward(int64_t C, GateCtx& ctx);
 
 // Both phases; C from gate_capacity(S, ...) or, with cfg.no_drop, gate_required_capacity (local only).
-void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, int64_t token0, GateCtx& ctx);
+void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx);
 
 // l_aux = E * sum_e (Sp_e / N) * (Sm_e / N) from sums over all chunks (0 when N = 0). No coefficient.
 double aux_loss_from_sums(const GateStats& total);

@@ -14,7 +14,8 @@ Tensor LayerMemory::get(Buf b, int c) const {
   AMPIPE_CHECK(spec != nullptr, "buffer {} is not planned for this layer", buf_name(b));
   const size_t slot = spec->chunks > 1 ? size_t(c) : 0;
   AMPIPE_CHECK(spec->chunks == 1 || (c >= 0 && c < spec->chunks), "buffer {} has no chunk {}", buf_name(b), c);
-  const int64_t C = c >= 0 ? C_[size_t(c)] : dims_->C;
+  // chunk c's run-time capacity (slots of the cp ring buffers are ring steps, not chunks: no capacity)
+  const int64_t C = c >= 0 && c < dims_->M ? C_[size_t(c)] : dims_->C;
   const size_t base = spec->scope == Scope::saved ? saved_base_ : shared_base_;
   return arena_->view(base + layout_->offset[size_t(b)][slot], buffer_shape(*dims_, b, C), spec->dtype);
 }
@@ -55,11 +56,11 @@ void LayerMemory::set_capacity(int c, int64_t C) {
 
 // ---------------------------------------------------------------------------------------------------- Layer
 
-Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, LayerParams& params, LayerParams& grads,
+Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, int cp_rank, LayerParams& params, LayerParams& grads,
              ComputeWeights& weights, const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base)
     : st_{cfg,   LayerDims::make(cfg, M), params, grads, weights,
           LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
-          ep_rank, tp_rank, 0, Tensor(), Tensor(), 0.0f},
+          ep_rank, tp_rank, cp_rank, 0, Tensor(), Tensor(), 0.0f},
       attn_(st_),
       moe_(st_) {}
 
@@ -113,7 +114,7 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::ln1_qkv: return fwd ? attn_.ln1_qkv(c) : attn_.ln1_qkv_backward(c);
     case Stage::ln1: return fwd ? attn_.ln1(c) : attn_.ln1_backward(c);
     case Stage::qkv: return fwd ? attn_.qkv(c) : attn_.qkv_backward(c);
-    case Stage::attention: return fwd ? attn_.attention(c) : attn_.attention_backward(c);
+    case Stage::attention: return fwd ? attn_.attention(c, p) : attn_.attention_backward(c, p);
     case Stage::out_proj: return fwd ? attn_.out_proj(c) : attn_.out_proj_backward(c);
     case Stage::residual_ln2: return fwd ? attn_.residual_ln2(c) : attn_.residual_ln2_backward(c);
     case Stage::gate: return fwd ? moe_.gate(c) : moe_.gate_backward(c);
@@ -138,7 +139,12 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::tp_proj_out:
     case Stage::tp_aux_stats:
     case Stage::tp_expert_in:
-    case Stage::tp_expert_out: break;
+    case Stage::cp_dkv_reduce:
+      if (!fwd) return attn_.cp_dkv_reduce(p);
+      break;
+    case Stage::tp_expert_out:
+    case Stage::cp_ring:
+    case Stage::cp_aux_stats: break;
   }
   AMPIPE_CHECK(false, "stage {}.{} is not a compute stage of the layer", stage_name(s), dir_name(d));
 }

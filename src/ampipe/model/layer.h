@@ -23,7 +23,7 @@ class Layer {
   // layout: BufferLayout::make(LayerDims::make(cfg, M)); the layer's saved region starts at saved_base of the
   // arena, the shared region at shared_base. The arena must be reserved to cover both.
   // weights: the GEMM weights in the compute dtype, kept by the owner of the parameters (refreshed here).
-  Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, LayerParams& params, LayerParams& grads, ComputeWeights& weights,
+  Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, int cp_rank, LayerParams& params, LayerParams& grads, ComputeWeights& weights,
         const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base);
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
@@ -44,6 +44,8 @@ class Layer {
   void run(Stage s, Dir d, int chunk, int piece = -1);
   // A buffer a collective reads or writes: chunk c's slot shaped for its run-time capacity, or piece p's rows of it.
   Tensor buffer(Buf b, int chunk, int piece = -1) const { return st_.mem.collective_view(b, chunk, piece); }
+  // Slot `slot` of a buffer with several (a ring step's slot of the context-parallel buffers).
+  Tensor buffer_slot(Buf b, int slot) const { return st_.mem.get(b, slot); }
 
   Tensor output() const { return st_.mem.get(Buf::y); }      // [s, b, h]
   Tensor input_grad() const { return st_.mem.get(Buf::dx); }  // [s, b, h]

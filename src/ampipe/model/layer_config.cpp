@@ -48,6 +48,18 @@ void LayerConfig::validate() const {
                                   "rank must own the same number of experts",
                                   num_experts, expert_model_parallel_size));
   positive("--tensor-model-parallel-size", tensor_model_parallel_size);
+  positive("--context-parallel-size", context_parallel_size);
+  if (context_parallel_algo != "megatron_cp_algo") {
+    const bool known = context_parallel_algo == "ulysses_cp_algo" || context_parallel_algo == "hybrid_cp_algo" ||
+                       context_parallel_algo == "adaptive_cp_algo" || context_parallel_algo == "hybrid_adaptive_cp_algo";
+    throw ConfigError(fmt::format("--context-parallel-algo {} is {}: this engine runs megatron_cp_algo (ring "
+                                  "attention over load-balanced halves), the only one AMPipe supports",
+                                  context_parallel_algo, known ? "not supported" : "not a context-parallel algorithm"));
+  }
+  if (context_parallel_size > 1 && seq_length % (2 * int64_t(context_parallel_size)) != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --context-parallel-size {} (= {}): every "
+                                  "context-parallel rank holds two equal blocks of the sequence",
+                                  seq_length, context_parallel_size, 2 * context_parallel_size));
   const int64_t t = tensor_model_parallel_size;
   for (const auto& [flag, v] : {std::pair<const char*, int64_t>{"--num-attention-heads", num_attention_heads},
                                 {"--ffn-hidden-size", ffn_hidden_size}, {"--hidden-size", hidden_size}})
@@ -110,7 +122,19 @@ std::string LayerConfig::check_pipe_experts(int M) const {
 }
 
 void LayerConfig::check_tensor_parallel(int M) const {
-  const int t = tensor_model_parallel_size;
+  const int t = tensor_model_parallel_size, C = context_parallel_size;
+  if (C > 1) {
+    if (seq_length % (2 * int64_t(M) * C) != 0)
+      throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
+                                    "--context-parallel-size {} (= {}): each context-parallel rank holds two "
+                                    "load-balanced blocks, each cut into the same chunks",
+                                    seq_length, M, C, 2 * int64_t(M) * C));
+    if (sequence_parallel && t > 1 && (seq_length / (2 * int64_t(M) * C)) % t != 0)
+      throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
+                                    "--context-parallel-size {} x --tensor-model-parallel-size {} (= {}) with "
+                                    "--sequence-parallel: every chunk must have the same rows on every cp and tp rank",
+                                    seq_length, M, C, t, 2 * int64_t(M) * C * t));
+  }
   if (sequence_parallel && seq_length % (int64_t(M) * t) != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
                                   "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "

@@ -52,6 +52,11 @@ struct LayerConfig {
   int tensor_model_parallel_size = 1;  // t
   bool sequence_parallel = false;
   bool ampipe_tp_sp_comm_overlap = false;
+  // Context parallelism (docs/ampipe.md §6): the sequence is spread over the cp ranks (two load-balanced halves
+  // each, model/context_parallel.h) and attention runs as a ring over them. seq_length stays the whole sequence;
+  // the layer runs on seq_length / cp rows per rank.
+  int context_parallel_size = 1;  // C
+  std::string context_parallel_algo = "megatron_cp_algo";
   // Activation recomputation of this layer (set per layer by the stack driver from --recompute-granularity full,
   // schedule::LayerStack::set_recompute): the layer keeps only its output and input gradient between steps of its
   // own; everything else its backward reads is in the stack's shared memory, refilled by re-running its forward
@@ -63,6 +68,7 @@ struct LayerConfig {
   int64_t local_experts() const { return num_experts / expert_model_parallel_size; }
   int tp() const { return tensor_model_parallel_size; }
   bool sp() const { return sequence_parallel && tensor_model_parallel_size > 1; }
+  int cp() const { return context_parallel_size; }
   DType compute_dtype() const { return bf16 ? DType::bf16 : DType::f32; }
   float dropout_p() const { return training ? float(hidden_dropout) : 0.0f; }
 
@@ -74,9 +80,9 @@ struct LayerConfig {
   // feature has nothing to pipeline (one local expert and N = 1, MindSpeed's warning case) and is run without it;
   // the caller then sets use_pipe_experts = false. Returns "" otherwise.
   std::string check_pipe_experts(int M) const;
-  // The tensor-parallel rules that need the AMPipe degree M: with --sequence-parallel the sequence divisible by
-  // M x tp (every chunk spread evenly over the tp ranks); --ampipe-tp-sp-comm-overlap needs M > 1 and tp > 1.
-  // Throws ConfigError.
+  // The tensor- and context-parallel rules that need the AMPipe degree M: with --sequence-parallel the sequence
+  // divisible by M x tp (every chunk spread evenly over the tp ranks); --ampipe-tp-sp-comm-overlap needs M > 1 and
+  // tp > 1; with cp > 1 the sequence divisible by 2 x cp x M (x tp with --sequence-parallel). Throws ConfigError.
   void check_tensor_parallel(int M) const;
 };
 

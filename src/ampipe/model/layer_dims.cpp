@@ -4,6 +4,7 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/kernels/attention.h"
+#include "ampipe/model/context_parallel.h"
 #include "ampipe/model/gate.h"
 
 namespace ampipe::model {
@@ -11,7 +12,11 @@ namespace ampipe::model {
 LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   AMPIPE_CHECK(M >= 1 && cfg.seq_length % M == 0, "degree {} must divide the sequence {}", M, cfg.seq_length);
   LayerDims d;
-  d.s = cfg.seq_length;
+  d.cp = cfg.cp();
+  d.s_global = cfg.seq_length;
+  AMPIPE_CHECK(d.cp == 1 || cfg.seq_length % (2 * d.cp * M) == 0, "cp {} degree {} do not divide the sequence {}", d.cp,
+               M, cfg.seq_length);
+  d.s = cfg.seq_length / d.cp;
   d.b = cfg.micro_batch_size;
   d.h = cfg.hidden_size;
   d.F = cfg.ffn_hidden_size;
@@ -22,7 +27,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.k = cfg.moe_router_topk;
   d.ep = cfg.expert_model_parallel_size;
   d.L = cfg.local_experts();
-  d.T = cfg.tokens();
+  d.T = d.s * d.b;
   d.M = M;
   d.sq = d.s / M;
   d.Sc = d.sq * d.b;
@@ -69,6 +74,16 @@ namespace {
 kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
   return {d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};  // the local heads
 }
+// Context parallelism: the calls of chunk c against ring slot t (every slot for t = -1). The work is the same on
+// every cp rank (context_parallel.h), so rank 0's calls stand for all.
+std::vector<kernels::AttentionShape> cp_attention(const LayerDims& d, int c, int t) {
+  const CpLayout cp = CpLayout::make(d.s_global, int(d.cp), 0, d.M);
+  std::vector<kernels::AttentionShape> shapes;
+  for (int slot = 0; slot < int(d.cp); ++slot)
+    if (t < 0 || slot == t)
+      for (const CpAttentionCall& call : cp_attention_calls(cp, c, slot, d.b, d.nl, d.d)) shapes.push_back(call.shape);
+  return shapes;
+}
 }  // namespace
 
 double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
@@ -85,7 +100,12 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
   switch (s) {
     case Stage::ln1_qkv:
     case Stage::qkv: return 2 * Sc * h * 3 * hl;
-    case Stage::attention: return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
+    case Stage::attention: {
+      if (d.cp == 1) return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
+      double f = 0;
+      for (const kernels::AttentionShape& sh : cp_attention(d, c, piece)) f += kernels::causal_attention_flops(sh, dir == Dir::bwd);
+      return f;
+    }
     case Stage::out_proj: return 2 * Sc * hl * h;
     case Stage::attention_wgrad: return dir == Dir::bwd ? 2 * T * h * 3 * hl + 2 * T * hl * h : 0;
     case Stage::gate: return (dir == Dir::fwd ? 1 : 2) * 2 * Scl * h * double(d.E);  // fp32; backward: dx and dWg
@@ -109,7 +129,16 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     case Stage::ln1: return io * 2 * act * f;
     case Stage::qkv: return io * (Sc * h * e + Sc * 3 * hl * (f + e)) + 3 * hl * h * e;
     case Stage::attention: {
-      const double kv = double((c + 1) * d.sq * d.b) * 2 * hl * e;  // K and V of the visible rows
+      double kv = double((c + 1) * d.sq * d.b) * 2 * hl * e;  // K and V of the visible rows
+      if (d.cp > 1) {  // every call reads its keys; the queries and output once per call
+        kv = 0;
+        double q = 0;
+        for (const kernels::AttentionShape& sh : cp_attention(d, c, piece)) {
+          kv += double(sh.skv * d.b) * 2 * hl * e;
+          q += double(sh.sq * d.b) * hl * (e + f);
+        }
+        return io * (kv + q);
+      }
       return io * (Sc * hl * e + kv + Sc * hl * f);
     }
     case Stage::out_proj: return io * (Sc * hl * (f + e) + Sc * h * f) + h * hl * e;
@@ -126,12 +155,15 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     }
     case Stage::attention_wgrad: return T * (4 * hl + 4 * h) * e + 2 * 4 * hl * h * f;
     case Stage::weighted_sum: return io * (double(d.E * d.C) * h * f + 3 * act * f);
+    case Stage::cp_dkv_reduce: return double(d.T) * 2 * hl * f * 4;  // add a received slot, unpack into dqkv
     default: return 0;  // the aux loss and collectives
   }
 }
 
 double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
   const double e = double(dtype_size(d.cd)), f = 4, h = double(d.h);
+  // one ring step (piece = step): the K and V of this rank's rows (compute dtype), or their fp32 gradient sums
+  if (s == Stage::cp_ring) return double(d.T) * 2 * double(d.hl) * (dir == Dir::fwd ? e : f);
   // slots of one a2a block set: all L experts and C slots of a chunk, or one piece's
   const double slots = piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots)
                                   : double(d.E * d.C);
@@ -150,7 +182,8 @@ double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
       return fwd ? (d.sp ? slots * h * e : 0) : (d.sp ? double(d.tp) : 1.0) * slots * h * e;
     case Stage::tp_expert_out:  // fwd: reduce the partial outputs; bwd: gather their gradient
       return fwd ? (d.sp ? double(d.tp) : 1.0) * slots * h * e : (d.sp ? slots * h * e : 0);
-    case Stage::tp_aux_stats: return fwd ? double(2 * d.E + 1) * f : 0;
+    case Stage::tp_aux_stats:
+    case Stage::cp_aux_stats: return fwd ? double(2 * d.E + 1) * f : 0;
     default: return 0;
   }
 }

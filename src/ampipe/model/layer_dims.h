@@ -34,6 +34,10 @@ struct LayerDims {
   // of them per chunk. The gate routes Scl tokens per chunk and the capacity C is planned for them. An expert
   // processes the slots of `srcs` source ranks per chunk: the ep ranks of its all-to-all, times t with sequence
   // parallelism (the slots are all-gathered over tp before the expert and reduce-scattered after it).
+  // Context parallelism (cp ranks C, model/context_parallel.h): s above is this rank's s_global / C rows (its two
+  // load-balanced halves, chunk by chunk [A_c ; B_c]), and everything per token runs on them; the attention of a
+  // chunk runs against every cp rank's K and V, which travel around the ring in C slots.
+  int64_t cp = 1, s_global = 0;
   int64_t tp = 1;
   bool sp = false;          // sequence parallelism with tp > 1
   bool overlap_tp = false;  // --ampipe-tp-sp-comm-overlap (or pipe-experts multi-stream): per-piece tp collectives

@@ -8,6 +8,7 @@
 
 #include "ampipe/core/tensor.h"
 #include "ampipe/model/buffers.h"
+#include "ampipe/model/context_parallel.h"
 #include "ampipe/model/layer_config.h"
 #include "ampipe/model/layer_dims.h"
 #include "ampipe/model/layer_params.h"
@@ -63,6 +64,7 @@ struct LayerState {
   LayerMemory mem;
   int ep_rank = 0;
   int tp_rank = 0;
+  int cp_rank = 0;
   uint64_t token_base = 0;  // global index of the micro-batch's token 0 (keys dropout and gate noise)
   Tensor x;                 // [Tl, h] the layer input (the caller keeps it alive until the backward ends)
   Tensor dy;                // [Tl, h] gradient of the output, during the backward
@@ -77,9 +79,15 @@ struct LayerState {
   // Rows of chunk c of an attention-core tensor [T, *]: every row of the chunk.
   Tensor full_rows(const Tensor& t, int c) const { return t.rows(int64_t(c) * dims.Sc, int64_t(c + 1) * dims.Sc); }
   Tensor full_rows(Buf b, int c) const { return full_rows(mem.get(b), c); }
-  // Global index of this rank's first token of chunk c (keys the random numbers of the residual-stream rows).
-  uint64_t chunk_token0(int c) const {
-    return token_base + uint64_t(c) * uint64_t(dims.Sc) + (dims.sp ? uint64_t(tp_rank) * uint64_t(dims.Scl) : 0);
+  // Context parallelism: this rank's rows of the sequence (context_parallel.h).
+  CpLayout cp_layout() const { return CpLayout::make(dims.s_global, int(dims.cp), cp_rank, dims.M); }
+  // Global indices of this rank's residual-stream tokens of chunk c (key the random numbers of those rows): one run
+  // starting at the chunk's first token (with sequence parallelism this tp rank's sub-block), or with context
+  // parallelism the chunk's runs in the early and the late half.
+  TokenMap chunk_tokens(int c) const {
+    const uint64_t local0 = uint64_t(c) * uint64_t(dims.Sc) + (dims.sp ? uint64_t(tp_rank) * uint64_t(dims.Scl) : 0);
+    if (dims.cp == 1) return TokenMap(token_base + local0);
+    return cp_layout().tokens(int64_t(local0) / dims.b, dims.Scl / dims.b, dims.b, token_base);
   }
 };
 

@@ -66,7 +66,7 @@ void MoeBlock::gate(int c) {
   g.probs = s.mem.get(Buf::gate_probs, c);  // the gate writes its planned buffers
   if (s.dims.jitter) g.x_gate = s.mem.get(Buf::gate_input, c);
   const Tensor x = s.rows(Buf::ln2_out, c);
-  const int64_t token0 = int64_t(s.chunk_token0(c));
+  const TokenMap token0 = s.chunk_tokens(c);
   if (!s.dims.agree_capacity) {
     gate_forward(x, s.p.gate_w, gate_config(), token0, g);
     accumulate_stats(g.stats);
@@ -80,8 +80,9 @@ void MoeBlock::gate(int c) {
 
 void MoeBlock::accumulate_stats(const GateStats& chunk) {
   total_.accumulate(chunk);
-  if (!st_.dims.sp) return;
-  // Sequence parallel: this rank's running totals, all-reduced over tp after the last chunk (Stage::tp_aux_stats)
+  if (!st_.dims.sp && st_.dims.cp == 1) return;
+  // Sequence or context parallel: this rank's running totals, all-reduced over tp (Stage::tp_aux_stats) and cp
+  // (Stage::cp_aux_stats) after the last chunk
   const int64_t E = st_.dims.E;
   float* v = st_.mem.get(Buf::gate_stats).data<float>();
   for (int64_t e = 0; e < E; ++e) {
@@ -185,12 +186,16 @@ void MoeBlock::weighted_sum(int c) {
   Tensor moe = s.rows(Buf::moe_out, c);
   combine_forward(Y, gctx_[size_t(c)].routing, moe);
   Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.Tl, s.dims.h}), c);
-  kernels::dropout_add_forward(moe, s.rows(Buf::ln_in, c), s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c),
-                               y);
+  const Tensor ln_in = s.rows(Buf::ln_in, c);
+  s.chunk_tokens(c).for_each_run(moe.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
+    Tensor out = y.rows(first, first + n);
+    kernels::dropout_add_forward(moe.rows(first, first + n), ln_in.rows(first, first + n), s.cfg.dropout_p(),
+                                 dropout_key(s.cfg), token0, out);
+  });
 }
 
 void MoeBlock::aux_loss() {
-  if (st_.dims.sp) {  // the totals over every tp rank's rows: the statistics of all T tokens
+  if (st_.dims.sp || st_.dims.cp > 1) {  // the totals over every tp and cp rank's rows: all tokens of the sequence
     const int64_t E = st_.dims.E;
     const float* v = st_.mem.get(Buf::gate_stats).data<float>();
     for (int64_t e = 0; e < E; ++e) {
@@ -207,7 +212,11 @@ void MoeBlock::aux_loss() {
 void MoeBlock::weighted_sum_backward(int c) {
   LayerState& s = st_;
   Tensor d_moe = s.mem.get(Buf::d_moe);
-  kernels::dropout_backward(s.rows(s.dy, c), s.cfg.dropout_p(), dropout_key(s.cfg), s.chunk_token0(c), d_moe);
+  const Tensor dy = s.rows(s.dy, c);
+  s.chunk_tokens(c).for_each_run(dy.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
+    Tensor out = d_moe.rows(first, first + n);
+    kernels::dropout_backward(dy.rows(first, first + n), s.cfg.dropout_p(), dropout_key(s.cfg), token0, out);
+  });
   Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // EP rank j gets the grads of its experts
   const bool staged = s.bf16() || s.dims.pieced();
   Tensor dY = staged ? s.mem.get(Buf::d_expert_y, c) : send;

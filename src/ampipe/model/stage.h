@@ -41,8 +41,14 @@ enum class Stage : uint8_t {
                   // (sequence parallel) or all-reduce of the experts' input gradient
   tp_expert_out,  // collective: fwd: reduce-scatter (sequence parallel) or all-reduce of the experts' partial
                   // outputs; bwd, sequence parallel: all-gather of their gradient
+  // context parallelism (cp > 1, model/context_parallel.h): attention runs per (chunk, ring slot) piece
+  cp_ring,        // collective, one ring step (piece t): fwd: K, V of slot t-1 to the next cp rank, slot t from the
+                  // previous; bwd: the dK, dV partial sums of slot t, one hop towards their owner
+  cp_dkv_reduce,  // backward only: piece t < C: a received partial sum added to slot t before it travels on;
+                  // piece 0: the last one added to this rank's own dK, dV, unpacked into the QKV gradient
+  cp_aux_stats,   // collective: all-reduce of the gate statistics over the cp ranks' rows
 };
-inline constexpr int kNumStages = int(Stage::tp_expert_out) + 1;
+inline constexpr int kNumStages = int(Stage::cp_aux_stats) + 1;
 
 constexpr const char* stage_name(Stage s) {
   switch (s) {
@@ -67,6 +73,9 @@ constexpr const char* stage_name(Stage s) {
     case Stage::tp_aux_stats: return "tp_aux_stats";
     case Stage::tp_expert_in: return "tp_expert_in";
     case Stage::tp_expert_out: return "tp_expert_out";
+    case Stage::cp_ring: return "cp_ring";
+    case Stage::cp_dkv_reduce: return "cp_dkv_reduce";
+    case Stage::cp_aux_stats: return "cp_aux_stats";
   }
   return "?";
 }

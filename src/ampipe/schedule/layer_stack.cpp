@@ -8,6 +8,9 @@ LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int
   const int tp_size = groups && groups->tp.valid() ? groups->tp.size() : 1;
   AMPIPE_CHECK(tp_size == cfg.tp(), "--tensor-model-parallel-size {} but the tp group has {} ranks", cfg.tp(), tp_size);
   tp_rank_ = tp_size > 1 ? groups->tp.rank() : 0;
+  const int cp_size = groups && groups->cp.valid() ? groups->cp.size() : 1;
+  AMPIPE_CHECK(cp_size == cfg.cp(), "context-parallel size {} but the cp group has {} ranks", cfg.cp(), cp_size);
+  cp_rank_ = cp_size > 1 ? groups->cp.rank() : 0;
   for (int i = 0; i < num_layers; ++i) {
     auto e = std::make_unique<Entry>();
     e->cfg = cfg;
@@ -36,7 +39,7 @@ void LayerStack::build(int M) {
     arena_->reserve(saved + shared);
   size_t base = 0;
   for (auto& e : layers_) {
-    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, tp_rank_, e->params, e->grads, e->weights, e->plan.memory,
+    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, tp_rank_, cp_rank_, e->params, e->grads, e->weights, e->plan.memory,
                                               *arena_, base, saved);
     base += e->plan.memory.saved_bytes;
   }

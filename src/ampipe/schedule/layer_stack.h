@@ -32,6 +32,7 @@ class LayerStack {
   int num_layers() const { return int(layers_.size()); }
   int degree() const { return M_; }
   int tp_rank() const { return tp_rank_; }
+  int cp_rank() const { return cp_rank_; }
   // Re-plans every layer for degree M (between steps; parameters and gradients are kept).
   void set_degree(int M);
   // Re-plans for degree M and pipe-experts with N slices per expert (N = 0: without pipe-experts), and with or
@@ -82,7 +83,7 @@ class LayerStack {
   };
   void build(int M);
 
-  int M_, ep_rank_, tp_rank_ = 0;
+  int M_, ep_rank_, tp_rank_ = 0, cp_rank_ = 0;
   std::vector<std::unique_ptr<Entry>> layers_;
   std::shared_ptr<model::Arena> arena_;
   Executor ex_;

@@ -45,6 +45,9 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::tp,       // tp_aux_stats
     Lane::etp,      // tp_expert_in
     Lane::etp,      // tp_expert_out
+    Lane::cp,       // cp_ring
+    Lane::compute,  // cp_dkv_reduce
+    Lane::cp,       // cp_aux_stats
 };
 }  // namespace
 
@@ -109,6 +112,15 @@ struct Builder {
     t.bytes = t.collective->bytes;
     return id;
   }
+  // One context-parallel ring step (cp lane, cp group): slot send_slot of `send` to the next cp rank, slot recv_slot
+  // of `recv` from the previous one.
+  uint32_t ring(Dir d, int step, std::vector<uint32_t> deps, Buf send, int send_slot, Buf recv, int recv_slot) {
+    const uint32_t id = collective(d, Stage::cp_ring, -1, std::move(deps), CollKind::send_recv, send, recv, step,
+                                   comm::GroupKind::cp);
+    plan.tasks.back().collective->send_slot = send_slot;
+    plan.tasks.back().collective->recv_slot = recv_slot;
+    return id;
+  }
   // A tensor-parallel collective (tp lane, tp group).
   uint32_t tp(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, CollKind kind, Buf send, Buf recv,
               int piece = -1) {
@@ -162,28 +174,62 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   // overlap the attention side's tp collectives hide behind the next chunk too: chunk c+1's LN1 and all-gather are
   // issued before chunk c's attention, and its QKV projection runs while chunk c's out-projection is reduced.
   const bool ahead = tp && d.overlap_tp;
-  auto qkv_input = [&](int c) {
-    const uint32_t l1 = b.add(Dir::fwd, Stage::ln1, c, {});
+  auto qkv_input = [&](int c, std::vector<uint32_t> deps = {}) {
+    const uint32_t l1 = b.add(Dir::fwd, Stage::ln1, c, std::move(deps));
     if (!sp) return l1;
     return b.tp(Dir::fwd, Stage::tp_qkv_in, c, {l1}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
                 bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
   };
   std::vector<uint32_t> qkv;
   std::optional<uint32_t> next_input;  // ahead: chunk c+1's QKV input
+  // Context parallelism (docs/ampipe.md §6): a chunk's queries see keys of every cp rank, in full halves, so every
+  // chunk's K, V is computed first; the ring steps then bring the other ranks' K, V (slot t from cp rank r - t)
+  // while every chunk's attention over this rank's own keys runs (piece 0); chunk c's attention over slot t (piece
+  // t) waits only for step t, and the slots are kept for the later chunks and the backward, never sent twice.
+  const bool cp = d.cp > 1;
+  const int C = int(d.cp);
+  std::vector<uint32_t> ring, own;  // ring steps 1..C-1; each chunk's attention over its own keys
+  if (cp) {
+    // tp: chunk c+1's LN1 and all-gather are issued before chunk c's QKV projection (the LN1 rows' one staging slot
+    // is free once chunk c's all-gather has read it)
+    std::optional<uint32_t> input;
+    if (tp) input = qkv_input(0);
+    for (int c = 0; c < M; ++c) {
+      if (!tp) {
+        qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
+        continue;
+      }
+      const uint32_t in = *input;
+      if (c + 1 < M) input = qkv_input(c + 1, {in});
+      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
+    }
+    for (int t = 1; t < C; ++t)
+      ring.push_back(b.ring(Dir::fwd, t, t == 1 ? qkv : std::vector<uint32_t>{ring.back()}, Buf::cp_kv, t - 1,
+                            Buf::cp_kv, t));
+    for (int c = 0; c < M; ++c) own.push_back(b.add(Dir::fwd, Stage::attention, c, qkv, 0));
+  }
   for (int c = 0; c < M; ++c) {
     const size_t i = size_t(c);
-    if (!tp) {
+    if (cp) {
+      // K, V of every chunk are done
+    } else if (!tp) {
       qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
     } else if (!ahead || c == 0) {
       qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {qkv_input(c)}));
     }  // else: qkv(c) was issued under chunk c-1's out-projection reduction
-    if (ahead && c + 1 < M) next_input = qkv_input(c + 1);
-    const uint32_t att = b.add(Dir::fwd, Stage::attention, c, qkv);
+    if (!cp && ahead && c + 1 < M) next_input = qkv_input(c + 1);
+    uint32_t att = 0;
+    if (!cp) {
+      att = b.add(Dir::fwd, Stage::attention, c, qkv);
+    } else {
+      att = own[i];
+      for (int t = 1; t < C; ++t) att = b.add(Dir::fwd, Stage::attention, c, {ring[size_t(t - 1)], att}, t);
+    }
     uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
     if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows (bf16: a bf16 payload), or all-reduced
       proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce,
                   sp ? (bf16 ? Buf::proj_send : Buf::proj_partial) : Buf::proj, sp && bf16 ? Buf::proj_recv : Buf::proj);
-    if (ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
+    if (!cp && ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
     const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
     gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
     if (d.agree_capacity) {
@@ -204,6 +250,9 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   std::vector<uint32_t> aux_deps = gate;
   if (sp) aux_deps = {b.tp(Dir::fwd, Stage::tp_aux_stats, -1, gate, CollKind::all_reduce, Buf::gate_stats,
                            Buf::gate_stats)};
+  if (cp)  // and of every cp rank's
+    aux_deps = {b.collective(Dir::fwd, Stage::cp_aux_stats, -1, aux_deps, CollKind::all_reduce, Buf::gate_stats,
+                             Buf::gate_stats, -1, comm::GroupKind::cp)};
   // The expert phase, pieces in chunk-major order. With the tp overlap the all-gather of piece idx+1 is issued
   // before piece idx's experts, and piece idx's reduce is waited for only by its combine. Without it (MindSpeed's
   // Mode A) the experts' tp collectives are synchronous: the all-gather is issued just before the experts that
@@ -295,17 +344,12 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     if (pending_c >= 0) b.add(Dir::bwd, Stage::ln1, pending_c, {pending_red});
     pending_c = -1;
   };
-  for (int c = M - 1; c >= 0; --c) {
-    const uint32_t rb = ahead ? *next_head : head(c);
-    const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
-    attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
-    if (ahead && c > 0) next_head = head(c - 1);
-    // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
-    input_grads.push_back(pb);
+  // The QKV backward of chunk c, once the dK, dV of its rows are complete (deps).
+  auto qkv_backward = [&](int c, const std::vector<uint32_t>& deps) {
     if (!tp) {
-      input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, attention_bwd));
+      input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, deps));
     } else {  // the QKV input gradient's partial sums over the local heads, reduced to this rank's rows
-      input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, attention_bwd));
+      input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, deps));
       const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce,
                                 sp && bf16 ? Buf::d_ln1_send : Buf::d_ln1_out,
                                 sp ? (bf16 ? Buf::d_ln1_recv : Buf::d_ln1_local) : Buf::d_ln1_out);
@@ -314,6 +358,40 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
       pending_red = red;
       if (!d.overlap_tp) flush_ln1();
     }
+  };
+  std::vector<uint32_t> remote_bwd;  // context parallelism: every chunk's attention backward over other ranks' keys
+  for (int c = M - 1; c >= 0; --c) {
+    const uint32_t rb = ahead ? *next_head : head(c);
+    const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
+    input_grads.push_back(pb);
+    if (cp) {  // the remote slots now, this rank's own keys below (while the ring carries the dK, dV sums)
+      uint32_t prev = pb;
+      for (int t = 1; t < C; ++t) remote_bwd.push_back(prev = b.add(Dir::bwd, Stage::attention, c, {prev}, t));
+      if (ahead && c > 0) next_head = head(c - 1);
+      continue;
+    }
+    attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
+    if (ahead && c > 0) next_head = head(c - 1);
+    // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
+    qkv_backward(c, attention_bwd);
+  }
+  if (cp) {
+    // The dK, dV partial sums of slot t (cp rank r - t's keys) travel one hop per ring step towards their owner,
+    // each rank adding its own share (cp_dkv_reduce) before passing them on; each step hides behind a chunk's
+    // attention backward over this rank's own keys. After step C-1 this rank holds every rank's share of its own.
+    std::vector<uint32_t> own_bwd, steps;
+    int next_own = M - 1;
+    for (int t = 1; t < C; ++t) {
+      std::vector<uint32_t> deps = remote_bwd;
+      if (t > 1) deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, {steps.back()}, t)};
+      steps.push_back(b.ring(Dir::bwd, t, deps, Buf::cp_dkv, t, Buf::cp_dkv_recv, t));
+      if (next_own >= 0) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own--, remote_bwd, 0));
+    }
+    for (; next_own >= 0; --next_own) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own, remote_bwd, 0));
+    std::vector<uint32_t> deps = own_bwd;
+    deps.push_back(steps.back());
+    const uint32_t done = b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, deps, 0);
+    for (int c = M - 1; c >= 0; --c) qkv_backward(c, {done});
   }
   // The QKV and out-projection weight gradients over all rows at once.
   b.add(Dir::bwd, Stage::attention_wgrad, -1, input_grads);

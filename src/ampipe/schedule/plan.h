@@ -48,6 +48,9 @@ struct CollectiveSpec {
   comm::GroupKind group = comm::GroupKind::ep;
   Buf send{}, recv{};
   double bytes = 0;  // bytes this rank sends, at the planned capacity
+  // Slots of ring-step buffers (context parallelism's cp_kv, cp_dkv, cp_dkv_recv); -1: the task's chunk and piece
+  // select the view (Layer::buffer)
+  int send_slot = -1, recv_slot = -1;
 };
 
 struct Task {

@@ -21,8 +21,7 @@ struct Incompatible {
 
 void TrainConfig::validate(int world) const {
   layer.validate();
-  const int M = ampipe_degree, tp = layer.tensor_model_parallel_size, cp = context_parallel_size;
-  const bool sequence_parallel = layer.sequence_parallel;
+  const int M = ampipe_degree, tp = layer.tensor_model_parallel_size, cp = layer.context_parallel_size;
   const int64_t s = layer.seq_length;
   if (num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", num_layers));
   if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1 (1 = AMPipe off)", M));
@@ -73,22 +72,7 @@ void TrainConfig::validate(int world) const {
                                   "same number of rows",
                                   s, M));
   layer.check_tensor_parallel(M);  // with --sequence-parallel every chunk has the same rows on every TP rank
-  if (cp > 1) {
-    if (M > 1 && context_parallel_algo != "megatron_cp_algo")
-      throw ConfigError(fmt::format("--context-parallel-algo {} cannot be used with --ampipe-degree {}: ampipe only "
-                                    "supports megatron_cp_algo",
-                                    context_parallel_algo, M));
-    if (s % (2 * int64_t(M) * cp) != 0)
-      throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
-                                    "--context-parallel-size {} (= {}): each CP rank holds two load-balanced halves, "
-                                    "each cut into the same chunks",
-                                    s, M, cp, 2 * M * cp));
-    if (sequence_parallel && (s / (2 * int64_t(M) * cp)) % tp != 0)
-      throw ConfigError(fmt::format("--seq-length {} is not divisible by 2 x --ampipe-degree {} x "
-                                    "--context-parallel-size {} x --tensor-model-parallel-size {} (= {}) with "
-                                    "--sequence-parallel: every chunk must have the same rows on every CP and TP rank",
-                                    s, M, cp, tp, 2 * M * cp * tp));
-  }
+  // Context parallelism: the sequence divisible by 2 x cp x M (and x tp with SP), in check_tensor_parallel.
 
   // Seed constraint 4 and MindSpeed's pipe-experts rules (model::LayerConfig::check_pipe_experts). MindSpeed
   // turned pipe-experts off with a warning; we never change a flag silently, so these are errors. The one case
@@ -131,7 +115,6 @@ void TrainConfig::validate(int world) const {
                                   "scripts are checked, but the feature does not run)",
                                   what));
   };
-  if (cp > 1) not_yet(fmt::format("--context-parallel-size {}", cp));
   if (moe_model_type == "megatron_moe")
     not_yet("--moe-model-type megatron_moe (the only MoE layer here is DeepSpeed-MoE's; pass deepspeed_moe)");
   for (const Incompatible& f : incompatible)

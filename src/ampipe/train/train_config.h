@@ -33,8 +33,7 @@ struct TrainConfig {
   int ampipe_degree = 1;
   // --tensor-model-parallel-size, --sequence-parallel, --ampipe-tp-sp-comm-overlap are layer options:
   // layer.tensor_model_parallel_size, layer.sequence_parallel, layer.ampipe_tp_sp_comm_overlap.
-  int context_parallel_size = 1;
-  std::string context_parallel_algo = "megatron_cp_algo";
+  // --context-parallel-size, --context-parallel-algo: layer flags (layer.context_parallel_size, _algo).
   // pipe-experts (--use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream) is a layer option:
   // layer.use_pipe_experts, layer.pipe_experts_multi_data, layer.pipe_experts_multi_stream.
   // Features the seed lists as incompatible with AMPipe (and that this engine does not run at all).
@@ -111,7 +110,7 @@ struct TrainConfig {
   // TrainFlags::finish calls it before validate.
   std::string drop_idle_pipe_experts();
   // Data-parallel size and global batch size for `world` ranks (after validate).
-  int data_parallel_size(int world) const { return world / (layer.tp() * context_parallel_size); }
+  int data_parallel_size(int world) const { return world / (layer.tp() * layer.cp()); }
   int64_t global_batch(int world) const {
     return global_batch_size > 0 ? global_batch_size : layer.micro_batch_size * data_parallel_size(world);
   }
