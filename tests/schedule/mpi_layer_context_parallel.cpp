@@ -60,10 +60,8 @@ const comm::Groups& groups_for(int tp, int cp, int ep) {
 }
 
 // This rank's rows of a natural-order activation, and the natural order back from every rank's rows.
-Tensor shard(const model::LayerConfig& cfg, int M, const schedule::LayerStack& stack, Tensor x) {
-  if (cfg.cp() > 1) x = model::context_shard(x, M, cfg.cp(), stack.cp_rank());
-  if (cfg.sp()) x = model::sequence_shard(x, M, cfg.tp(), stack.tp_rank());
-  return x;
+Tensor shard(const model::LayerConfig& cfg, int M, const schedule::LayerStack& stack, const Tensor& x) {
+  return model::layer_rows(x, cfg.cp(), cfg.tp(), cfg.sp(), M, stack.cp_rank(), stack.tp_rank());
 }
 Tensor unshard(const model::LayerConfig& cfg, int M, const comm::Groups& groups, Tensor v) {
   if (cfg.sp()) {

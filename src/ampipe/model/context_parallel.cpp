@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ampipe/core/error.h"
+#include "ampipe/model/sequence_shard.h"
 
 namespace ampipe::model {
 
@@ -59,6 +60,11 @@ Tensor context_unshard(const Tensor& shards, int M, int C) {
     move_rows(shards.rows(r * per, (r + 1) * per), out, l, /*to_shard=*/false);
   }
   return out;
+}
+
+Tensor layer_rows(const Tensor& full, int64_t cp, int64_t tp, bool sp, int M, int cp_rank, int tp_rank) {
+  Tensor x = cp > 1 ? context_shard(full, M, int(cp), cp_rank) : full;
+  return sp && tp > 1 ? sequence_shard(x, M, int(tp), tp_rank) : x;
 }
 
 std::vector<CpAttentionCall> cp_attention_calls(const CpLayout& cp, int c, int t, int64_t b, int64_t nl, int64_t d) {

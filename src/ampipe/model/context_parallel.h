@@ -44,6 +44,10 @@ struct CpLayout {
 // rows ([C * s/C, b, h] in cp-rank order, an all-gather of context_shard's results).
 Tensor context_shard(const Tensor& full, int M, int C, int r);
 Tensor context_unshard(const Tensor& shards, int M, int C);
+// The rows a rank feeds the layer from a natural-order activation [s, b, h]: its cp rows (context_shard), then of
+// those its tp rows with sequence parallelism (sequence_shard); the whole tensor for cp = 1 without sequence
+// parallelism. To put outputs back: all-gather over tp and sequence_unshard, then over cp and context_unshard.
+Tensor layer_rows(const Tensor& full, int64_t cp, int64_t tp, bool sp, int M, int cp_rank, int tp_rank);
 
 // One kernel call of a chunk's ring attention: query rows of one half of the chunk against one half of one
 // slot's packed K, V.
