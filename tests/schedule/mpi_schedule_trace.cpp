@@ -35,12 +35,13 @@ void expect_in_flight_during(const std::map<std::string, Span>& rec, const std::
 
 // The binary's groups, all created before the first operation: EP over the world, and tp 2 x EP (world / 2).
 struct AllGroups {
-  comm::Groups ep_world, tp2;
+  comm::Groups ep_world, tp2, cp_world;
 };
 const AllGroups& all_groups() {
   comm::Runtime& rt = comm::Runtime::current();
   static AllGroups g{rt.make_groups(comm::Layout::make(rt.size(), 1, 1, rt.size())),
-                     rt.make_groups(comm::Layout::make(rt.size(), 2, 1, rt.size() / 2))};
+                     rt.make_groups(comm::Layout::make(rt.size(), 2, 1, rt.size() / 2)),
+                     rt.make_groups(comm::Layout::make(rt.size(), 1, rt.size(), rt.size()))};
   return g;
 }
 const comm::Groups& ep_world_groups() { return all_groups().ep_world; }
@@ -196,6 +197,65 @@ TEST(ScheduleTrace, TensorParallelCollectivesOverlapExpertPieces) {
   // The attention side: chunk 1's LN1 all-gather in flight during chunk 0's attention.
   expect_in_flight_during(rec, "L0.fwd.tp_qkv_in.c1", "L0.fwd.attention.c0");
   const auto all = comm::all_gather_strings(groups.tp, sequence, "trace_tp.sequences");
+  for (const std::string& q : all) EXPECT_EQ(q, sequence);
+  rt.set_check_collectives(false);
+}
+
+TEST(ScheduleTrace, ContextParallelRingStepsHideBehindOwnKeyAttention) {
+  // cp = world (EP over the same ranks), degree 2: every forward ring step is issued before the first chunk's
+  // attention over this rank's own keys starts and is not waited for before the last one ends; every backward ring
+  // step (the dK, dV sums) is in flight during an own-key attention backward; one K, V set per ring step and
+  // direction crosses the cp lane (nothing is sent twice); every cp rank issued the same cp sequence.
+  comm::Runtime& rt = comm::Runtime::current();
+  const comm::Groups& groups = all_groups().cp_world;
+  rt.set_check_collectives(true);
+  const int C = rt.size(), M = 2;
+  model::LayerConfig cfg;
+  cfg.seq_length = 64 * C;
+  cfg.micro_batch_size = 1;
+  cfg.hidden_size = 64;
+  cfg.ffn_hidden_size = 128;
+  cfg.num_attention_heads = 4;
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.moe_train_capacity_factor = 4.0;
+  cfg.expert_model_parallel_size = C;
+  cfg.context_parallel_size = C;
+  const comm::Layout::Coord me = groups.layout.coord(rt.rank());
+  schedule::LayerStack stack(cfg, 1, M, me.ep, &groups);
+  const Shape act{cfg.seq_length / C, 1, cfg.hidden_size};
+  const Tensor x = ampipe::testing::seeded_normal(act, 6, uint64_t(2 * rt.rank()));
+  const Tensor dy = ampipe::testing::seeded_normal(act, 6, uint64_t(2 * rt.rank() + 1));
+  comm::barrier_sync(groups.world, "trace_cp.start");
+  comm::Trace::clear();
+  comm::Trace::set_enabled(true);
+  stack.forward(x, 0);
+  stack.backward(dy, 0.01f);
+  comm::barrier_sync(groups.world, "trace_cp.end");
+  comm::Trace::set_enabled(false);
+  std::map<std::string, Span> rec;
+  std::map<std::string, size_t> bytes;
+  std::string sequence;
+  for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
+    rec[r.name] = {r.issued_us, r.start_us, r.end_us};
+    if (r.name.find(".cp_") != std::string::npos && r.name.rfind("wait:", 0) != 0) {
+      bytes[r.name] = r.bytes;
+      sequence += fmt::format("{}#{};", r.seq, r.name);
+    }
+  }
+  const size_t kv = size_t(stack.plan(0).dims.T * 2 * stack.plan(0).dims.hl) * sizeof(float);
+  for (int t = 1; t < C; ++t) {
+    const std::string fwd = fmt::format("L0.fwd.cp_ring.p{}", t), bwd = fmt::format("L0.bwd.cp_ring.p{}", t);
+    expect_in_flight_during(rec, fwd, "L0.fwd.attention.c0.p0");
+    expect_in_flight_during(rec, fwd, fmt::format("L0.fwd.attention.c{}.p0", M - 1));
+    if (M - t >= 0) expect_in_flight_during(rec, bwd, fmt::format("L0.bwd.attention.c{}.p0", M - t));
+    EXPECT_EQ(bytes[fwd], kv) << fwd;  // one K, V set of this rank's rows
+    EXPECT_EQ(bytes[bwd], kv) << bwd;  // one dK, dV set (fp32)
+  }
+  size_t ring_ops = 0;
+  for (const auto& [name, b] : bytes) ring_ops += name.find("cp_ring") != std::string::npos;
+  EXPECT_EQ(ring_ops, size_t(2 * (C - 1)));
+  const auto all = comm::all_gather_strings(groups.cp, sequence, "trace_cp.sequences");
   for (const std::string& q : all) EXPECT_EQ(q, sequence);
   rt.set_check_collectives(false);
 }

@@ -120,3 +120,91 @@ TEST(Plan, QkvIsComputedPerChunkSoTheFirstDispatchStartsEarly) {
     EXPECT_LT(p.find(Dir::fwd, Stage::dispatch, 0).id, p.find(Dir::fwd, Stage::ln1_qkv, 1).id);
   }
 }
+
+namespace {
+Plan cp_plan(int C, int M) {
+  ampipe::model::LayerConfig cfg;
+  cfg.seq_length = 96;  // divisible by 2 x C x M for C = 2, 3 and M = 1, 2, 4
+  cfg.context_parallel_size = C;
+  cfg.num_attention_heads = 4;
+  cfg.hidden_size = 32;
+  return build_layer_plan(cfg, M);
+}
+const Task* find_piece(const Plan& p, Dir d, Stage s, int chunk, int piece) {
+  for (const Task& t : p.tasks)
+    if (t.dir == d && t.stage == s && t.chunk == chunk && t.piece == piece) return &t;
+  return nullptr;
+}
+}  // namespace
+
+// Context parallelism: every chunk's K, V first (a chunk's queries see whole halves of other ranks' keys); ring step
+// t brings slot t (sent from slot t-1: each slot travels once per step, never twice); chunk c's attention over
+// slot t waits for step t only, and every chunk's attention over its own keys (piece 0) runs before any remote one,
+// hiding the ring. Backward: the remote slots' attention first, then the ring carries their dK, dV sums while the
+// own-key backward runs, and the QKV backward waits for the last sum.
+TEST(Plan, ContextParallelRingHidesBehindOwnKeyAttention) {
+  for (int C : {2, 3})
+    for (int M : {1, 2, 4}) {
+      SCOPED_TRACE(testing::Message() << "C=" << C << " M=" << M);
+      const Plan p = cp_plan(C, M);
+      std::vector<const Task*> steps, bsteps;
+      for (const Task& t : p.tasks)
+        if (t.stage == Stage::cp_ring) (t.dir == Dir::fwd ? steps : bsteps).push_back(&t);
+      ASSERT_EQ(int(steps.size()), C - 1);
+      ASSERT_EQ(int(bsteps.size()), C - 1);
+      const int last_qkv = p.index_of(Dir::fwd, Stage::ln1_qkv, M - 1);
+      const int first_att = p.index_of(Dir::fwd, Stage::attention, 0);
+      EXPECT_LT(last_qkv, first_att);
+      for (int t = 1; t < C; ++t) {
+        const Task& s = *steps[size_t(t - 1)];
+        EXPECT_EQ(s.piece, t);
+        EXPECT_EQ(s.lane, Lane::cp);
+        EXPECT_EQ(s.collective->kind, CollKind::send_recv);
+        EXPECT_EQ(s.collective->send_slot, t - 1);  // what arrived at the previous step travels on
+        EXPECT_EQ(s.collective->recv_slot, t);
+        EXPECT_LT(int(s.id), first_att);  // issued before the first attention
+        // one K, V set of this rank's rows per step: T * 2h * 4 bytes (fp32)
+        EXPECT_DOUBLE_EQ(s.bytes, double(p.dims.T * 2 * p.dims.hl * 4));
+        for (int c = 0; c < M; ++c) {
+          const Task* remote = find_piece(p, Dir::fwd, Stage::attention, c, t);
+          ASSERT_NE(remote, nullptr);
+          EXPECT_TRUE(depends_on(p, remote->id, s.id));
+          // every own-key attention is ahead of the first remote one and does not wait for the ring
+          const Task* own = find_piece(p, Dir::fwd, Stage::attention, c, 0);
+          ASSERT_NE(own, nullptr);
+          EXPECT_FALSE(depends_on(p, own->id, s.id));
+          EXPECT_LT(find_piece(p, Dir::fwd, Stage::attention, M - 1, 0)->id, find_piece(p, Dir::fwd, Stage::attention, 0, 1)->id);
+        }
+      }
+      // backward: the QKV backward of every chunk after the final reduction, which waits for the last step
+      const Task* done = find_piece(p, Dir::bwd, Stage::cp_dkv_reduce, -1, 0);
+      ASSERT_NE(done, nullptr);
+      EXPECT_TRUE(depends_on(p, done->id, bsteps.back()->id));
+      for (int c = 0; c < M; ++c) {
+        EXPECT_TRUE(depends_on(p, p.find(Dir::bwd, Stage::ln1_qkv, c).id, done->id));
+        const Task* own = find_piece(p, Dir::bwd, Stage::attention, c, 0);
+        EXPECT_FALSE(depends_on(p, own->id, bsteps.front()->id)) << "own-key backward waits for the ring";
+      }
+      EXPECT_LT(bsteps.front()->id, find_piece(p, Dir::bwd, Stage::attention, M - 1, 0)->id);
+      // the aux-loss statistics are summed over the cp ranks
+      EXPECT_GE(p.index_of(Dir::fwd, Stage::cp_aux_stats, -1), 0);
+    }
+}
+
+// The Plan's attention FLOPs are rank 0's; every rank does the same work, so C times them is the causal attention of
+// the whole sequence, at every degree.
+TEST(Plan, ContextParallelAttentionFlopsAddUpToTheWholeSequence) {
+  for (int C : {2, 3})
+    for (int M : {1, 2, 4}) {
+      const Plan p = cp_plan(C, M);
+      const Plan whole = cp_plan(1, 1);
+      for (Dir d : {Dir::fwd, Dir::bwd}) {
+        double cp = 0, one = 0;
+        for (const Task& t : p.tasks)
+          if (t.dir == d && t.stage == Stage::attention) cp += t.flops;
+        for (const Task& t : whole.tasks)
+          if (t.dir == d && t.stage == Stage::attention) one += t.flops;
+        EXPECT_DOUBLE_EQ(cp * C, one) << "C=" << C << " M=" << M;
+      }
+    }
+}
