@@ -299,7 +299,8 @@ void TrainFlags::resolve(train::TrainConfig& c, int world) const {
   if (c.train_samples <= 0) return;
   train::resolve_train_samples(c, world);
   const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr;
-  if (w == nullptr || w->count() == 0) c.lr_warmup_iters = std::min(train::TrainConfig{}.lr_warmup_iters, c.train_iters);
+  static const train::TrainConfig defaults;
+  if (w == nullptr || w->count() == 0) c.lr_warmup_iters = std::min(defaults.lr_warmup_iters, c.train_iters);
 }
 
 }  // namespace ampipe::cli
