@@ -235,9 +235,11 @@ int run_plan(PlanArgs& a) {
   const model::LayerDims& d = p.dims;
   const std::string cap =
       d.capacity_is_bound ? fmt::format("C={} (bound S_c: --moe-no-drop)", d.C) : fmt::format("C={}", d.C);
-  fmt::print("ampipe plan: s={} b={} h={} F={} heads={} E={} top-{} {} {} | ep={} L={} | ampipe-degree={} "
+  const std::string seq =
+      d.cp > 1 ? fmt::format("s={} ({} per cp rank, cp={} ring)", d.s_global, d.s, d.cp) : fmt::format("s={}", d.s);
+  fmt::print("ampipe plan: {} b={} h={} F={} heads={} E={} top-{} {} {} | ep={} L={} | ampipe-degree={} "
              "S_c={} {} per chunk | {} tasks\n",
-             d.s, d.b, d.h, d.F, d.n, d.E, d.k, cfg.bf16 ? "bf16" : "fp32",
+             seq, d.b, d.h, d.F, d.n, d.E, d.k, cfg.bf16 ? "bf16" : "fp32",
              cfg.expert == model::ExpertKind::swiglu ? "swiglu" : "gelu", d.ep, d.L, d.M, d.Sc, cap, p.tasks.size());
 
   size_t wname = 4, wdeps = 4;
