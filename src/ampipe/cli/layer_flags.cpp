@@ -101,6 +101,7 @@ void LayerFlags::check_degree(const model::LayerConfig& c, int M, int64_t num_la
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have "
                                   "the same number of rows",
                                   c.seq_length, M));
+  c.check_context_parallel(M);
   model::check_plan_size(c, M, num_layers);  // the Plans' task lists (model/size_check.h)
 }
 

@@ -122,6 +122,23 @@ std::string LayerConfig::check_pipe_experts(int M) const {
 }
 
 void LayerConfig::check_tensor_parallel(int M) const {
+  check_context_parallel(M);
+  const int t = tensor_model_parallel_size;
+  if (sequence_parallel && seq_length % (int64_t(M) * t) != 0)
+    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
+                                  "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "
+                                  "have the same rows on every tensor-parallel rank",
+                                  seq_length, M, t, int64_t(M) * t));
+  if (ampipe_tp_sp_comm_overlap && M < 2)
+    throw ConfigError(fmt::format("--ampipe-tp-sp-comm-overlap needs --ampipe-degree > 1 (got {}): it overlaps the "
+                                  "chunks' tensor-parallel collectives",
+                                  M));
+  if (ampipe_tp_sp_comm_overlap && t < 2)
+    throw ConfigError("--ampipe-tp-sp-comm-overlap needs --tensor-model-parallel-size > 1: without tensor "
+                      "parallelism there are no tensor-parallel collectives to overlap");
+}
+
+void LayerConfig::check_context_parallel(int M) const {
   const int t = tensor_model_parallel_size, C = context_parallel_size;
   if (C > 1) {
     if (seq_length % (2 * int64_t(M) * C) != 0)
@@ -135,18 +152,6 @@ void LayerConfig::check_tensor_parallel(int M) const {
                                     "--sequence-parallel: every chunk must have the same rows on every cp and tp rank",
                                     seq_length, M, C, t, 2 * int64_t(M) * C * t));
   }
-  if (sequence_parallel && seq_length % (int64_t(M) * t) != 0)
-    throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {} x "
-                                  "--tensor-model-parallel-size {} (= {}) with --sequence-parallel: every chunk must "
-                                  "have the same rows on every tensor-parallel rank",
-                                  seq_length, M, t, int64_t(M) * t));
-  if (ampipe_tp_sp_comm_overlap && M < 2)
-    throw ConfigError(fmt::format("--ampipe-tp-sp-comm-overlap needs --ampipe-degree > 1 (got {}): it overlaps the "
-                                  "chunks' tensor-parallel collectives",
-                                  M));
-  if (ampipe_tp_sp_comm_overlap && t < 2)
-    throw ConfigError("--ampipe-tp-sp-comm-overlap needs --tensor-model-parallel-size > 1: without tensor "
-                      "parallelism there are no tensor-parallel collectives to overlap");
 }
 
 }  // namespace ampipe::model

@@ -84,6 +84,8 @@ struct LayerConfig {
   // divisible by M x tp (every chunk spread evenly over the tp ranks); --ampipe-tp-sp-comm-overlap needs M > 1 and
   // tp > 1; with cp > 1 the sequence divisible by 2 x cp x M (x tp with --sequence-parallel). Throws ConfigError.
   void check_tensor_parallel(int M) const;
+  // The context-parallel part of it alone (every command checks it for each degree it runs).
+  void check_context_parallel(int M) const;
 };
 
 }  // namespace ampipe::model
