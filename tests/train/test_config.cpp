@@ -48,6 +48,7 @@ TEST(TrainConfig, ContextParallelWorldSize) {
   EXPECT_THAT(message(c, 3), ::testing::HasSubstr("world size 3 is not tp x cp x dp"));
   EXPECT_EQ(message(c, 4), "");
   c.ampipe_degree = 2;
+  c.use_flash_attn = true;
   c.layer.seq_length = 12;  // not divisible by 2 x 2 x 2
   EXPECT_THAT(message(c, 4), ::testing::HasSubstr("is not divisible by 2 x --ampipe-degree 2 x --context-parallel-size 2"));
   c.layer.seq_length = 16;
@@ -71,7 +72,10 @@ TEST(TrainConfig, GlobalBatchDividesOverDataParallelRanks) {
   EXPECT_EQ(message(c, 3), "");
 }
 
-TEST(TrainConfig, DegreeOneAcceptsTheDefaults) { EXPECT_EQ(message(train::TrainConfig{}, 1), ""); }
+TEST(TrainConfig, DegreeOneAcceptsTheDefaults) {
+  const train::TrainConfig defaults;
+  EXPECT_EQ(message(defaults, 1), "");
+}
 
 namespace {
 // --use-pipe-experts --pipe-experts-multi-data N --ampipe-degree M (with flash attention, which M > 1 needs), on
