@@ -347,6 +347,30 @@ TEST(Simulator, LayersRunForwardThenBackwardInReverseAndDpAllReduceLast) {
   EXPECT_NE(find(r, "wait:dp.allreduce"), nullptr);
 }
 
+TEST(Simulator, RecomputedLayerReplaysItsForwardBeforeItsBackward) {
+  auto layer = [](int index) {
+    PlanBuilder b;
+    const uint32_t f = b.compute(1);
+    b.collective(0.5, Lane::ep, {f});
+    b.compute(2, {f}, Dir::bwd);
+    for (Task& t : b.p.tasks) t.layer = index;
+    return b.p;
+  };
+  SimOptions o;
+  o.recompute = {true, false};  // layer 0 only
+  const SimResult r = simulate({layer(0), layer(1)}, unit_profile(), o);
+  std::vector<std::string> compute_order;
+  for (const auto& x : r.timeline)
+    if (x.lane == Lane::compute && x.cat == "compute") compute_order.push_back(x.name);
+  EXPECT_EQ(compute_order,
+            (std::vector<std::string>{"L0.fwd.residual_ln2.c0", "L1.fwd.residual_ln2.c0", "L1.bwd.residual_ln2.c2",
+                                      "recompute:L0.fwd.residual_ln2.c0", "L0.bwd.residual_ln2.c2"}));
+  // three forwards of 1 s, each followed by its exposed 0.5 s collective, and two backwards of 2 s
+  EXPECT_DOUBLE_EQ(r.step_s, 3 * 1.5 + 2 * 2);
+  EXPECT_DOUBLE_EQ(r.compute_s, 3 * 1 + 2 * 2);
+  EXPECT_NE(find(r, "recompute:L0.fwd.dispatch.c1"), nullptr);
+}
+
 // ---- real Plans ----
 
 TEST(Simulator, DegreeOneWithFreeCommunicationIsTheSumOfComputeCosts) {  // (e)

@@ -176,7 +176,9 @@ int run_simulate(SimulateArgs& a) {
   const double s = double(l.seq_length), b = double(l.micro_batch_size), h = double(l.hidden_size),
                F = double(l.ffn_hidden_size), E = double(l.num_experts), k = double(l.moe_router_topk),
                T = s * b, V = double(cfg.vocab_size), nl = double(cfg.num_layers);
-  const int ep = l.expert_model_parallel_size, dp = cfg.data_parallel_size(W), edp = dp / ep;
+  // The dense gradients are reduced over dp x cp (every cp rank saw other tokens of the same sequences), the expert
+  // ones over dp x cp / ep.
+  const int ep = l.expert_model_parallel_size, dp = cfg.data_parallel_size(W), dpcp = dp * l.cp(), edp = dpcp / ep;
   const int64_t G = cfg.global_batch(W);
   const int nmb = int(G / (l.micro_batch_size * dp));
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
@@ -189,28 +191,36 @@ int run_simulate(SimulateArgs& a) {
   const double expert_params = nl * expert_layer;
   const double matrix_params = nl * (4 * h * h / tp + expert_layer);  // layer matrices with bf16 copies (not the gate)
 
+  // The LM head and cross-entropy per device: the device's T/cp tokens, and, as Megatron's vocabulary-parallel head,
+  // V/tp columns (docs/simulator.md §8: the engine's own head keeps the whole vocabulary on every tp rank).
+  const double Th = T / double(l.cp()), Vh = V / tp;
   const sim::ComputeRates& r32 = prof.fp32;
-  const double head_gemm = 3 * 2 * T * h * V / sim::gemm_rate(r32, std::min({T, h, V}));
-  const double head_s = head_gemm + (12 * T * V + 44 * T * h) / (prof.elementwise_gbps * 1e9) + 8 * prof.task_overhead_us * 1e-6;
+  const double head_gemm = 3 * 2 * Th * h * Vh / sim::gemm_rate(r32, std::min({Th, h, Vh}));
+  const double head_s = head_gemm + (12 * Th * Vh + 44 * Th * h) / (prof.elementwise_gbps * 1e9) + 8 * prof.task_overhead_us * 1e-6;
   const double optim_s = ((dense_params + expert_params) * 36 + (l.bf16 ? 6 * matrix_params : 0)) / (prof.elementwise_gbps * 1e9);
 
   sim::SimOptions opts;
   // rank = tp fastest: a tp group is tp consecutive devices, an EP group's members lie tp apart
   opts.tp_size = l.tp();
+  // a cp group's members lie tp apart (tp fastest, then cp), so it crosses nodes when tp x cp exceeds a node
+  opts.cp_size = l.cp();
+  opts.cp_spans_nodes = K > 1 && l.cp() > 1 && l.tp() * l.cp() > W / K;
+  opts.recompute = cfg.recompute_layers();
   opts.tp_spans_nodes = K > 1 && l.tp() > W / K;
   opts.ep_spans_nodes = K > 1 && ep * l.tp() > W / K;
   opts.dp_size = dp;
   opts.dp_spans_nodes = K > 1;
-  if (dp > 1) {
-    const double expert_equiv = edp > 1 ? 4 * expert_params * ((edp - 1.0) / edp) / ((dp - 1.0) / dp) : 0;
+  if (dpcp > 1) {
+    const double expert_equiv = edp > 1 ? 4 * expert_params * ((edp - 1.0) / edp) / ((dpcp - 1.0) / dpcp) : 0;
     opts.dp_allreduce_bytes = 4 * dense_params + expert_equiv;
   }
   sim::SimOptions no_dp = opts;
   no_dp.dp_allreduce_bytes = 0;
+  const bool reduce_spans = opts.dp_spans_nodes && (dp > 1 || opts.cp_spans_nodes);
   const double dp_ar_s =
-      dp > 1 ? sim::collective_seconds(schedule::CollKind::all_reduce, opts.dp_allreduce_bytes, dp,
-                                       prof.link(opts.dp_spans_nodes))
-             : 0;
+      dpcp > 1 ? sim::collective_seconds(schedule::CollKind::all_reduce, opts.dp_allreduce_bytes, dpcp,
+                                         prof.link(reduce_spans))
+               : 0;
 
   // Megatron core_r0.7.0 (see the file comment).
   const double V_pad = std::ceil(V / (128.0 * cfg.layer.tp())) * 128.0 * cfg.layer.tp();
@@ -252,21 +262,24 @@ int run_simulate(SimulateArgs& a) {
   if (!rank0) return 0;
   if (!cfg.trace.empty()) sim::write_chrome_trace(best->last, cfg.trace);
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  const bool inter_missing = (opts.ep_spans_nodes || (opts.dp_spans_nodes && dp > 1)) && !prof.links.count("inter");
+  const bool inter_missing =
+      (opts.ep_spans_nodes || opts.cp_spans_nodes || (opts.dp_spans_nodes && dp > 1)) && !prof.links.count("inter");
   fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {} | {} "
-             "device{} on {} node{}, {}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
+             "device{} on {} node{}, {}{}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
              cfg.num_layers, l.seq_length, l.micro_batch_size, l.hidden_size, l.ffn_hidden_size,
              l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.vocab_size, l.bf16 ? "bf16" : "fp32",
              swiglu ? "swiglu" : "gelu", W, W == 1 ? "" : "s", K, K == 1 ? "" : "s",
              l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
                                       opts.tp_spans_nodes ? " (across nodes)" : "")
                         : std::string(),
+             l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), opts.cp_spans_nodes ? " (across nodes)" : "") : std::string(),
              ep,
              opts.ep_spans_nodes ? " (across nodes)" : "", dp, G, nmb, nmb == 1 ? "" : "es", prof.name);
   fmt::print("  per iteration besides the layers: LM head {} ms x {}, optimizer {} ms, gradient all-reduce {} ms "
              "({:.1f} MiB{}){}\n",
              ms(head_s), nmb, ms(optim_s), ms(dp_ar_s), opts.dp_allreduce_bytes / (1 << 20),
-             dp > 1 ? (opts.dp_spans_nodes ? ", across nodes" : ", within a node") : ", dp = 1: none",
+             dpcp > 1 ? (reduce_spans ? ", over dp x cp, across nodes" : ", over dp x cp, within a node")
+                      : ", dp x cp = 1: none",
              inter_missing ? "; the profile has no links.inter: cross-node collectives use links.intra" : "");
   for (const std::string& sk : skipped) fmt::print("  skipped: {}\n", sk);
   fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>14} {:>16}\n", "degree", "iteration ms",

@@ -210,17 +210,37 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
     if (!p.empty()) phases.push_back(std::move(p));
   };
   for (size_t i = 0; i < layers.size(); ++i) add_phase(i, Dir::fwd);
-  for (size_t i = layers.size(); i-- > 0;) add_phase(i, Dir::bwd);
-  if (opts.dp_allreduce_bytes > 0 && opts.dp_size > 1) {
+  for (size_t i = layers.size(); i-- > 0;) {
+    if (i < opts.recompute.size() && opts.recompute[i]) {  // the forward again, as new items ("recompute:" names)
+      const size_t first = items.size();
+      std::vector<size_t> index(layers[i].tasks.size(), 0);  // task id -> its replay item
+      std::vector<size_t> p;
+      for (const Task& t : layers[i].tasks) {
+        if (t.dir != Dir::fwd) continue;
+        Item it = items[base[i] + t.id];
+        it.name = "recompute:" + it.name;
+        for (size_t& d : it.deps) d = index[d - base[i]];  // forward tasks depend on forward tasks only
+        index[t.id] = items.size();
+        p.push_back(items.size());
+        items.push_back(std::move(it));
+      }
+      if (items.size() > first) phases.push_back(std::move(p));
+    }
+    add_phase(i, Dir::bwd);
+  }
+  // over dp x cp: dense gradients are sums over every cp rank's rows too
+  const int reduce_size = opts.dp_size * opts.cp_size;
+  const bool reduce_spans = opts.dp_spans_nodes && (opts.dp_size > 1 || opts.cp_spans_nodes);
+  if (opts.dp_allreduce_bytes > 0 && reduce_size > 1) {
     Item it;
     it.name = "dp.allreduce";
     it.lane = Lane::dp;
     it.coll = true;
     it.cat = schedule::coll_kind_name(CollKind::all_reduce);
-    it.link = profile.link_name(opts.dp_spans_nodes);
+    it.link = profile.link_name(reduce_spans);
     it.bytes = opts.dp_allreduce_bytes;
-    it.cost = collective_seconds(CollKind::all_reduce, opts.dp_allreduce_bytes, opts.dp_size,
-                                 profile.link(opts.dp_spans_nodes));
+    it.cost = collective_seconds(CollKind::all_reduce, opts.dp_allreduce_bytes, reduce_size,
+                                 profile.link(reduce_spans));
     phases.push_back({items.size()});
     items.push_back(std::move(it));
   }

@@ -3,8 +3,8 @@
 // done; each communication lane is an ordered queue (one collective at a time, in issue order, as the engine's lane
 // depth 1); a collective starts when its dependencies are done, its lane is free and its link is free (lanes that
 // use the same link class share it, e.g. an EP all-to-all and a CP ring on one network port). Layers run one after
-// another (forward 0..L-1, then backward L-1..0), as schedule::LayerStack runs them; an optional data-parallel
-// gradient all-reduce follows the backward.
+// another (forward 0..L-1, then backward L-1..0, a recomputed layer's forward replayed right before its backward),
+// as schedule::LayerStack runs them; an optional data-parallel gradient all-reduce follows the backward.
 //
 // Task costs (cost_seconds):
 //   compute     task_overhead + GEMM FLOPs / gemm_rate(smallest dimension) (the gate's GEMM at the fp32 rate),
@@ -31,6 +31,9 @@ struct SimOptions {
   // sizes and link classes. The EP group's size is plan.dims.ep.
   int tp_size = 1, cp_size = 1;
   bool tp_spans_nodes = false, cp_spans_nodes = false;
+  // Activation recomputation (--recompute-granularity full): layer i re-runs its forward tasks just before its
+  // backward (schedule::LayerStack::set_recompute). Empty or shorter than the layers: no recomputation.
+  std::vector<bool> recompute;
 };
 
 struct SimRecord {
