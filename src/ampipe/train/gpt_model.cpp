@@ -1,5 +1,6 @@
 #include "ampipe/train/gpt_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -9,6 +10,7 @@
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/gemm.h"
 #include "ampipe/kernels/layernorm.h"
+#include "ampipe/model/context_parallel.h"
 #include "ampipe/model/sequence_shard.h"
 #include "ampipe/train/text_data.h"
 
@@ -45,6 +47,9 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       T_(s_ * b_),
       h_(cfg.layer.hidden_size),
       V_(cfg.vocab_size),
+      C_(cfg.layer.cp()),
+      sl_(s_ / C_),
+      Tl_(sl_ * b_),
       stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups),
       groups_(groups) {
   stack_.set_recompute(cfg.recompute_layers());  // --recompute-granularity full
@@ -72,97 +77,119 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
     dwout_ = Tensor::zeros({V_, h_});
     params_.push_back({"output_layer.weight", wout_, dwout_, false, true, ""});
   }
-  x0_ = Tensor::empty({s_, b_, h_});
-  xn_ = Tensor::empty({T_, h_});
-  lnf_mean_ = Tensor::empty({T_});
-  lnf_rstd_ = Tensor::empty({T_});
-  logits_ = Tensor::empty({T_, V_});
-  ce_loss_ = Tensor::empty({T_});
-  lse_ = Tensor::empty({T_});
-  dloss_ = Tensor::empty({T_});
-  dxn_ = Tensor::empty({T_, h_});
-  dy_ = Tensor::empty({s_, b_, h_});
+  AMPIPE_CHECK(s_ % C_ == 0, "--seq-length {} is not divisible by --context-parallel-size {}", s_, C_);
+  x0_ = Tensor::empty({sl_, b_, h_});
+  xn_ = Tensor::empty({Tl_, h_});
+  lnf_mean_ = Tensor::empty({Tl_});
+  lnf_rstd_ = Tensor::empty({Tl_});
+  logits_ = Tensor::empty({Tl_, V_});
+  ce_loss_ = Tensor::empty({Tl_});
+  lse_ = Tensor::empty({Tl_});
+  dloss_ = Tensor::empty({Tl_});
+  dxn_ = Tensor::empty({Tl_, h_});
+  dy_ = Tensor::empty({sl_, b_, h_});
+  tokens_.resize(size_t(Tl_));
+  targets_.resize(size_t(Tl_));
 }
 
 void GptModel::zero_grads() {
   for (NamedParam& p : params_) std::memset(p.grad.raw(), 0, p.grad.nbytes());  // contiguous fp32
 }
 
-// x0[t] = wte[token[t]] + wpe[t / b]   ([s, b] layout: token t sits at sequence position t / b)
-void GptModel::embed(std::span<const int32_t> tokens) {
-  AMPIPE_CHECK(int64_t(tokens.size()) == T_, "tokens {} vs s*b {}", tokens.size(), T_);
+// Context parallel: local row i holds global position pos_[i] (the layer's row order at the stack's degree now;
+// the trainer may re-plan the degree between steps, so the order is checked on every micro-batch).
+void GptModel::take_rows(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+  AMPIPE_CHECK(int64_t(tokens.size()) == T_ && int64_t(targets.size()) == T_, "tokens {}, targets {} vs s*b {}",
+               tokens.size(), targets.size(), T_);
+  const int M = stack_.degree();
+  if (pos_M_ != M) {
+    pos_.resize(size_t(sl_));
+    const model::CpLayout l = C_ > 1 ? model::CpLayout::make(s_, C_, stack_.cp_rank(), M) : model::CpLayout{};
+    for (int64_t i = 0; i < sl_; ++i) pos_[size_t(i)] = C_ > 1 ? l.position(i) : i;
+    pos_M_ = M;
+  }
+  for (int64_t i = 0; i < sl_; ++i) {
+    const size_t from = size_t(pos_[size_t(i)] * b_), to = size_t(i * b_);
+    std::copy_n(tokens.begin() + ptrdiff_t(from), b_, tokens_.begin() + ptrdiff_t(to));
+    std::copy_n(targets.begin() + ptrdiff_t(from), b_, targets_.begin() + ptrdiff_t(to));
+  }
+}
+
+// x0[t] = wte[token[t]] + wpe[pos[t / b]]   ([s, b] layout: local token t sits at local row t / b)
+void GptModel::embed() {
   const float* e = wte_.data<float>();
   const float* pe = wpe_.data<float>();
   float* x = x0_.data<float>();
-  for (int64_t t = 0; t < T_; ++t) {
-    const int32_t tok = tokens[size_t(t)];
+  for (int64_t t = 0; t < Tl_; ++t) {
+    const int32_t tok = tokens_[size_t(t)];
     AMPIPE_CHECK(tok >= 0 && tok < V_, "token {} at {} outside [0, {})", tok, t, V_);
     const float* er = e + int64_t(tok) * h_;
-    const float* pr = pe + (t / b_) * h_;
+    const float* pr = pe + pos_[size_t(t / b_)] * h_;
     float* xr = x + t * h_;
     for (int64_t j = 0; j < h_; ++j) xr[j] = er[j] + pr[j];
   }
 }
 
-// y [T, h] -> LN -> xn -> logits [T, V] = xn W^T -> per-token cross-entropy; returns the mean.
 Tensor GptModel::to_layers(const Tensor& full, Tensor& local) {
   if (!cfg_.layer.sp()) return full;
   const int t = cfg_.layer.tp();
-  if (!local.defined()) local = Tensor::empty({s_ / t, b_, h_});
+  if (!local.defined()) local = Tensor::empty({sl_ / t, b_, h_});
   model::sequence_shard_into(full, local, stack_.degree(), t, stack_.tp_rank());
   return local;
 }
 
 Tensor GptModel::from_layers(const Tensor& local, Tensor& full) {
   if (!cfg_.layer.sp()) return local;
-  if (!gathered_.defined()) gathered_ = Tensor::empty({s_, b_, h_});
-  if (!full.defined()) full = Tensor::empty({s_, b_, h_});
+  if (!gathered_.defined()) gathered_ = Tensor::empty({sl_, b_, h_});
+  if (!full.defined()) full = Tensor::empty({sl_, b_, h_});
   comm::all_gather_sync(groups_->tp, local, gathered_, "sp.gather");
   model::sequence_unshard_into(gathered_, full, stack_.degree(), cfg_.layer.tp());
   return full;
 }
 
-double GptModel::head_forward(std::span<const int32_t> targets) {
+// y [Tl, h] -> LN -> xn -> logits [Tl, V] = xn W^T -> per-token cross-entropy; returns their sum / T (the mean
+// over the micro-batch; context parallel: this rank's share of it).
+double GptModel::head_forward() {
   y_ = from_layers(stack_.layer(stack_.num_layers() - 1).output(), y_full_);
-  const Tensor y = y_.view({T_, h_});
+  const Tensor y = y_.view({Tl_, h_});
   kernels::layernorm_forward(y, lnf_w_, lnf_b_, cfg_.layer.layernorm_epsilon, xn_, lnf_mean_, lnf_rstd_);
   const Tensor& w = wout_.defined() ? wout_ : wte_;
   kernels::gemm(xn_, kernels::Trans::n, w, kernels::Trans::t, logits_);
-  kernels::cross_entropy_forward(logits_, targets, ce_loss_, lse_);
+  kernels::cross_entropy_forward(logits_, targets_, ce_loss_, lse_);
   double sum = 0;
   const float* l = ce_loss_.data<float>();
-  for (int64_t t = 0; t < T_; ++t) sum += l[t];
+  for (int64_t t = 0; t < Tl_; ++t) sum += l[t];
   return sum / double(T_);
 }
 
 double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
   auto t0 = Clock::now();
-  tokens_.assign(tokens.begin(), tokens.end());
-  targets_.assign(targets.begin(), targets.end());
-  embed(tokens);
+  take_rows(tokens, targets);
+  embed();
   times_.head_us += us_since(t0);
   trace_since("embedding.fwd", t0);
   t0 = Clock::now();
   stack_.forward(to_layers(x0_, x_local_), token_base);
   times_.layers_us += us_since(t0);
   t0 = Clock::now();
-  const double loss = head_forward(targets);
+  const double loss = head_forward();
   times_.head_us += us_since(t0);
   trace_since("head.fwd (final LayerNorm, LM head, loss)", t0);
   return loss;
 }
 
 double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
-  embed(tokens);
+  take_rows(tokens, targets);
+  embed();
   stack_.set_training(false);  // validation: no dropout, no gate noise
   stack_.forward(to_layers(x0_, x_local_), token_base);
   stack_.set_training(true);
-  return head_forward(targets);
+  return head_forward();
 }
 
 void GptModel::backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer) {
   auto t0 = Clock::now();
-  // d(loss_scale * mean_t ce_t) / d ce_t = loss_scale / T
+  // d(loss_scale * mean_t ce_t) / d ce_t = loss_scale / T (the whole micro-batch's T, also for this cp rank's tokens)
   dloss_.fill(loss_scale / float(T_));
   kernels::cross_entropy_backward(dloss_, logits_, targets_, lse_, logits_);  // logits_ now holds dlogits
   const Tensor& dlogits = logits_;
@@ -170,8 +197,8 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   Tensor& dw = dwout_.defined() ? dwout_ : dwte_;
   kernels::gemm(dlogits, kernels::Trans::t, xn_, kernels::Trans::n, dw, /*accumulate=*/true);  // [V, h] +=
   kernels::gemm(dlogits, kernels::Trans::n, w, kernels::Trans::n, dxn_);                       // [T, h]
-  const Tensor y = y_.view({T_, h_});
-  Tensor dy2 = dy_.view({T_, h_});
+  const Tensor y = y_.view({Tl_, h_});
+  Tensor dy2 = dy_.view({Tl_, h_});
   kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
   times_.head_us += us_since(t0);
   trace_since("head.bwd (loss, LM head, final LayerNorm)", t0);
@@ -179,20 +206,20 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   const Tensor dx0 = from_layers(stack_.backward(to_layers(dy_, dy_local_), d_aux, after_layer), dx_full_);
   times_.layers_us += us_since(t0);
   t0 = Clock::now();
-  // Embedding backward: dwte[token[t]] += dx0[t], dwpe[t / b] += dx0[t].
+  // Embedding backward: dwte[token[t]] += dx0[t], dwpe[pos[t / b]] += dx0[t].
   const float* g = dx0.data<float>();
   float* de = dwte_.data<float>();
   float* dp = dwpe_.data<float>();
-  for (int64_t t = 0; t < T_; ++t) {
+  for (int64_t t = 0; t < Tl_; ++t) {
     const float* gr = g + t * h_;
     float* er = de + int64_t(tokens_[size_t(t)]) * h_;
-    float* pr = dp + (t / b_) * h_;
+    float* pr = dp + pos_[size_t(t / b_)] * h_;
     for (int64_t j = 0; j < h_; ++j) {
       er[j] += gr[j];
       pr[j] += gr[j];
     }
   }
-  last_flops_ = stack_.flops() + 3.0 * 2.0 * double(T_) * double(h_) * double(V_);
+  last_flops_ = stack_.flops() + 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_);
   times_.head_us += us_since(t0);
   trace_since("embedding.bwd", t0);
 }

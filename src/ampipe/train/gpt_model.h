@@ -5,6 +5,15 @@
 // Notation: s sequence, b micro-batch, T = s*b tokens (token t = s_index*b + b_index, the [s, b] layout), h hidden,
 // V vocabulary, num_layers blocks (--num-layers; not L, which is the local expert count in docs/design.md).
 //
+// Context parallelism (C = --context-parallel-size > 1): every cp rank runs the embedding, the final LayerNorm, the
+// LM head and the loss on its own s/C positions only, in the layer's row order (model/context_parallel.h: blocks r
+// and 2C-1-r, chunk by chunk [A_c ; B_c] at the stack's current degree), so nothing is gathered over cp and the
+// logits are [T/C, V]. forward / evaluate return this rank's share of the micro-batch's mean (its tokens' cross-
+// entropy summed, divided by the whole T): the sum over the cp ranks is the mean. The embedding and head gradients
+// are this rank's tokens' part likewise; the trainer sums every dense gradient over dp x cp. The per-token values
+// do not depend on C (a token's embedding, LayerNorm and logits use its row only), so this is exact up to the
+// order of the sums.
+//
 // Parameter names (independent of AMPipe degree and EP size; expert tensors are sharded over EP by rows of dim 0):
 //   embedding.word_embeddings.weight      [V, h]
 //   embedding.position_embeddings.weight  [s, h]
@@ -55,15 +64,17 @@ class GptModel {
  public:
   GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* groups);
 
-  // tokens, targets: [s, b] int32 (T each). Runs the forward and returns the mean cross-entropy over the T
-  // tokens. token_base: global index of token 0 (keys dropout and gate noise).
+  // tokens, targets: [s, b] int32 (T each, the whole micro-batch on every rank). Runs the forward and returns the
+  // mean cross-entropy over the T tokens; context parallel: this rank's share of it (the sum of its s/C positions'
+  // cross-entropy / T; the sum over the cp ranks is the mean). token_base: global index of token 0 (keys dropout
+  // and gate noise; the same on every cp rank).
   double forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const { return stack_.aux_loss(); }
   // Backward of loss_scale * mean cross-entropy + d_aux * aux loss; gradients accumulate (+=). after_layer(i):
   // see schedule::LayerStack::backward (the gradients of "layers.{i}.*" are complete when it runs).
   void backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer = nullptr);
-  // Forward only (evaluation): mean cross-entropy; frees the layers' saved state.
+  // Forward only (evaluation): mean cross-entropy (context parallel: this rank's share, as forward).
   double evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
 
   std::vector<NamedParam>& params() { return params_; }
@@ -76,29 +87,37 @@ class GptModel {
   schedule::LayerStack& stack() { return stack_; }
 
  private:
-  void embed(std::span<const int32_t> tokens);
-  double head_forward(std::span<const int32_t> targets);
+  // Picks this rank's rows of tokens and targets ([s, b], natural order) into tokens_, targets_ (local order).
+  void take_rows(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+  void embed();
+  double head_forward();
 
   TrainConfig cfg_;
   int64_t s_, b_, T_, h_, V_;
+  int C_;          // context-parallel size
+  int64_t sl_, Tl_;  // this rank's positions s/C and tokens sl*b (C = 1: s, T)
+  std::vector<int64_t> pos_;  // [sl] global position of local row i (context_parallel.h's order at degree pos_M_)
+  int pos_M_ = 0;
   schedule::LayerStack stack_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, wout_;         // parameters ([V,h], [s,h], [h], [h], [V,h] or undefined)
   Tensor dwte_, dwpe_, dlnf_w_, dlnf_b_, dwout_;  // gradients
   std::vector<NamedParam> params_;
 
-  // Sequence parallel: between the embedding / head (every row, on every tp rank) and the layers (this rank's rows).
+  // Sequence parallel: between the embedding / head (every row of this cp rank, on every tp rank) and the layers
+  // (this tp rank's rows of them).
   Tensor to_layers(const Tensor& full, Tensor& local);   // this rank's rows of `full` (no SP: `full` itself)
-  Tensor from_layers(const Tensor& local, Tensor& full);  // every rank's rows, natural order (no SP: `local`)
+  Tensor from_layers(const Tensor& local, Tensor& full);  // every tp rank's rows, cp-local order (no SP: `local`)
 
   const comm::Groups* groups_;
   // Saved state of the micro-batch in flight.
-  std::vector<int32_t> tokens_, targets_;
+  // Below, s and T are this cp rank's sl and Tl (C = 1: the whole micro-batch), rows in the layer's order.
+  std::vector<int32_t> tokens_, targets_;  // [T] this rank's tokens and targets
   Tensor x0_;                    // [s, b, h] embedding output (layer 0 input, kept until the backward)
   Tensor xn_, lnf_mean_, lnf_rstd_, logits_, ce_loss_, lse_;  // [T, h], [T], [T], [T, V], [T], [T]
   Tensor dloss_, dxn_, dy_;      // [T], [T, h], [s, b, h]
-  Tensor y_;                     // [s, b, h] the last layer's output, every row
-  Tensor x_local_, dy_local_;    // sequence parallel: [s/t, b, h] this rank's rows of x0_ and dy_
-  Tensor gathered_, y_full_, dx_full_;  // sequence parallel: [s, b, h] all-gather target (rank order), natural order
+  Tensor y_;                     // [s, b, h] the last layer's output, every row of this cp rank
+  Tensor x_local_, dy_local_;    // sequence parallel: [s/t, b, h] this tp rank's rows of x0_ and dy_
+  Tensor gathered_, y_full_, dx_full_;  // sequence parallel: [s, b, h] all-gather target (rank order), cp-local order
   StepTimes times_;
   double last_flops_ = 0;
 };

@@ -14,9 +14,11 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   const model::LayerConfig& l = cfg.layer;
   const model::SizeFactor s{"--seq-length", l.seq_length}, b{"--micro-batch-size", l.micro_batch_size},
       h{"--hidden-size", l.hidden_size}, V{"the data's vocabulary", cfg.vocab_size};
-  const int64_t T = checked_elements("the tokens of a micro-batch", {s, b});
-  const int64_t Th = checked_elements("the [T, h] activation", {s, b, h});
-  const int64_t TV = checked_elements("the [T, V] logits", {s, b, V});
+  // The head's buffers hold this cp rank's s/C positions (gpt_model.h).
+  const model::SizeFactor sl{"--seq-length / --context-parallel-size", l.seq_length / std::max(1, l.cp())};
+  const int64_t T = checked_elements("the tokens of a micro-batch", {sl, b});
+  const int64_t Th = checked_elements("the [T, h] activation", {sl, b, h});
+  const int64_t TV = checked_elements("the [T, V] logits", {sl, b, V});
   const int64_t Vh = checked_elements("the [V, h] token embedding", {V, h});
   const int64_t sh = checked_elements("the [s, h] position embedding", {s, h});
 
@@ -37,8 +39,9 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   e.add("optimizer state (AdamW, 2 fp32 moments)", checked_mul(param_bytes, 2, "the optimizer state"));
   e.add("gradient all-reduce buffers", param_bytes);
 
-  // GptModel's buffers: x0, xn, dxn, dy [T, h]; logits [T, V]; five [T] vectors (LayerNorm statistics, per-token
-  // loss and log-sum-exp, loss gradient); sequence parallelism: two [T/t, h] local row sets and three [T, h] gathers.
+  // GptModel's buffers (T: this cp rank's tokens): x0, xn, dxn, dy [T, h]; logits [T, V]; five [T] vectors
+  // (LayerNorm statistics, per-token loss and log-sum-exp, loss gradient); sequence parallelism: two [T/t, h] local
+  // row sets and three [T, h] gathers.
   int64_t act = checked_add(checked_mul(Th, 4, "[T, h] buffers"), TV, "the head's buffers");
   act = checked_add(act, checked_mul(T, 5, "[T] buffers"), "the head's buffers");
   if (l.sp()) act = checked_add(act, checked_add(checked_mul(Th, 3, "sp"), 2 * (Th / l.tp()), "sp"), "sp");

@@ -280,8 +280,11 @@ IterationStats Trainer::train_step() {
   losses.set(2, float(dropped));
   losses.set(3, float(choices));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
+  // Context parallel: the lm loss of a micro-batch is split over its cp ranks (each returns its tokens' share), but
+  // every cp rank's aux loss is the whole sequence's (the layer reduces its routing statistics over cp), so the sum
+  // over dp x cp counts it cp times.
   st.lm_loss = losses.get(0) / double(G_ / b_);
-  st.aux_loss = losses.get(1) / double(G_ / b_);
+  st.aux_loss = losses.get(1) / double(G_ / b_) / double(g_.cp.size());
   st.drop_fraction = losses.get(3) > 0 ? losses.get(2) / losses.get(3) : 0.0;
   st.reduce_ms = ms_since(t_opt);
   {
@@ -374,6 +377,7 @@ void Trainer::save(int64_t iteration) {
                          "random state"}};
   j["saved_with"] = {{"ampipe_degree", cfg_.ampipe_degree},
                      {"expert_model_parallel_size", cfg_.layer.expert_model_parallel_size},
+                     {"context_parallel_size", cfg_.layer.context_parallel_size},
                      {"world_size", g_.world.size()}};
   save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
 }

@@ -2,11 +2,13 @@
 //
 // One iteration: the global batch of G sequences is cut into G/b micro-batches of b; data-parallel rank r runs
 // micro-batches [r*K, (r+1)*K), K = G/(b*dp), each forward and backward through GptModel (gradients accumulate).
+// The cp ranks of a data-parallel rank share its micro-batches (each runs its s/C positions, gpt_model.h), so the
+// data is cut by the dp rank alone and a micro-batch counts once however many cp ranks hold parts of it.
 // Micro-batch m of the iteration holds training samples consumed + m*b + [0, b) (text_data.h), and its token 0 has
 // global index (consumed + m*b) * s, which keys dropout and gate noise: so neither the AMPipe degree, nor the EP
 // size, nor the number of ranks, nor an interruption changes any random number. Then the gradients are summed over
 // the ranks that hold the same parameter (non-expert: dp_cp group; expert: edp group; each as one flat buffer)
-// and divided by G/b: the gradient of the mean over the global batch of (mean token cross-entropy +
+// and divided by G/b (the cp ranks' parts of a micro-batch's gradient add up to it): the gradient of the mean over the global batch of (mean token cross-entropy +
 // --moe-aux-loss-coeff x aux loss). Global gradient norm (each parameter counted once: non-expert tensors are
 // identical on every rank, expert shards are summed over the EP group), clipping to --clip-grad, AdamW step.
 #pragma once
