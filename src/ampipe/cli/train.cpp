@@ -179,6 +179,14 @@ int run_train(TrainFlags& flags) {
                                    "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
                                    "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
                                    l.moe_train_capacity_factor));
+    if (l.cp() > 1)
+      fmt::print("  context parallelism {} {}\n", l.cp(),
+                 l.moe_no_drop
+                     ? "equals cp 1 up to summation order: --moe-no-drop drops no token"
+                     : fmt::format("equals cp 1 only while no token is dropped: each cp rank routes its own s/cp = {} "
+                                   "positions (chunk by chunk) with its own capacity, so its drops may differ from cp "
+                                   "1's; --moe-no-drop makes it exact",
+                                   l.seq_length / l.cp()));
     fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
                data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
                data->valid_samples(), data->test_samples());
