@@ -124,7 +124,9 @@ nlohmann::json LayerFlags::to_json(const model::LayerConfig& c) const {
           {"pipe_experts_multi_data", c.pipe_experts_multi_data},
           {"tensor_model_parallel_size", c.tensor_model_parallel_size},
           {"sequence_parallel", c.sequence_parallel},
-          {"ampipe_tp_sp_comm_overlap", c.ampipe_tp_sp_comm_overlap}};
+          {"ampipe_tp_sp_comm_overlap", c.ampipe_tp_sp_comm_overlap},
+          {"context_parallel_size", c.context_parallel_size},
+          {"context_parallel_algo", c.context_parallel_algo}};
 }
 
 std::vector<int> parse_degree_list(const std::string& text) {
