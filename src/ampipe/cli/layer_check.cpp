@@ -1,11 +1,14 @@
 // `ampipe layer-check`: one forward and backward of one MoE layer on seeded random input and a seeded random
-// upstream gradient, on one rank or under mpirun with expert parallelism, with optional safetensors export.
+// upstream gradient, on one rank or under mpirun with expert, tensor (and sequence) and context parallelism, with
+// optional safetensors export.
 //
 // The global batch (--global-batch-size sequences, default micro-batch x data-parallel ranks) is cut into
 // micro-batches of --micro-batch-size; data-parallel rank r processes micro-batches [r*K, (r+1)*K). Micro-batch
 // m's loss is <grad_y_m, y_m> + coeff * l_aux_m; the exported gradients (x's and the parameters') are those of the
 // mean over all micro-batches (the data-parallel mean), so one rank with K micro-batches equals K ranks with one
-// each.
+// each. Tensor and context parallelism split each micro-batch: every rank of a data-parallel rank's tp x cp block
+// runs the same micro-batches on its rows (model::layer_rows), the outputs are put back in the natural order (tp,
+// then cp) and the parameter gradients summed over the rows' ranks, so the export equals one rank's.
 #include "ampipe/cli/layer_check.h"
 
 #include <sys/stat.h>
@@ -22,6 +25,7 @@
 #include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/core/safetensors.h"
+#include "ampipe/model/context_parallel.h"
 #include "ampipe/model/layer_params.h"
 #include "ampipe/model/layer.h"
 #include "ampipe/model/sequence_shard.h"
@@ -62,7 +66,7 @@ Tensor micro_batch_slice(const model::LayerConfig& cfg, int64_t G, int64_t m, ui
 }
 
 // Full [s, G, h] tensor from every data-parallel rank's K micro-batches ([K, s, b, h] each, in data-parallel
-// rank order: the dp_cp group of this rank's tp coordinate).
+// rank order: the dp group of this rank's tp and cp coordinates).
 Tensor gather_batch(const std::vector<Tensor>& mine, const comm::Group& world, int64_t G) {
   const int64_t K = int64_t(mine.size()), s = mine[0].size(0), b = mine[0].size(1), h = mine[0].size(2);
   Tensor packed = Tensor::empty({K, s, b, h});
@@ -97,7 +101,8 @@ int run_layer_check(LayerCheckArgs& a) {
   a.layer.check_pipe_experts(cfg, {M});
   if (rt.rank() == 0)
     for (const std::string& n : a.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), 1, cfg.expert_model_parallel_size);
+  // world = tp x cp x dp (Layout::make refuses a world not divisible by tp x cp, in one line)
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), cfg.cp(), cfg.expert_model_parallel_size);
   const int64_t b = cfg.micro_batch_size, dp = layout.dp;
   const int64_t G = a.global_batch_size > 0 ? a.global_batch_size : b * dp;
   if (G % (b * dp) != 0)
@@ -145,13 +150,25 @@ int run_layer_check(LayerCheckArgs& a) {
   std::vector<float> aux;
   int64_t dropped = 0, choices = 0;
   double step_s = 0, flops = 0;
-  // Sequence parallel: each tp rank feeds its rows (model/sequence_shard.h) and the outputs are put back together.
-  auto rows_of = [&](const Tensor& full) { return cfg.sp() ? model::sequence_shard(full, M, cfg.tp(), me.tp) : full; };
+  // Context and sequence parallelism: each rank feeds its rows (model::layer_rows: its cp blocks, then of those its
+  // tp rows with SP) and the outputs are put back in the natural order (all-gather over tp and sequence_unshard,
+  // then over cp and context_unshard).
+  auto rows_of = [&](const Tensor& full) {
+    return model::layer_rows(full, cfg.cp(), cfg.tp(), cfg.sp(), M, me.cp, me.tp);
+  };
   auto whole = [&](const Tensor& mine) {
-    if (!cfg.sp()) return mine.clone();
-    Tensor all = Tensor::empty({cfg.seq_length, b, cfg.hidden_size});
-    comm::all_gather_sync(groups.tp, mine, all, "sp_gather");
-    return model::sequence_unshard(all, M, cfg.tp());
+    Tensor v = mine.clone();
+    if (cfg.sp()) {
+      Tensor all = Tensor::empty({v.size(0) * cfg.tp(), b, cfg.hidden_size});
+      comm::all_gather_sync(groups.tp, v, all, "sp_gather");
+      v = model::sequence_unshard(all, M, cfg.tp());
+    }
+    if (cfg.cp() > 1) {
+      Tensor all = Tensor::empty({v.size(0) * cfg.cp(), b, cfg.hidden_size});
+      comm::all_gather_sync(groups.cp, v, all, "cp_gather");
+      v = model::context_unshard(all, M, cfg.cp());
+    }
+    return v;
   };
   for (int64_t j = 0; j < K; ++j) {
     const int64_t m = me.dp * K + j;
@@ -173,7 +190,9 @@ int run_layer_check(LayerCheckArgs& a) {
       }
   }
   // Data-parallel mean of the gradients: sum over the ranks that hold the same parameter, divide by the number
-  // of micro-batches of the global batch (expert gradients already sum over the EP group's tokens).
+  // of micro-batches of the global batch (expert gradients already sum over the EP group's tokens). A cp rank's
+  // gradients are sums over its rows' tokens, so the cp ranks are summed like the dp ranks (the dp_cp group; the
+  // edp group spans dp x cp too).
   const float inv = 1.0f / float(G / b);
   for (Tensor& dx : dxs)  // the loss is the mean over micro-batches, so x's gradient carries the factor too
     for (int64_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] *= inv;
@@ -188,11 +207,12 @@ int run_layer_check(LayerCheckArgs& a) {
   const int64_t total_dropped = comm::all_reduce_max(groups.world, dropped, "dropped");
 
   if (!a.export_dir.empty()) {
-    Tensor x_full = gather_batch(xs, groups.dp_cp, G), dy_full = gather_batch(dys, groups.dp_cp, G);
-    Tensor y_full = gather_batch(ys, groups.dp_cp, G), dx_full = gather_batch(dxs, groups.dp_cp, G);
+    // Every rank of a tp x cp block holds the same whole micro-batches: gather over dp only.
+    Tensor x_full = gather_batch(xs, groups.dp, G), dy_full = gather_batch(dys, groups.dp, G);
+    Tensor y_full = gather_batch(ys, groups.dp, G), dx_full = gather_batch(dxs, groups.dp, G);
     Tensor aux_mine = Tensor::from(aux, {K});
     Tensor aux_all = Tensor::empty({G / b});
-    comm::all_gather_sync(groups.dp_cp, aux_mine, aux_all, "export_aux");
+    comm::all_gather_sync(groups.dp, aux_mine, aux_all, "export_aux");
     core::TensorMap pmap, gmap;
     for (auto& [name, t] : params.named()) pmap[name] = t;
     for (auto& [name, t] : grads.named()) gmap[name] = t;
@@ -204,6 +224,7 @@ int run_layer_check(LayerCheckArgs& a) {
                                                     {"ampipe_degree", std::to_string(M)},
                                                     {"expert_model_parallel_size", std::to_string(layout.ep)},
                                                     {"tensor_model_parallel_size", std::to_string(layout.tp)},
+                                                    {"context_parallel_size", std::to_string(layout.cp)},
                                                     {"sequence_parallel", cfg.sp() ? "1" : "0"}};
       core::save_safetensors(a.export_dir + "/params.safetensors", pmap, meta);
       core::save_safetensors(a.export_dir + "/inputs.safetensors", {{"x", x_full}, {"grad_y", dy_full}}, meta);
@@ -214,11 +235,11 @@ int run_layer_check(LayerCheckArgs& a) {
   if (!a.trace_file.empty()) comm::Trace::write_chrome_trace(a.trace_file);
 
   if (rt.rank() == 0) {
-    fmt::print("ampipe layer-check: s={} b={} h={} F={} heads={} E={} top-{} {} | ranks={} tp={}{} ep={} dp={} "
+    fmt::print("ampipe layer-check: s={} b={} h={} F={} heads={} E={} top-{} {} | ranks={} tp={}{} cp={} ep={} dp={} "
                "micro-batches/rank={} ampipe-degree={}{}\n",
                cfg.seq_length, b, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads, cfg.num_experts,
                cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", rt.size(), layout.tp, cfg.sp() ? " (sequence parallel)" : "",
-               layout.ep, dp, K, M, cfg.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "");
+               layout.cp, layout.ep, dp, K, M, cfg.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "");
     fmt::print("  forward+backward: {:.1f} ms per micro-batch, {:.3f} TFLOP/s per rank, exposed comm {:.1f} ms\n",
                1e3 * step_s / double(K), flops / step_s / 1e12, stack.executor().stats().blocked_us / 1e3 / double(K));
     fmt::print("  |y| = {:.6g}   aux loss = {:.6g}   |dx| = {:.6g}   tokens dropped (max over ranks) = {} of {} "
