@@ -5,9 +5,14 @@
 // (docs/design.md, "How we measure"):
 //   step     wall time of forward + backward (median, and min..max over the repetitions)
 //   compute  time inside compute stages (executor)
-//   comm     the step's all-to-alls run alone, back to back on the ep lane, with nothing else running
-//   exposed  time compute was blocked waiting on communication
-//   hidden   (serial - step) / min(compute, comm), serial = compute + comm
+//   comm     the step's all-to-alls run alone, back to back on the ep lane, with nothing else running; likewise
+//            the tensor-parallel collectives (tp and etp lanes) and, with context parallelism, the K/V ring's steps
+//            (the cp lane's send_recvs, forward and backward), each lane alone
+//   exposed  time compute was blocked waiting on communication; per lane from the step's wait records
+//            (comm/trace.h: every blocking wait names the task it waited for, so its lane): the all-to-alls', the
+//            ring's and the tp collectives' exposed time (a wait on two lanes at once counts for the one waited on)
+//   hidden   (serial - step) / min(compute, comm), serial = compute + comm (comm: every lane's, alone); per lane
+//            1 - exposed(lane) / comm(lane alone): the share of the ring's (or the all-to-alls') time the step hid
 //   speed-up step(degree 1) / step(this degree), TFLOP/s (causal attention counted as such), and memory: the
 //   step's peak growth (peak RSS during the step minus RSS when it started: what the step's activations,
 //   contexts and buffers need) next to the absolute peak RSS, and the planned memory of the stack (its Plans'
@@ -19,6 +24,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "ampipe/cli/auto_degree.h"
@@ -102,7 +108,8 @@ struct ConfigResult {
   int degree = 1;
   int pipe_n = 0;  // pipe-experts slices per expert; 0: without pipe-experts
   int tp_overlap = 0;  // --ampipe-tp-sp-comm-overlap
-  std::vector<double> step_s, compute_s, comm_s, comm_tp_s, exposed_s;
+  std::vector<double> step_s, compute_s, comm_s, comm_tp_s, comm_cp_s, exposed_s;
+  std::vector<double> exposed_ep_s, exposed_cp_s, exposed_tp_s;  // compute blocked on that lane's tasks
   double flops = 0;
   int64_t peak_rss = 0;
   int64_t peak_growth = 0;  // max over repetitions of (peak RSS during the step - RSS at its start)
@@ -110,23 +117,65 @@ struct ConfigResult {
   double predicted_s = 0;   // the simulator's step for the same Plans (--sim-profile), 0 without
 };
 
-// One lane's collectives alone: the same Plan tasks and buffers, in Plan order, back to back on their lane (ep: the
-// all-to-alls; tp: every tensor-parallel collective, the experts' on the etp lane included).
-double time_comm_alone(schedule::LayerStack& st, const comm::Group& group, comm::Lane lane) {
+// Which timed class of communication a Plan task belongs to (the lanes time_comm_alone times): the EP all-to-alls,
+// the context-parallel ring's steps, every tensor-parallel collective (the experts' etp lane included), or none
+// (the small capacity all-gathers of --moe-no-drop, the cp gate-statistics all-reduce, compute).
+enum class CommClass { none, ep, cp, tp };
+CommClass comm_class(const schedule::Task& t) {
+  if (!t.is_collective()) return CommClass::none;
+  switch (t.lane) {
+    case comm::Lane::ep:
+      return t.collective->kind == schedule::CollKind::all_to_all ? CommClass::ep : CommClass::none;
+    case comm::Lane::cp:
+      return t.collective->kind == schedule::CollKind::send_recv ? CommClass::cp : CommClass::none;
+    case comm::Lane::tp:
+    case comm::Lane::etp: return CommClass::tp;
+    default: return CommClass::none;
+  }
+}
+
+// One class's collectives alone: the same Plan tasks and buffers, in Plan order, back to back on their lane (ep: the
+// all-to-alls; tp: every tensor-parallel collective, the experts' on the etp lane included; cp: the ring's steps).
+double time_comm_alone(schedule::LayerStack& st, const comm::Group& group, CommClass cls) {
   if (group.size() == 1) return 0.0;
   comm::barrier_sync(group, "comm_alone.start");
   const auto t0 = Clock::now();
   std::vector<comm::Event> evs;
   for (int i = 0; i < st.num_layers(); ++i)
     for (const schedule::Task& t : st.plan(i).tasks) {
-      // compute tasks are skipped, and so are the tiny capacity all-gathers of --moe-no-drop
-      if (!t.is_collective() || (t.lane != lane && !(lane == comm::Lane::tp && t.lane == comm::Lane::etp))) continue;
-      if (lane == comm::Lane::ep && t.collective->kind != schedule::CollKind::all_to_all) continue;
+      // compute tasks are skipped, and so are the tiny capacity all-gathers of --moe-no-drop and the cp statistics
+      if (comm_class(t) != cls) continue;
       evs.push_back(st.executor().issue(t, st.layer(i), {}, "alone." + t.name()));
     }
   comm::wait_all(evs);
   return seconds_since(t0);
 }
+
+// Exposed time per class from the step's trace: Event::wait records "wait:<tag>" (the task's name) on the compute
+// lane for every wait that blocked; the task's class says whose wait it was.
+struct Exposed {
+  double ep = 0, cp = 0, tp = 0;
+};
+Exposed exposed_by_class(const schedule::LayerStack& st, const std::vector<comm::TraceRecord>& records) {
+  std::map<std::string, CommClass> cls;
+  for (int i = 0; i < st.num_layers(); ++i)
+    for (const schedule::Task& t : st.plan(i).tasks)
+      if (t.is_collective()) cls[t.name()] = comm_class(t);
+  Exposed e;
+  for (const comm::TraceRecord& r : records) {
+    if (r.cat != "wait" || r.name.compare(0, 5, "wait:") != 0) continue;
+    const auto it = cls.find(r.name.substr(5));
+    if (it == cls.end()) continue;
+    const double s = double(r.end_us - r.start_us) * 1e-6;
+    if (it->second == CommClass::ep) e.ep += s;
+    if (it->second == CommClass::cp) e.cp += s;
+    if (it->second == CommClass::tp) e.tp += s;
+  }
+  return e;
+}
+
+// 1 - exposed / alone: the share of a class's communication the step hid (0 without that communication).
+double lane_hidden(double exposed, double alone) { return alone > 0 ? 1.0 - exposed / alone : 0.0; }
 
 }  // namespace
 
@@ -161,7 +210,8 @@ int run_bench_layer(BenchLayerArgs& a) {
   if (a.iters < 1 || a.warmup < 0)
     throw ConfigError(fmt::format("--iters {} / --warmup {} are invalid: need iters >= 1, warmup >= 0", a.iters,
                                   a.warmup));
-  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), 1, cfg.expert_model_parallel_size);
+  // world = tp x cp x dp (Layout::make refuses a world not divisible by tp x cp, in one line)
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), cfg.cp(), cfg.expert_model_parallel_size);
   (void)a.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
   comm::Groups groups = rt.make_groups(layout);
   {
@@ -248,11 +298,13 @@ int run_bench_layer(BenchLayerArgs& a) {
     mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
     check_memory_fits(mem, rss_now, a.memory, groups.world);
   }
-  // Sequence parallel: this tp rank's rows (the layout differs by degree, but any rows will do for timing).
-  const Shape act{cfg.seq_length / (cfg.sp() ? cfg.tp() : 1), cfg.micro_batch_size, cfg.hidden_size};
+  // Context and sequence parallel: this rank's rows, s / cp (/ tp with SP) of them (the layout differs by degree,
+  // but any rows will do for timing: each rank draws its own share of the micro-batch's numbers).
+  const int64_t tp_rows = cfg.sp() ? cfg.tp() : 1;
+  const Shape act{cfg.seq_length / cfg.cp() / tp_rows, cfg.micro_batch_size, cfg.hidden_size};
   Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
   const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
-  const int64_t base = cfg.sp() ? int64_t(me.tp) * x.numel() : 0;
+  const int64_t base = (int64_t(me.cp) * tp_rows + (cfg.sp() ? me.tp : 0)) * x.numel();
   for (int64_t i = 0; i < x.numel(); ++i) {
     x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
     dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
@@ -271,14 +323,18 @@ int run_bench_layer(BenchLayerArgs& a) {
     }
   }
   const bool tracing = !a.trace_file.empty();
+  // Every timed step is traced (its wait records give each lane's exposed time); the --trace file gets the last
+  // repetition of every configuration, kept aside here and recorded again before it is written.
+  std::vector<comm::TraceRecord> kept;
   for (int rep = 0; rep < a.warmup + a.iters; ++rep)
     for (size_t c = 0; c < res.size(); ++c) {
       st.replan(res[c].degree, res[c].pipe_n, res[c].tp_overlap);
       const bool timed = rep >= a.warmup, last = rep == a.warmup + a.iters - 1;
-      comm::Trace::set_enabled(tracing && last);
       st.executor().reset_stats();
       st.zero_grads();
       comm::barrier_sync(groups.world, "bench.rep");
+      comm::Trace::clear();
+      comm::Trace::set_enabled(timed);
       reset_peak_rss();
       const int64_t rss0 = current_rss();
       const auto t0 = Clock::now();
@@ -292,55 +348,76 @@ int run_bench_layer(BenchLayerArgs& a) {
                             -1,
                             comm::Trace::to_us(t0), comm::Trace::now_us(), 0, 0, "step");
       comm::Trace::set_enabled(false);
-      const double comm_alone = time_comm_alone(st, groups.ep, comm::Lane::ep);
-      const double comm_tp_alone = time_comm_alone(st, groups.tp, comm::Lane::tp);
+      const std::vector<comm::TraceRecord> records = comm::Trace::snapshot();
+      if (tracing && last) kept.insert(kept.end(), records.begin(), records.end());
+      const double comm_alone = time_comm_alone(st, groups.ep, CommClass::ep);
+      const double comm_tp_alone = time_comm_alone(st, groups.tp, CommClass::tp);
+      const double comm_cp_alone = time_comm_alone(st, groups.cp, CommClass::cp);
       if (timed) {
+        const Exposed ex = exposed_by_class(st, records);
         ConfigResult& r = res[c];
         r.step_s.push_back(step);
         r.compute_s.push_back(double(st.executor().stats().compute_us) * 1e-6);
         r.exposed_s.push_back(double(st.executor().stats().blocked_us) * 1e-6);
         r.comm_s.push_back(comm_alone);
         r.comm_tp_s.push_back(comm_tp_alone);
+        r.comm_cp_s.push_back(comm_cp_alone);
+        r.exposed_ep_s.push_back(ex.ep);
+        r.exposed_cp_s.push_back(ex.cp);
+        r.exposed_tp_s.push_back(ex.tp);
         r.flops = st.flops();
         r.planned = st.planned_bytes();
         r.peak_rss = std::max(r.peak_rss, peak_rss());
         r.peak_growth = std::max(r.peak_growth, peak_rss() - rss0);
       }
     }
-  if (tracing) comm::Trace::write_chrome_trace(a.trace_file);
+  comm::Trace::clear();
+  if (tracing) {
+    comm::Trace::set_enabled(true);
+    for (comm::TraceRecord& r : kept) comm::Trace::record(std::move(r));
+    comm::Trace::set_enabled(false);
+    comm::Trace::write_chrome_trace(a.trace_file);
+  }
 
   // Report from rank 0 (every rank ran the same configurations; rank 0's timings stand for the step).
   if (rt.rank() != 0) return 0;
   const double base_step = median(res[0].step_s);
   nlohmann::json out = nlohmann::json::array();
-  const bool tp = cfg.tp() > 1;
-  fmt::print("ampipe bench-layer: s={} b={} h={} F={} heads={} E={} top-{} {} layers={} | ranks={} {}ep={} | "
+  const bool tp = cfg.tp() > 1, cp = cfg.cp() > 1, ep = layout.ep > 1;
+  fmt::print("ampipe bench-layer: s={} b={} h={} F={} heads={} E={} top-{} {} layers={} | ranks={} {}{}ep={} | "
              "{} warm-up + {} timed repetitions, interleaved\n",
              cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(),
-             tp ? fmt::format("tp={}{} ", cfg.tp(), cfg.sp() ? " (sequence parallel)" : "") : "", layout.ep, a.warmup,
-             a.iters);
+             tp ? fmt::format("tp={}{} ", cfg.tp(), cfg.sp() ? " (sequence parallel)" : "") : "",
+             cp ? fmt::format("cp={} ", cfg.cp()) : "", layout.ep, a.warmup, a.iters);
   for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
-  // comm ms: the all-to-alls alone; tp comm ms: the tensor-parallel collectives alone; hidden: the share of the
-  // smaller of compute and (all communication) that the step hides, (compute + comm + tp comm - step) / min.
-  fmt::print("{:>6} {:>3}{} {:>10} {:>17} {:>10} {:>10}{} {:>10} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}{}\n", "degree",
-             "N", tp ? " tp-ov" : "", "step ms", "min..max", "compute ms", "comm ms", tp ? " tp comm ms" : "",
-             "exposed ms", "hidden", "speedup", "TFLOP/s", "step +MiB", "peak MiB", "plan MiB",
+  // comm ms: the all-to-alls alone; tp comm ms: the tensor-parallel collectives alone; ring ms: the cp ring's steps
+  // alone; hidden: the share of the smaller of compute and (all communication) that the step hides,
+  // (compute + comm + tp comm + ring - step) / min; a2a / ring / tp hid: per class, 1 - exposed / alone.
+  fmt::print("{:>6} {:>3}{} {:>10} {:>17} {:>10} {:>10}{}{} {:>10} {:>7}{}{}{} {:>8} {:>8} {:>10} {:>9} {:>9}{}\n",
+             "degree", "N", tp ? " tp-ov" : "", "step ms", "min..max", "compute ms", "comm ms",
+             tp ? " tp comm ms" : "", cp ? "    ring ms" : "", "exposed ms", "hidden", ep ? " a2a hid" : "",
+             cp ? " ring hid" : "", tp ? "  tp hid" : "", "speedup", "TFLOP/s", "step +MiB", "peak MiB", "plan MiB",
              a.sim_profile.empty() ? "" : " predicted ms  error");
   for (const ConfigResult& r : res) {
     const double step = median(r.step_s), comp = median(r.compute_s), comm_ep = median(r.comm_s),
-                 comm_tp = median(r.comm_tp_s), exposed = median(r.exposed_s);
-    const double comm_t = comm_ep + comm_tp;
+                 comm_tp = median(r.comm_tp_s), comm_cp = median(r.comm_cp_s), exposed = median(r.exposed_s);
+    const double exp_ep = median(r.exposed_ep_s), exp_cp = median(r.exposed_cp_s), exp_tp = median(r.exposed_tp_s);
+    const double hid_ep = lane_hidden(exp_ep, comm_ep), hid_cp = lane_hidden(exp_cp, comm_cp),
+                 hid_tp = lane_hidden(exp_tp, comm_tp);
+    const double comm_t = comm_ep + comm_tp + comm_cp;
     const double lo = *std::min_element(r.step_s.begin(), r.step_s.end());
     const double hi = *std::max_element(r.step_s.begin(), r.step_s.end());
     const double mn = std::min(comp, comm_t);
     const double hidden = mn > 0 ? (comp + comm_t - step) / mn : 0.0;
     fmt::print(
-        "{:>6} {:>3}{} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f}{} {:>10.2f} {:>7.2f} {:>8.3f} {:>8.4f} {:>10.1f} "
-        "{:>9.1f} {:>9.1f}{}\n",
+        "{:>6} {:>3}{} {:>10.2f} {:>8.2f}..{:<8.2f} {:>10.2f} {:>10.2f}{}{} {:>10.2f} {:>7.2f}{}{}{} {:>8.3f} {:>8.4f} "
+        "{:>10.1f} {:>9.1f} {:>9.1f}{}\n",
         r.degree, r.pipe_n, tp ? fmt::format(" {:>5}", r.tp_overlap ? "on" : "off") : "", 1e3 * step, 1e3 * lo,
-        1e3 * hi, 1e3 * comp, 1e3 * comm_ep, tp ? fmt::format(" {:>10.2f}", 1e3 * comm_tp) : "", 1e3 * exposed, hidden,
-        base_step / step,
+        1e3 * hi, 1e3 * comp, 1e3 * comm_ep, tp ? fmt::format(" {:>10.2f}", 1e3 * comm_tp) : "",
+        cp ? fmt::format(" {:>10.2f}", 1e3 * comm_cp) : "", 1e3 * exposed, hidden,
+        ep ? fmt::format(" {:>7.2f}", hid_ep) : "", cp ? fmt::format(" {:>8.2f}", hid_cp) : "",
+        tp ? fmt::format(" {:>7.2f}", hid_tp) : "", base_step / step,
         r.flops / step / 1e12, double(r.peak_growth) / (1 << 20), double(r.peak_rss) / (1 << 20),
         double(r.planned) / (1 << 20),
         r.predicted_s > 0 ? fmt::format(" {:>12.2f} {:>+6.1f}%", 1e3 * r.predicted_s, 100 * (r.predicted_s / step - 1))
@@ -357,8 +434,15 @@ int run_bench_layer(BenchLayerArgs& a) {
                    {"tp_overlap", r.tp_overlap},
                    {"comm_alone_ms", 1e3 * comm_ep},
                    {"comm_tp_alone_ms", 1e3 * comm_tp},
+                   {"comm_cp_ring_alone_ms", 1e3 * comm_cp},
                    {"exposed_ms", 1e3 * exposed},
+                   {"exposed_ep_ms", 1e3 * exp_ep},
+                   {"exposed_cp_ring_ms", 1e3 * exp_cp},
+                   {"exposed_tp_ms", 1e3 * exp_tp},
                    {"hidden_fraction", hidden},
+                   {"ep_hidden_fraction", hid_ep},
+                   {"cp_ring_hidden_fraction", hid_cp},
+                   {"tp_hidden_fraction", hid_tp},
                    {"speedup", base_step / step},
                    {"tflops", r.flops / step / 1e12},
                    {"peak_rss_bytes", r.peak_rss},
