@@ -14,7 +14,7 @@
 # Writes OUTDIR/{probe,cp-ring}.{json,txt}, OUTDIR/summary.md (the markdown table) and prints the summary.
 # Environment: BUILD=build-bench PROBE_RATE=1000 (mbit) WARMUP=1 ITERS=3 DEGREES=1,2,4 LAYER="..." (layer flags).
 # Timings are only worth reporting on an otherwise idle machine: the summary records how many compiler processes
-# (cc1plus) were running when the measured run started.
+# (cc1plus) were running when the measured run started and when it ended.
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
 ROOT=$(dirname "$HERE")
@@ -52,6 +52,7 @@ rate=$(json_get "$probe" \
 netns_set_rate "${rate}mbit"
 busy=$(pgrep -c cc1plus || true)
 run "$OUT/cp-ring.json" "$DEGREES" "$WARMUP" "$ITERS" > "$OUT/cp-ring.txt" 2>&1 || { cat "$OUT/cp-ring.txt"; exit 1; }
+busy="$busy/$(pgrep -c cc1plus || true)"
 
 $PY - "$OUT/cp-ring.json" "$rate" "$PROBE_RATE" "$busy" "$(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores" \
   "$(echo $LAYER)" "$WARMUP" "$ITERS" > "$OUT/summary.md" <<'PYEOF'
@@ -61,8 +62,8 @@ d = json.load(open(path))
 r = d["results"]
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 print(f"# Context-parallel ring benchmark, {now}\n")
-print(f"- CPU: {cpu}; compiler processes running at the start of the measured run: {busy}"
-      + ("" if busy in ("", "0") else " (timings NOT valid: the machine was busy)"))
+print(f"- CPU: {cpu}; compiler processes running at the start / end of the measured run: {busy}"
+      + ("" if busy == "0/0" else " (timings NOT valid: the machine was busy)"))
 print(f"- layer: `{layer}` --context-parallel-size 2 --expert-model-parallel-size 2")
 print(f"- 2 ranks, one per network namespace; cp 2 and EP 2 share one veth link shaped to {rate} mbit "
       f"(probe at {probe} mbit: ring + all-to-all alone about equal to degree 1's compute)")
