@@ -150,6 +150,20 @@ TEST(Collectives, SendRecvRing) {
   }
 }
 
+TEST(Collectives, RingShiftMovesEveryRanksBlockOneStep) {
+  // the context-parallel ring step: to r+1, from r-1, as one sparse all-to-all-v; large enough for rendezvous
+  const Group& g = groups().world;
+  const int n = g.size(), me = g.rank();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor out = Tensor::empty({30000}, dt), in = Tensor::zeros({30000}, dt);
+    for (int64_t i = 0; i < out.numel(); ++i) out.set(i, val(me, 5, i % 97));
+    Issue how;
+    how.lane = Lane::cp;
+    ring_shift(g, out, in, "test.ring_shift", how).wait(30s);
+    for (int64_t i = 0; i < in.numel(); ++i) ASSERT_EQ(in.get(i), val((me + n - 1) % n, 5, i % 97)) << i;
+  }
+}
+
 TEST(Collectives, SendAndRecvOnTwoLanes) {
   // Messages match per lane (each lane has its own communicator). Within an ep pair, group rank 0 sends on the ep
   // lane and receives on the cp lane, rank 1 the other way round, so neither lane waits for the other.

@@ -267,6 +267,18 @@ Event send_recv(const Group& g, Tensor out, int dst, Tensor in, int src, std::st
   return submit(std::move(op));
 }
 
+Event ring_shift(const Group& g, Tensor out, Tensor in, std::string tag, const Issue& how) {
+  require(out, "send", tag);
+  require(in, "recv", tag);
+  const int n = g.size(), r = g.rank();
+  SplitCounts counts;
+  counts.send.assign(size_t(n), 0);
+  counts.recv.assign(size_t(n), 0);
+  counts.send[size_t((r + 1) % n)] = out.numel();
+  counts.recv[size_t((r + n - 1) % n)] = in.numel();
+  return all_to_all(g, std::move(out), std::move(in), counts, std::move(tag), how);
+}
+
 void wait_all(const std::vector<Event>& events) {
   for (const Event& e : events) e.wait();
 }

@@ -66,8 +66,14 @@ Event barrier(const Group& g, std::string tag, const Issue& how = {});
 // messages between a pair on one lane match in issue order.
 Event send(const Group& g, Tensor t, int peer, std::string tag, const Issue& how = {});
 Event recv(const Group& g, Tensor t, int peer, std::string tag, const Issue& how = {});
-// One op: send `out` to dst and receive `in` from src (a ring step).
+// One op: send `out` to dst and receive `in` from src.
 Event send_recv(const Group& g, Tensor out, int dst, Tensor in, int src, std::string tag, const Issue& how = {});
+// A ring step, collective over the group: every rank sends `out` to group rank r+1 and receives `in` from r-1
+// (mod size), posted as one sparse all-to-all-v (one non-empty block each way). Measured over a rate-limited TCP
+// link (two ranks in two network namespaces, 16 MiB each way): the pair of Isend/Irecv that send_recv posts from
+// the engine thread took 1.75-2x the line time in about half of the transfers, the sparse all-to-all-v never
+// (docs/communication.md).
+Event ring_shift(const Group& g, Tensor out, Tensor in, std::string tag, const Issue& how = {});
 
 // Blocking conveniences for setup code: issue, then wait with the runtime's timeout.
 void wait_all(const std::vector<Event>& events);

@@ -61,10 +61,7 @@ comm::Event Executor::issue(const Task& t, model::Layer& layer, std::vector<comm
     case CollKind::all_gather: return comm::all_gather(*g, send, recv, tag, how);
     case CollKind::reduce_scatter: return comm::reduce_scatter(*g, send, recv, comm::Reduce::sum, tag, how);
     case CollKind::all_reduce: return comm::all_reduce(*g, recv, comm::Reduce::sum, tag, how);
-    case CollKind::send_recv: {  // one ring step: to the next group rank, from the previous one
-      const int n = g->size(), r = g->rank();
-      return comm::send_recv(*g, send, (r + 1) % n, recv, (r + n - 1) % n, tag, how);
-    }
+    case CollKind::send_recv: return comm::ring_shift(*g, send, recv, tag, how);  // to rank r+1, from r-1
   }
   AMPIPE_CHECK(false, "{}: unknown collective kind", tag);
   return {};
