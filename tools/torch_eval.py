@@ -156,7 +156,7 @@ def main(argv=None) -> int:
           f"(per layer: {' '.join(str(d) for d in stats.per_layer_dropped)}) | aux loss (sum over layers, mean "
           f"over micro-batches): {stats.aux_loss / (iters * G // b):.4E} |")
     if a.test:
-        t_iters = min(a.eval_iters, splits.n_test // G)
+        t_iters = min(iters, splits.n_test // G)  # as ampipe: --eval-iters after the validation cap
         if t_iters > 0:
             tl = tg.evaluate(model, splits, t_iters, G, b, test=True)
             print(f" test loss at iteration {it} | lm loss value: {tl:.6E} | lm loss PPL: "
