@@ -11,6 +11,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2                                # network namespaces + tbf for the overlap benchmarks
   python3 python3-numpy python3-matplotlib # independent numpy check, plots
+  python3-torch                           # the PyTorch loader, tools/torch_eval.py (its test: cli.torch_loader.*)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,0 +1,481 @@
+"""The GPT-MoE of `ampipe train` in PyTorch, written from docs/layer.md and docs/training.md.
+
+What is here (each piece cites the section of the docs it follows):
+  * read_safetensors: the safetensors format (docs/layer.md §10) without the `safetensors` package;
+  * Philox-4x32-10 (docs/layer.md §3) in numpy uint64 arithmetic: the keys of random token selection and of the
+    initialisation;
+  * GptMoE: token + learned position embedding, pre-LN MoE blocks (docs/layer.md §4-§7), final LayerNorm, LM head
+    (tied or untied), cross-entropy (docs/training.md "Model"). Its state_dict keys are the checkpoint's tensor
+    names, so `model.load_state_dict(read_safetensors(".../model.safetensors")[0])` loads an `ampipe train` checkpoint;
+  * the DeepSpeed-MoE gate of docs/layer.md §6 (top-1 / top-2, capacity per routing group, random token selection,
+    first-come-first-served slots, the top-2 renormalisation), in evaluation mode only: no dropout, no gate noise
+    (Jitter, RSample), as `ampipe train` evaluates (docs/training.md "Data");
+  * the data: the bundled corpus or --data-path (plain text, byte-level; llm.c token files), the --split and the
+    validation / test samples (docs/training.md "Data", src/ampipe/train/text_data.h).
+
+Activations use ampipe's [s, b, h] layout: token t = position * b + sequence is row t of a micro-batch, and row t of
+micro-batch m has the global index m * s * b + t that keys random token selection.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ------------------------------------------------------------------------------------------ safetensors
+
+
+def read_safetensors(path: str, dtype=torch.float32):
+    """({name: tensor}, metadata) of a safetensors file: an 8-byte little-endian header length N, a JSON header of
+    N bytes ({name: {dtype, shape, data_offsets}}, "__metadata__"), then the raw little-endian data. F32 and BF16."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: not a safetensors file ({len(raw)} bytes)")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if 8 + n > len(raw):
+        raise ValueError(f"{path}: header length {n} runs past the end of the file ({len(raw)} bytes)")
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    meta = header.pop("__metadata__", {})
+    data = memoryview(raw)[8 + n:]
+    out = {}
+    for name, info in header.items():
+        b, e = info["data_offsets"]
+        if info["dtype"] == "F32":
+            a = np.frombuffer(data[b:e], dtype="<f4").astype(np.float32)
+        elif info["dtype"] == "BF16":
+            a = (np.frombuffer(data[b:e], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name}: dtype {info['dtype']} is not supported (F32, BF16)")
+        out[name] = torch.from_numpy(a.reshape(info["shape"]).copy()).to(dtype)
+    return out, meta
+
+
+# ------------------------------------------------------------------------------- Philox (docs/layer.md §3)
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+PURPOSE = dict(attn_dropout=1, mlp_dropout=2, gate_jitter=3, gate_rsample=4, gate_rts=5, init=16, data=17)
+MODEL_KEY_LAYER = 0xFFFFFF  # the Philox layer field of the embedding-level parameters (src/ampipe/train/gpt_model.h)
+
+
+def philox_u32(seed: int, layer: int, purpose: int, token, feature) -> np.ndarray:
+    """Word (feature & 3) of Philox-4x32-10(counter (feature >> 2, token lo, layer << 8 | purpose, token hi),
+    key (seed lo, seed hi)); token and feature broadcast (numpy integer arrays)."""
+    token, feature = np.broadcast_arrays(np.asarray(token, dtype=np.uint64), np.asarray(feature, dtype=np.uint64))
+    c0, c1 = feature >> np.uint64(2), token & _MASK32
+    c2 = np.full(c0.shape, ((layer << 8) | purpose) & 0xFFFFFFFF, dtype=np.uint64)
+    c3 = token >> np.uint64(32)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0 = _M0 * c0  # < 2^64: exact in uint64
+        p1 = _M1 * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _MASK32
+        k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
+    return np.choose((feature & np.uint64(3)).astype(np.int64), (c0, c1, c2, c3))
+
+
+def philox_uniform(seed, layer, purpose, token, feature) -> np.ndarray:
+    """(u32 >> 8) * 2^-24: a multiple of 2^-24 in [0, 1), exact in float32 and float64."""
+    return (philox_u32(seed, layer, purpose, token, feature) >> np.uint64(8)).astype(np.float64) * 2.0 ** -24
+
+
+def philox_normal_f32(seed, layer, purpose, token, count: int) -> np.ndarray:
+    """Normals f = 0..count-1 (Box-Muller, cosine branch, uniforms at features 2f and 2f+1, float64 rounded to
+    float32)."""
+    f = np.arange(count, dtype=np.uint64)
+    u1 = 1.0 - philox_uniform(seed, layer, purpose, token, np.uint64(2) * f)
+    u2 = philox_uniform(seed, layer, purpose, token, np.uint64(2) * f + np.uint64(1))
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------ the model
+
+
+@dataclass
+class ModelConfig:
+    """The model and routing settings, named as `ampipe train`'s flags (metadata.json's "config" keys)."""
+    num_layers: int = 2
+    seq_length: int = 128
+    hidden_size: int = 128
+    ffn_hidden_size: int = 256
+    num_attention_heads: int = 4
+    num_experts: int = 4
+    vocab_size: int = 256
+    moe_router_topk: int = 2
+    moe_train_capacity_factor: float = 1.25
+    moe_min_capacity: int = 4
+    moe_no_drop: bool = False
+    use_rts: bool = True
+    swiglu: bool = False
+    untie_embeddings_and_output_weights: bool = False
+    init_method_std: float = 0.02
+    seed: int = 1234
+    layernorm_epsilon: float = 1e-5
+    # Routing groups of one micro-batch (docs/layer.md §6 and §11): the gate routes each AMPipe chunk of each
+    # rank's rows with its own capacity. The checkpoint does not record tp, sp or cp (see routing_groups).
+    ampipe_degree: int = 1
+    sequence_parallel_size: int = 1   # --tensor-model-parallel-size with --sequence-parallel, else 1
+    context_parallel_size: int = 1
+
+    @staticmethod
+    def from_checkpoint(config: dict, vocab_size: int) -> "ModelConfig":
+        c = ModelConfig(vocab_size=vocab_size)
+        for k in ("num_layers", "seq_length", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_experts",
+                  "moe_router_topk", "moe_min_capacity", "seed", "ampipe_degree"):
+            if k in config:
+                setattr(c, k, int(config[k]))
+        for k in ("moe_train_capacity_factor", "init_method_std"):
+            if k in config:
+                setattr(c, k, float(config[k]))
+        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights"):
+            if k in config:
+                setattr(c, k, bool(config[k]))
+        if "no_use_rts" in config:
+            c.use_rts = not bool(config["no_use_rts"])
+        return c
+
+
+def capacity(S: int, E: int, k: int, cf: float, min_cap: int) -> int:
+    """docs/layer.md §6.4: ceil(fp32(fp32(S/E) * fp32(k*cf))), at least min_cap, at most S (DeepSpeed's _capacity)."""
+    prod = np.float32(np.float32(S / E) * np.float32(k * cf))
+    if not prod < np.float32(S):
+        return S
+    return min(max(int(math.ceil(float(prod))), min_cap), S)
+
+
+class _Weight(nn.Module):
+    """One named weight (so that the state_dict key ends in ".weight", as the checkpoint's names do)."""
+
+    def __init__(self, *shape):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(*shape))
+
+
+class Attention(nn.Module):
+    """docs/layer.md §4.2: causal multi-head self-attention, qkv columns [q | k | v], head i in columns
+    [i*d, (i+1)*d) of each; scale 1/sqrt(d); no bias, no attention dropout."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        h = c.hidden_size
+        self.n = c.num_attention_heads
+        self.qkv = nn.Linear(h, 3 * h, bias=False)
+        self.proj = nn.Linear(h, h, bias=False)
+
+    def forward(self, x):  # x [s, b, h]
+        s, b, h = x.shape
+        n, d = self.n, h // self.n
+        qkv = self.qkv(x)
+        q, k, v = (qkv[..., i * h:(i + 1) * h].reshape(s, b, n, d).permute(1, 2, 0, 3) for i in range(3))  # [b,n,s,d]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        p = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        o = (p @ v).permute(2, 0, 1, 3).reshape(s, b, h)
+        return self.proj(o)
+
+
+class Experts(nn.Module):
+    """docs/layer.md §2, §4.3, §6.8: fc1 [E, F, h] (GeLU, exact erf form) or [E, 2F, h] (SwiGLU: rows [0, F) the
+    SiLU branch, [F, 2F) the linear branch), fc2 [E, h, F]."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        E, h, Fh = c.num_experts, c.hidden_size, c.ffn_hidden_size
+        self.swiglu = c.swiglu
+        self.fc1 = _Weight(E, 2 * Fh if c.swiglu else Fh, h)
+        self.fc2 = _Weight(E, h, Fh)
+
+    def forward(self, e: int, rows):
+        h1 = rows @ self.fc1.weight[e].t()
+        if self.swiglu:
+            a, g = h1.chunk(2, dim=-1)
+            act = F.silu(a) * g
+        else:
+            act = F.gelu(h1)
+        return act @ self.fc2.weight[e].t()
+
+
+@dataclass
+class RoutingStats:
+    choices: int = 0   # (token, k) choices routed
+    dropped: int = 0   # of them, those that found their expert's capacity full
+    aux_loss: float = 0.0  # sum over layers and micro-batches of l_aux (docs/layer.md §6.7, no coefficient)
+    per_layer_dropped: list = field(default_factory=list)
+
+
+class MoE(nn.Module):
+    """docs/layer.md §6 in evaluation mode: gate input = LN2 output (no jitter), logits = x Wg^T, fp-softmax; first
+    choice argmax (ties -> lower index; no RSample in evaluation), second choice argmax over the others; capacity
+    per routing group; top-1 drops by random token selection (or token order), top-2 first-come-first-served with all
+    first choices queued before the second ones; combine weights p (top-1) or p_i / max(p1 + p2, eps) (top-2)."""
+
+    def __init__(self, c: ModelConfig, layer_index: int):
+        super().__init__()
+        self.c = c
+        self.layer_index = layer_index
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = Experts(c)
+
+    def route(self, x, tokens):
+        """One routing group: x [S, h] (rows in the group's token order), tokens [S] their global indices (int64).
+        Returns (choice [S, k], kept [S, k], weight [S, k], probs [S, E])."""
+        c = self.c
+        S, E, k = x.shape[0], c.num_experts, c.moe_router_topk
+        probs = torch.softmax(self.gate(x), dim=-1)
+        rows = torch.arange(S)
+        e1 = probs.argmax(dim=-1)  # the first maximum: ties -> lower index
+        choice = [e1]
+        if k == 2:
+            masked = probs.clone()
+            masked[rows, e1] = float("-inf")
+            choice.append(masked.argmax(dim=-1))
+        choice = torch.stack(choice, dim=1)
+        first_count = torch.bincount(e1, minlength=E)
+        if c.moe_no_drop:
+            C = S * k  # the largest load of the group: nothing is dropped
+        else:
+            C = capacity(S, E, k, c.moe_train_capacity_factor, c.moe_min_capacity)
+        if k == 1:
+            # Keep the C tokens of an over-full expert with the highest priority (RTS: uniform(gate_rts, token, 0),
+            # descending, ties -> lower token), or the first C in token order without RTS.
+            if c.use_rts:
+                pri = philox_uniform(c.seed, self.layer_index, PURPOSE["gate_rts"], tokens.numpy(), 0)
+                order = torch.sort(torch.from_numpy(-pri), stable=True).indices
+            else:
+                order = rows
+            ranked = F.one_hot(e1[order], E).cumsum(dim=0)[rows, e1[order]] - 1
+            rank = torch.empty_like(ranked)
+            rank[order] = ranked
+            kept = (rank < C)[:, None]
+            weight = torch.where(kept[:, 0], probs[rows, e1], torch.zeros((), dtype=probs.dtype))[:, None]
+        else:
+            e2 = choice[:, 1]
+            slot1 = F.one_hot(e1, E).cumsum(dim=0)[rows, e1] - 1
+            slot2 = first_count[e2] + F.one_hot(e2, E).cumsum(dim=0)[rows, e2] - 1
+            kept = torch.stack([slot1 < C, slot2 < C], dim=1)
+            p = torch.where(kept, probs.gather(1, choice), torch.zeros((), dtype=probs.dtype))
+            eps = torch.finfo(torch.float32).eps
+            weight = p / p.sum(dim=1, keepdim=True).clamp(min=eps)
+        return choice, kept, weight, probs
+
+    def forward(self, x, groups, token_base: int, stats: RoutingStats | None = None):
+        """x [T, h], the LN2 output of one micro-batch; groups: index tensors of the rows of each routing group."""
+        c = self.c
+        T, E = x.shape[0], c.num_experts
+        out = torch.zeros_like(x)
+        sum_probs = torch.zeros(E, dtype=torch.float64)
+        first = torch.zeros(E, dtype=torch.float64)
+        dropped = 0
+        for idx in groups:
+            choice, kept, weight, probs = self.route(x[idx], token_base + idx)
+            sum_probs += probs.double().sum(dim=0)
+            first += torch.bincount(choice[:, 0], minlength=E).double()
+            dropped += int((~kept).sum())
+            for e in range(E):
+                sel = (choice == e) & kept  # [S, k]: a token chooses an expert at most once
+                tok, which = sel.nonzero(as_tuple=True)
+                if tok.numel() == 0:
+                    continue
+                rows = idx[tok]
+                out.index_add_(0, rows, weight[tok, which][:, None] * self.experts(e, x[rows]))
+        if stats is not None:
+            stats.choices += T * c.moe_router_topk
+            stats.dropped += dropped
+            stats.aux_loss += float(E * ((sum_probs / T) * (first / T)).sum())
+            stats.per_layer_dropped[self.layer_index] += dropped
+        return out
+
+
+class Block(nn.Module):
+    """docs/layer.md §7 in evaluation mode (both dropouts are the identity):
+    ln_in = x + proj(attn(LN1(x))); y = ln_in + MoE(LN2(ln_in))."""
+
+    def __init__(self, c: ModelConfig, layer_index: int):
+        super().__init__()
+        h = c.hidden_size
+        self.ln1 = nn.LayerNorm(h, eps=c.layernorm_epsilon)
+        self.attn = Attention(c)
+        self.ln2 = nn.LayerNorm(h, eps=c.layernorm_epsilon)
+        self.moe = MoE(c, layer_index)
+
+    def forward(self, x, groups, token_base, stats=None):  # x [s, b, h]
+        s, b, h = x.shape
+        ln_in = x + self.attn(self.ln1(x))
+        moe = self.moe(self.ln2(ln_in).reshape(s * b, h), groups, token_base, stats)
+        return ln_in + moe.reshape(s, b, h)
+
+
+def routing_groups(c: ModelConfig, b: int):
+    """The rows of one micro-batch ([s, b] layout: row = position * b + sequence) that each routing group holds, in
+    the group's token order. The gate routes each AMPipe chunk of each rank's rows with its own capacity
+    (docs/layer.md §6, §11):
+      * context parallelism of size C: cp rank r holds the position blocks r ("A") and 2C-1-r ("B") of s/(2C)
+        positions each, chunk c of its rows being [A_c ; B_c], the c-th of M sub-blocks of each half;
+      * AMPipe degree M: without cp, chunk c holds positions [c*s/M, (c+1)*s/M);
+      * sequence parallelism of size t: each tp rank routes its own sub-block of 1/t of every chunk's positions.
+    So there are C*M*t groups of s/(C*M*t) positions (s*b/(C*M*t) rows) each; with C = 1 each is a contiguous
+    range of rows."""
+    s, M, t, C = c.seq_length, c.ampipe_degree, c.sequence_parallel_size, c.context_parallel_size
+    if s % (2 * C * M * t if C > 1 else M * t):
+        raise ValueError(f"--seq-length {s} does not split into the routing groups of --ampipe-degree {M}, "
+                         f"context parallel size {C} and sequence parallel size {t}")
+    groups = []
+    for r in range(C):
+        if C == 1:
+            local = torch.arange(s)  # the rank's positions in its row order, chunk by chunk
+        else:
+            sb, ln = s // (2 * C), s // (2 * C * M)
+            local = torch.cat([torch.cat([torch.arange(r * sb + ch * ln, r * sb + (ch + 1) * ln),
+                                          torch.arange((2 * C - 1 - r) * sb + ch * ln,
+                                                       (2 * C - 1 - r) * sb + (ch + 1) * ln)]) for ch in range(M)])
+        sub = s // (C * M * t)
+        for ch in range(M):
+            for q in range(t):
+                pos = local[(ch * t + q) * sub:(ch * t + q + 1) * sub]
+                groups.append((pos[:, None] * b + torch.arange(b)[None, :]).reshape(-1))
+    return groups
+
+
+class Embedding(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position_embeddings = nn.Embedding(c.seq_length, c.hidden_size)
+
+    def forward(self, tokens):  # tokens [s, b] -> [s, b, h]: wte[token] + wpe[position]
+        pos = torch.arange(tokens.shape[0])
+        return self.word_embeddings(tokens) + self.position_embeddings(pos)[:, None, :]
+
+
+class GptMoE(nn.Module):
+    """docs/training.md "Model": embedding -> num_layers blocks -> final LayerNorm -> LM head (the token embedding
+    unless untied) -> softmax cross-entropy, the mean over the micro-batch's tokens."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.c = c
+        self.embedding = Embedding(c)
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_layers))
+        self.final_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layernorm_epsilon)
+        if c.untie_embeddings_and_output_weights:
+            self.output_layer = _Weight(c.vocab_size, c.hidden_size)
+
+    def lm_head(self):
+        return (self.output_layer if self.c.untie_embeddings_and_output_weights
+                else self.embedding.word_embeddings).weight
+
+    @torch.no_grad()
+    def loss(self, tokens, targets, token_base: int, stats: RoutingStats | None = None) -> float:
+        """Mean cross-entropy over the s*b tokens of one micro-batch (tokens, targets [s, b] int64)."""
+        s, b = tokens.shape
+        groups = routing_groups(self.c, b)
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x, groups, token_base, stats)
+        logits = self.final_layernorm(x) @ self.lm_head().t()
+        return float(F.cross_entropy(logits.reshape(s * b, -1), targets.reshape(-1), reduction="mean"))
+
+    @torch.no_grad()
+    def init_like_ampipe(self):
+        """The initial weights of `ampipe train` (docs/layer.md §8, src/ampipe/train/gpt_model.h): LayerNorms 1 / 0;
+        layer i's matrices fp32(std) * normal(key (seed, layer i, init), token = parameter id 2, 3, 6, 7, 8); the
+        word, position and output embeddings fp32(std * normal(key (seed, layer 0xFFFFFF, init), id 1, 2, 3))."""
+        c = self.c
+        std32 = np.float32(c.init_method_std)
+
+        def fill(t, layer, pid, layer_rule):
+            z = philox_normal_f32(c.seed, layer, PURPOSE["init"], pid, t.numel())
+            w = (std32 * z).astype(np.float32) if layer_rule else (c.init_method_std * z.astype(np.float64)).astype(
+                np.float32)
+            t.copy_(torch.from_numpy(w.reshape(tuple(t.shape))).to(t.dtype))
+
+        for name, p in self.named_parameters():
+            if "layernorm" in name or ".ln" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+        for i, layer in enumerate(self.layers):
+            for pid, p in ((2, layer.attn.qkv.weight), (3, layer.attn.proj.weight), (6, layer.moe.gate.weight),
+                           (7, layer.moe.experts.fc1.weight), (8, layer.moe.experts.fc2.weight)):
+                fill(p, i, pid, True)
+        fill(self.embedding.word_embeddings.weight, MODEL_KEY_LAYER, 1, False)
+        fill(self.embedding.position_embeddings.weight, MODEL_KEY_LAYER, 2, False)
+        if c.untie_embeddings_and_output_weights:
+            fill(self.output_layer.weight, MODEL_KEY_LAYER, 3, False)
+
+
+# -------------------------------------------------------------------------------------------------- the data
+
+BUNDLED_CORPUS_DIR = "/usr/share/common-licenses"
+TOKEN_FILE_MAGIC, TOKEN_FILE_HEADER_INTS = 20240520, 256
+
+
+def load_tokens(data_path: str) -> np.ndarray:
+    """The token stream of `ampipe train --data-path` (docs/training.md "Data"): an llm.c token file (recognised by
+    its magic number: 256 int32 header words, magic 20240520, version 1, count n, then n uint16 ids), plain text
+    (byte-level: token = byte), or with no path the bundled corpus (the regular files of /usr/share/common-licenses,
+    symlinks skipped, in name order, each followed by a newline). Text tokenized by a SentencePiece model is not
+    supported: tokenize it with `ampipe preprocess` and pass the token file."""
+    if data_path:
+        with open(data_path, "rb") as f:
+            raw = f.read()
+        if len(raw) >= 4 and struct.unpack("<i", raw[:4])[0] == TOKEN_FILE_MAGIC:
+            hdr = np.frombuffer(raw[:4 * TOKEN_FILE_HEADER_INTS], dtype="<i4")
+            if hdr[1] != 1 or len(raw) != 4 * TOKEN_FILE_HEADER_INTS + 2 * int(hdr[2]):
+                raise ValueError(f"{data_path}: not a version-1 llm.c token file of {hdr[2]} tokens")
+            return np.frombuffer(raw[4 * TOKEN_FILE_HEADER_INTS:], dtype="<u2").astype(np.int64)
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    names = sorted(n for n in os.listdir(BUNDLED_CORPUS_DIR)
+                   if os.path.isfile(os.path.join(BUNDLED_CORPUS_DIR, n))
+                   and not os.path.islink(os.path.join(BUNDLED_CORPUS_DIR, n)))
+    text = b"".join(open(os.path.join(BUNDLED_CORPUS_DIR, n), "rb").read() + b"\n" for n in names)
+    return np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+
+
+class Splits:
+    """--split train,valid,test (weights): the validation split is the floor(n * valid / sum) tokens after the
+    training split, the test split the floor(n * test / sum) after it; a sample is a window of s + 1 tokens at stride
+    s, validation / test sample j is window j mod N of its split, unshuffled (src/ampipe/train/text_data.cpp)."""
+
+    def __init__(self, tokens: np.ndarray, s: int, split: str):
+        w = [float(x) for x in split.split(",")] + [0.0, 0.0]
+        total = w[0] + w[1] + w[2]
+        n = len(tokens)
+        self.tokens, self.s = tokens, s
+        self.n_valid_tokens = int(float(n) * (w[1] / total))
+        n_test_tokens = int(float(n) * (w[2] / total))
+        self.n_train_tokens = n - self.n_valid_tokens - n_test_tokens
+        self.n_valid = (self.n_valid_tokens - 1) // s
+        self.n_test = (n_test_tokens - 1) // s if n_test_tokens > 0 else 0
+
+    def sample(self, j: int, test: bool = False):
+        if test:
+            start = self.n_train_tokens + self.n_valid_tokens + (j % self.n_test) * self.s
+        else:
+            start = self.n_train_tokens + (j % self.n_valid) * self.s
+        w = self.tokens[start:start + self.s + 1]
+        return w[:-1], w[1:]
+
+
+def evaluate(model: GptMoE, splits: Splits, eval_iters: int, global_batch: int, micro_batch: int,
+             test: bool = False, stats: RoutingStats | None = None) -> float:
+    """`ampipe train`'s evaluation (src/ampipe/train/trainer.cpp, Trainer::evaluate): the mean over eval_iters *
+    global_batch / micro_batch micro-batches of their mean cross-entropy; micro-batch m holds samples [m*b, (m+1)*b)
+    of the split, sample m*b + bb in column bb of the [s, b] layout, and its token 0 has the global index m*b*s."""
+    s, b = splits.s, micro_batch
+    n_micro = eval_iters * global_batch // b
+    total = 0.0
+    for m in range(n_micro):
+        tok = np.empty((s, b), dtype=np.int64)
+        tgt = np.empty((s, b), dtype=np.int64)
+        for bb in range(b):
+            tok[:, bb], tgt[:, bb] = splits.sample(m * b + bb, test)
+        total += model.loss(torch.from_numpy(tok), torch.from_numpy(tgt), m * b * s, stats)
+    return total / n_micro
