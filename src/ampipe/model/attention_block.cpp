@@ -90,11 +90,22 @@ void AttentionBlock::cp_dkv_reduce(int piece) {
   LayerState& s = st_;
   const int C = int(s.dims.cp);
   Tensor dst = s.mem.get(Buf::cp_dkv, piece);
-  const Tensor src = s.mem.get(Buf::cp_dkv_recv, piece == 0 ? C - 1 : piece - 1);
-  float* a = dst.data<float>();
-  const float* b = src.data<float>();
-  for (int64_t i = 0, n = dst.numel(); i < n; ++i) a[i] += b[i];
-  if (piece != 0) return;
+  if (piece != 1) {  // the sums received at the step before (the last step for piece 0), added in fp32
+    const Tensor src = s.mem.get(Buf::cp_dkv_recv, piece == 0 ? C - 1 : piece - 1);
+    float* a = dst.data<float>();
+    const int64_t n = dst.numel();
+    if (src.dtype() == DType::f32) {
+      const float* b = src.data<float>();
+      for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+    } else {
+      const bf16* b = src.data<bf16>();
+      for (int64_t i = 0; i < n; ++i) a[i] += bf16_to_f32(b[i]);
+    }
+  }
+  if (piece != 0) {  // bf16: what this step sends, rounded once
+    if (s.bf16()) s.mem.get(Buf::cp_dkv_send, piece).copy_from(dst);
+    return;
+  }
   // every rank's contribution to this rank's own dK, dV is in slot 0: into the K, V columns of dqkv, per chunk
   for (int c = 0; c < s.dims.M; ++c)
     cp_pack(c, s.full_rows(Buf::dqkv, c).cols(s.dims.hl, 3 * s.dims.hl), dst, /*to_packed=*/false);

@@ -34,8 +34,9 @@ class AttentionBlock {
   void residual_ln2_backward(int c);
   void out_proj_backward(int c);
   void attention_backward(int c, int piece = -1);
-  // Context parallelism, backward: piece t > 0: the partial sums received at ring step t-1 added to slot t's before
-  // they travel on; piece 0: the last ones added to this rank's own dK, dV, unpacked into dqkv.
+  // Context parallelism, backward: piece t > 0: the partial sums received at ring step t-1 (t > 1) added to slot
+  // t's before they travel on (bf16: and slot t rounded into the bf16 send buffer); piece 0: the last ones added to
+  // this rank's own dK, dV, unpacked into dqkv.
   void cp_dkv_reduce(int piece);
   void ln1_qkv_backward(int c);  // qkv_backward(c) then ln1_backward(c)
   void qkv_backward(int c);

@@ -33,10 +33,12 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"d_proj_send", false},     {"d_ln1_local", true},      {"expert_gather", true},    {"combine_partial", true},
     {"d_gather", true},         {"dispatch_bwd_partial", true}, {"gate_stats", false},
     {"proj_send", false},       {"proj_recv", false},       {"d_ln1_send", true},       {"d_ln1_recv", true},
-    {"cp_kv", false},           {"cp_dkv", false},          {"cp_dkv_recv", false},
+    {"cp_kv", false},           {"cp_dkv", false},          {"cp_dkv_recv", false},     {"cp_dkv_send", false},
 };
 // Buffers with one slot per context-parallel ring step.
-bool per_ring_step(Buf b) { return b == Buf::cp_kv || b == Buf::cp_dkv || b == Buf::cp_dkv_recv; }
+bool per_ring_step(Buf b) {
+  return b == Buf::cp_kv || b == Buf::cp_dkv || b == Buf::cp_dkv_recv || b == Buf::cp_dkv_send;
+}
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
 // Buffers that only some configurations use.
@@ -55,6 +57,7 @@ bool needed(const LayerDims& d, Buf b) {
     case Buf::cp_kv:
     case Buf::cp_dkv:
     case Buf::cp_dkv_recv: return d.cp > 1;
+    case Buf::cp_dkv_send: return d.cp > 1 && bf16;
     case Buf::ln1_send:
     case Buf::d_proj_send:
     case Buf::proj_send:
@@ -111,7 +114,9 @@ bool in_compute_dtype(Buf b) {
     case Buf::proj_recv:
     case Buf::d_ln1_send:
     case Buf::d_ln1_recv:
-    case Buf::cp_kv: return true;
+    case Buf::cp_kv:
+    case Buf::cp_dkv_recv:
+    case Buf::cp_dkv_send: return true;
     default: return false;
   }
 }
@@ -251,7 +256,8 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::gate_stats: return {2 * E + 1};
     case Buf::cp_kv:
     case Buf::cp_dkv:
-    case Buf::cp_dkv_recv: return {T, 2 * hl};
+    case Buf::cp_dkv_recv:
+    case Buf::cp_dkv_send: return {T, 2 * hl};
   }
   return {};
 }

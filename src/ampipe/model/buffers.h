@@ -106,9 +106,11 @@ enum class Buf : uint8_t {
   // [A half ; B half] (model/context_parallel.h)
   cp_kv,               // [T, 2h/t] compute dtype, [k | v]: slot 0 this rank's (written by qkv), slot t received
   cp_dkv,              // [T, 2h/t] fp32 [dk | dv] of slot t's keys from this rank's queries (+ partial sums passed on)
-  cp_dkv_recv,         // [T, 2h/t] fp32 partial sums received at ring step t (backward)
+  cp_dkv_recv,         // [T, 2h/t] compute dtype: partial sums received at ring step t (backward)
+  cp_dkv_send,         // [T, 2h/t] bf16 copy of cp_dkv slot t, what ring step t sends (bf16 only: the dK, dV sums
+                       // travel in the compute dtype, as K and V do, and are added in fp32)
 };
-inline constexpr int kNumBufs = int(Buf::cp_dkv_recv) + 1;
+inline constexpr int kNumBufs = int(Buf::cp_dkv_send) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 

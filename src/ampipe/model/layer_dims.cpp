@@ -162,8 +162,8 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
 
 double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
   const double e = double(dtype_size(d.cd)), f = 4, h = double(d.h);
-  // one ring step (piece = step): the K and V of this rank's rows (compute dtype), or their fp32 gradient sums
-  if (s == Stage::cp_ring) return double(d.T) * 2 * double(d.hl) * (dir == Dir::fwd ? e : f);
+  // one ring step (piece = step): the K and V of this rank's rows, or their gradient sums (compute dtype)
+  if (s == Stage::cp_ring) return double(d.T) * 2 * double(d.hl) * e;
   // slots of one a2a block set: all L experts and C slots of a chunk, or one piece's
   const double slots = piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots)
                                   : double(d.E * d.C);

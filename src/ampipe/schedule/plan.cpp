@@ -384,7 +384,8 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     for (int t = 1; t < C; ++t) {
       std::vector<uint32_t> deps = remote_bwd;
       if (t > 1) deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, {steps.back()}, t)};
-      steps.push_back(b.ring(Dir::bwd, t, deps, Buf::cp_dkv, t, Buf::cp_dkv_recv, t));
+      else if (bf16) deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, remote_bwd, t)};  // rounded to bf16
+      steps.push_back(b.ring(Dir::bwd, t, deps, bf16 ? Buf::cp_dkv_send : Buf::cp_dkv, t, Buf::cp_dkv_recv, t));
       if (next_own >= 0) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own--, remote_bwd, 0));
     }
     for (; next_own >= 0; --next_own) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own, remote_bwd, 0));
