@@ -1,6 +1,6 @@
 #!/bin/bash
 # Context-parallel ring benchmark: `ampipe bench-layer` with cp 2 (ring attention over load-balanced halves, the K/V
-# ring on the cp lane) and EP 2 over the same two ranks, bf16, degrees 1, 2, 4 in one interleaved run, two ranks
+# ring on the cp lane) and EP 2 over the same two ranks, bf16, degrees 1, 2, 4, 8 in one interleaved run, two ranks
 # one per network namespace (bench/netns/netns.sh), so the ring's send_recvs and the all-to-alls share one shaped
 # veth link, as two nodes would share their network.
 #
@@ -12,7 +12,7 @@
 # bench-layer reports the ring's and the all-to-alls' time alone and each one's hidden fraction (1 - compute's
 # wait on it / its time alone) next to the step, the speed-up over degree 1 and the overall hidden fraction.
 # Writes OUTDIR/{probe,cp-ring}.{json,txt}, OUTDIR/summary.md (the markdown table) and prints the summary.
-# Environment: BUILD=build-bench PROBE_RATE=1000 (mbit) WARMUP=1 ITERS=3 DEGREES=1,2,4 LAYER="..." (layer flags).
+# Environment: BUILD=build-bench PROBE_RATE=1000 (mbit) WARMUP=1 ITERS=3 DEGREES=1,2,4,8 LAYER="..." (layer flags).
 # Timings are only worth reporting on an otherwise idle machine: the summary records how many compiler processes
 # (cc1plus) were running when the measured run started and when it ended.
 set -u
@@ -22,7 +22,7 @@ OUT=${1:-$ROOT/bench/results/cp-ring}
 mkdir -p "$OUT" && OUT=$(readlink -f "$OUT")
 BUILD=${BUILD:-build-bench}
 AMPIPE=$(readlink -f "$ROOT/$BUILD/ampipe" 2>/dev/null || true)
-PROBE_RATE=${PROBE_RATE:-1000} WARMUP=${WARMUP:-1} ITERS=${ITERS:-3} DEGREES=${DEGREES:-1,2,4}
+PROBE_RATE=${PROBE_RATE:-1000} WARMUP=${WARMUP:-1} ITERS=${ITERS:-3} DEGREES=${DEGREES:-1,2,4,8}
 LAYER=${LAYER:-"--seq-length 8192 --micro-batch-size 1 --hidden-size 1024 --ffn-hidden-size 2048
   --num-attention-heads 16 --num-experts 4 --moe-router-topk 2 --bf16"}
 PY=/usr/bin/python3
