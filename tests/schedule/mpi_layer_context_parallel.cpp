@@ -11,7 +11,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/model/context_parallel.h"
 #include "ampipe/model/sequence_shard.h"
-#include "layer_harness.h"
+#include "parallel_harness.h"
 
 using namespace ampipe;
 using ampipe::testing::rel_err;
@@ -118,31 +118,13 @@ void check_context_parallel(model::LayerConfig cfg, int M, int cp, int tp, int e
   const comm::Groups& groups = groups_for(tp, cp, ep);
   schedule::LayerStack stack(cfg, 1, M, me.ep, &groups);
   const Result got = run_micro_batch(stack, me.dp, &groups);
-  for (auto& [name, g] : stack.grads(0).named()) {
-    if (cfg.sp() && model::LayerParams::is_sequence_parallel(name))
-      comm::all_reduce_sync(groups.tp, g, comm::Reduce::sum, "grad.tp." + name);
-    const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
-    if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);
-  }
   const std::string what = fmt::format("k={} M={} cp={} tp={} sp={} overlap={} ep={} bf16={} world={}",
                                        cfg.moe_router_topk, M, cp, tp, cfg.sequence_parallel,
                                        cfg.ampipe_tp_sp_comm_overlap, ep, cfg.bf16, rt.size());
   EXPECT_LE(rel_err(got.y, want.y), tol) << "y " << what;
   EXPECT_LE(rel_err(got.dx, want.dx), tol) << "dx " << what;
   EXPECT_NEAR(got.aux, want.aux, std::max(1e-6, tol) * std::abs(want.aux)) << "aux " << what;
-  auto gn = stack.grads(0).named(), rn = ref.grads(0).named();
-  ASSERT_EQ(gn.size(), rn.size());
-  for (size_t i = 0; i < gn.size(); ++i) {
-    const std::string& name = rn[i].first;
-    Tensor w = rn[i].second;
-    if (model::LayerParams::is_expert(name)) {
-      const int64_t L = cfg.local_experts();
-      w = w.rows(me.ep * L, (me.ep + 1) * L).clone();
-    }
-    if (tp > 1 && model::tp_split(cfg, name).dim >= 0) w = model::tp_take(cfg, name, w, me.tp);
-    ASSERT_EQ(gn[i].second.shape(), w.shape()) << name << " " << what;
-    EXPECT_LE(rel_err(gn[i].second, w), tol) << "grad " << name << " " << what;
-  }
+  ampipe::testing::expect_grads_match(stack, ref, cfg, groups, me, tol, what);
 }
 
 }  // namespace

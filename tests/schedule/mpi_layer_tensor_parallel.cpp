@@ -8,7 +8,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/model/sequence_shard.h"
-#include "layer_harness.h"
+#include "parallel_harness.h"
 
 using namespace ampipe;
 using ampipe::testing::rel_err;
@@ -98,12 +98,6 @@ void check_tensor_parallel(model::LayerConfig cfg, int M, int tp, int ep, double
   const comm::Groups& groups = groups_for(tp, ep);
   schedule::LayerStack stack(cfg, 1, M, me.ep, &groups);
   const Result got = run_micro_batch(stack, me.dp, &groups);
-  for (auto& [name, g] : stack.grads(0).named()) {
-    if (cfg.sp() && model::LayerParams::is_sequence_parallel(name))
-      comm::all_reduce_sync(groups.tp, g, comm::Reduce::sum, "grad.tp." + name);
-    const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
-    if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);
-  }
   const std::string what = fmt::format("k={} cf={} M={} tp={} sp={} overlap={} ep={} world={} bf16={} swiglu={}",
                                        cfg.moe_router_topk, cfg.moe_train_capacity_factor, M, tp, cfg.sequence_parallel,
                                        cfg.ampipe_tp_sp_comm_overlap, ep, world, cfg.bf16,
@@ -111,18 +105,7 @@ void check_tensor_parallel(model::LayerConfig cfg, int M, int tp, int ep, double
   EXPECT_LE(rel_err(got.y, want.y), tol) << "y " << what;
   EXPECT_LE(rel_err(got.dx, want.dx), tol) << "dx " << what;
   EXPECT_NEAR(got.aux, want.aux, std::max(1e-6, tol) * std::abs(want.aux)) << "aux " << what;
-  auto gn = stack.grads(0).named(), rn = ref.grads(0).named();
-  for (size_t i = 0; i < gn.size(); ++i) {
-    const std::string& name = rn[i].first;
-    Tensor w = rn[i].second;
-    if (model::LayerParams::is_expert(name)) {
-      const int64_t L = cfg.local_experts();
-      w = w.rows(me.ep * L, (me.ep + 1) * L).clone();
-    }
-    if (tp > 1 && model::tp_split(cfg, name).dim >= 0) w = model::tp_take(cfg, name, w, me.tp);
-    ASSERT_EQ(gn[i].second.shape(), w.shape()) << name << " " << what;
-    EXPECT_LE(rel_err(gn[i].second, w), tol) << "grad " << name << " " << what;
-  }
+  ampipe::testing::expect_grads_match(stack, ref, cfg, groups, me, tol, what);
 }
 
 }  // namespace
