@@ -154,6 +154,14 @@ TEST(LayerContextParallel, RingAttentionAtEveryDegreeEqualsSingleRank) {
       for (int M : {1, 2, 4}) check_context_parallel(base(k), M, cp, 1, 1);
 }
 
+TEST(LayerContextParallel, WithSelectiveRecomputation) {
+  // the attention forward of every ring slot re-run before the attention backward (own keys first, as forward)
+  groups_for(1, 1, 1);
+  model::LayerConfig cfg = base(2);
+  cfg.recompute_attention = true;
+  check_context_parallel(cfg, 2, 2, 1, 1);
+}
+
 TEST(LayerContextParallel, WithExpertParallel) {
   groups_for(1, 1, 1);
   const int world = comm::Runtime::current().size();

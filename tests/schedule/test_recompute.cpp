@@ -36,8 +36,10 @@ struct StackRun {
   size_t planned = 0;
 };
 
-StackRun run(const std::vector<bool>& recompute, int M) {
-  const model::LayerConfig cfg = config();
+StackRun run(const std::vector<bool>& recompute, int M, bool selective = false, bool bf16 = false) {
+  model::LayerConfig cfg = config();
+  cfg.recompute_attention = selective;
+  cfg.bf16 = bf16;
   schedule::LayerStack stack(cfg, int(recompute.size()), M, 0, nullptr);
   stack.set_recompute(recompute);
   StackRun r;
@@ -94,4 +96,39 @@ TEST(Recompute, ARecomputedLayerKeepsOnlyItsOutputAndInputGradient) {
     EXPECT_EQ(run({true, true, true}, M).planned, 3 * (y + dx) + rc.memory.shared_bytes);
     EXPECT_LT(run({true, true, true}, M).planned, run({false, false, false}, M).planned);
   }
+}
+
+// Selective recomputation (--recompute-granularity selective): every chunk's attention forward re-runs before its
+// attention backward; the results are bitwise those of keeping the attention output (the same kernel on the same
+// saved q, k, v), in fp32 and bf16 (whose out-projection weight gradient reads the recomputed bf16 copy), and the
+// attention output and its lse move from the saved to the shared region.
+TEST(Recompute, SelectiveRecomputesTheAttentionCoreBitwise) {
+  for (bool bf16 : {false, true})
+    for (int M : {1, 2}) {
+      const StackRun keep = run({false, false}, M, false, bf16), got = run({false, false}, M, true, bf16);
+      const std::string what = fmt::format("selective degree {} bf16 {}", M, bf16);
+      for (size_t m = 0; m < 2; ++m) {
+        expect_identical(got.ys[m], keep.ys[m], what + " y");
+        expect_identical(got.dxs[m], keep.dxs[m], what + " dx");
+      }
+      for (size_t i = 0; i < keep.grads.size(); ++i)
+        for (const auto& [name, g] : keep.grads[i]) expect_identical(got.grads[i].at(name), g, what + " " + name);
+      model::LayerConfig cfg = config();
+      cfg.bf16 = bf16;
+      const schedule::Plan p_keep = schedule::build_layer_plan(cfg, M);
+      cfg.recompute_attention = true;
+      const schedule::Plan p_sel = schedule::build_layer_plan(cfg, M);
+      size_t moved = 0;
+      for (model::Buf b : {model::Buf::attn, model::Buf::attn_bf16, model::Buf::lse})
+        if (const model::BufferSpec* s = p_sel.memory.spec(b)) {
+          EXPECT_EQ(s->scope, model::Scope::shared) << model::buf_name(b);
+          moved += s->bytes();
+        }
+      EXPECT_EQ(p_sel.memory.saved_bytes + moved, p_keep.memory.saved_bytes) << what;
+      EXPECT_EQ(got.planned + 2 * moved, keep.planned + (p_sel.memory.shared_bytes - p_keep.memory.shared_bytes))
+          << what;
+      int recomputes = 0;
+      for (const schedule::Task& t : p_sel.tasks) recomputes += t.stage == model::Stage::attention_recompute;
+      EXPECT_EQ(recomputes, M);
+    }
 }

@@ -7,8 +7,6 @@ namespace ampipe::cli {
 namespace {
 constexpr const char* kNoPipeline =
     "this engine has no pipeline parallelism (AMPipe pipelines inside a block); use data and expert parallelism";
-constexpr const char* kNoSelective =
-    "selective recomputation is not supported yet; use --recompute-granularity full --recompute-method uniform|block";
 constexpr const char* kTokenizer = RefusedFlags::kTokenizerReason;
 }  // namespace
 
@@ -25,7 +23,6 @@ void RefusedFlags::add_to(CLI::App& app, const std::string& group) {
       E("--num-layers-per-virtual-pipeline-stage", nullptr, kNoPipeline),
       E("--fp16", nullptr, "fp16 training needs loss scaling, which this engine does not have; use --bf16"),
       E("--loss-scale", nullptr, "loss scaling belongs to fp16 training, which this engine does not have; use --bf16"),
-      E("--recompute-activations", nullptr, kNoSelective),
       E("--use-distributed-optimizer", nullptr,
         "the optimizer state is not sharded: every data-parallel rank keeps the whole AdamW state"),
       E("--vocab-file", nullptr, kTokenizer),

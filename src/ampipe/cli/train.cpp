@@ -191,6 +191,16 @@ int run_train(TrainFlags& flags) {
                data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
                data->valid_samples(), data->test_samples());
     fmt::print("  memory: estimated peak {} per rank\n", mem.describe());
+    if (!cfg.recompute_granularity.empty()) {  // the same estimate without recomputation, for comparison
+      train::TrainConfig keep = cfg;
+      keep.recompute_granularity.clear();
+      keep.recompute_method.clear();
+      keep.layer.recompute_attention = false;
+      schedule::MemoryEstimate without = train::estimate_train_memory(keep, data->train_samples());
+      without.parts.insert(without.parts.begin(), {"process now (code, MPI, data)", rss_now});
+      fmt::print("  recomputation ({}): estimated peak {} per rank, {} without\n", cfg.recompute_granularity,
+                 core::format_bytes(double(mem.total())), core::format_bytes(double(without.total())));
+    }
     if (cfg.finetune)
       fmt::print("  finetuning the model of {} (iteration {}): a fresh optimizer, from iteration 0\n", cfg.load,
                  ckpt ? ckpt->iteration : 0);

@@ -80,7 +80,9 @@ void TrainFlags::add_to(CLI::App& a) {
   a.add_option("--adaptive-recompute-device-size", c.adaptive_recompute_device_size, "(incompatible with AMPipe)");
   a.add_flag("--adaptive-memory-optimization", c.adaptive_memory_optimization, "(incompatible with AMPipe)");
   a.add_option("--recompute-granularity", c.recompute_granularity,
-               "full: recompute whole layers in the backward (selective is not supported yet)");
+               "full: recompute whole layers in the backward; selective: recompute every layer's attention core only");
+  a.add_flag("--recompute-activations", recompute_activations,
+             "Megatron's spelling of --recompute-granularity selective");
   a.add_option("--recompute-method", c.recompute_method,
                "with full: uniform (every layer) or block (the first --recompute-num-layers layers)");
   a.add_option("--recompute-num-layers", c.recompute_num_layers,
@@ -286,6 +288,14 @@ train::TrainConfig TrainFlags::finish() {
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid: give an integer or auto", ampipe_degree));
   }
   cfg.layer = layer.finish();
+  if (recompute_activations) {
+    if (!cfg.recompute_granularity.empty() && cfg.recompute_granularity != "selective")
+      throw ConfigError(fmt::format("--recompute-activations (selective) contradicts --recompute-granularity {}",
+                                    cfg.recompute_granularity));
+    cfg.recompute_granularity = "selective";
+  }
+  // selective: every layer recomputes its attention core (the layer's buffers plan attn and lse as transient)
+  cfg.layer.recompute_attention = cfg.recompute_granularity == "selective";
   cfg.moe_aux_loss_coeff = layer.moe_aux_loss_coeff;
   // After validate (which run_train calls next) has passed, rank 0 prints layer.notices.
   if (std::string notice = cfg.drop_idle_pipe_experts(); !notice.empty()) {

@@ -23,6 +23,7 @@ struct TrainFlags {
   std::string ampipe_degree;  // --ampipe-degree as given: an integer, or `auto`
   bool auto_degree = false;   // --ampipe-degree auto: run_train asks the simulator (auto_degree.h)
   std::string sim_profile;    // --sim-profile FILE for it
+  bool recompute_activations = false;  // Megatron's --recompute-activations: --recompute-granularity selective
   RefusedFlags refused;        // Megatron flags parsed only to be refused with their reason
   int64_t tensorboard_log_interval = 0;  // Megatron's flag: accepted; --log-interval governs TensorBoard (a note)
   bool exit_signal_handler = true;  // Megatron's --exit-signal-handler: accepted; this engine always does it

@@ -208,6 +208,16 @@ void AttentionBlock::attention_backward(int c, int piece) {
                               s.mem.get(Buf::lse).rows(c, c + 1), dq, dk, dv);
 }
 
+void AttentionBlock::attention_recompute(int c) {
+  LayerState& s = st_;
+  if (s.dims.cp > 1) {
+    for (int t = 0; t < int(s.dims.cp); ++t) cp_attention(c, t, /*backward=*/false);  // own keys first, as forward
+  } else {
+    attention(c);
+  }
+  if (s.bf16()) s.full_rows(Buf::attn_bf16, c).copy_from(s.full_rows(Buf::attn, c));
+}
+
 void AttentionBlock::qkv_backward(int c) {
   // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1. tp > 1:
   // d_ln1_out holds partial sums over the local heads, reduced next (Stage::tp_qkv_in).

@@ -34,6 +34,9 @@ class AttentionBlock {
   void residual_ln2_backward(int c);
   void out_proj_backward(int c);
   void attention_backward(int c, int piece = -1);
+  // Selective recomputation: attention(c) again (every ring slot with context parallelism), and in bf16 the copy of
+  // its output the out-projection's weight gradient reads.
+  void attention_recompute(int c);
   // Context parallelism, backward: piece t > 0: the partial sums received at ring step t-1 (t > 1) added to slot
   // t's before they travel on (bf16: and slot t rounded into the bf16 send buffer); piece 0: the last ones added to
   // this rank's own dK, dV, unpacked into dqkv.

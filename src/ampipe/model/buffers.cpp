@@ -126,6 +126,8 @@ Scope scope_of(const LayerDims& d, Buf b) {
   // A recomputed layer keeps its output (the next layer's input) and its input gradient (the previous layer's
   // output gradient); what its backward reads is refilled by re-running its forward, in the shared region.
   if (d.recompute && b != Buf::y && b != Buf::dx) return Scope::shared;
+  // selective: the attention output and its lse are recomputed in the backward (Stage::attention_recompute)
+  if (d.recompute_attention && (b == Buf::attn || b == Buf::attn_bf16 || b == Buf::lse)) return Scope::shared;
   switch (b) {
     // read by the backward (the fp32 originals only where they are not also the compute-dtype copy)
     case Buf::ln1_mean:

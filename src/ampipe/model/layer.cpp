@@ -142,6 +142,9 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::cp_dkv_reduce:
       if (!fwd) return attn_.cp_dkv_reduce(p);
       break;
+    case Stage::attention_recompute:
+      if (!fwd) return attn_.attention_recompute(c);
+      break;
     case Stage::tp_expert_out:
     case Stage::cp_ring:
     case Stage::cp_aux_stats: break;

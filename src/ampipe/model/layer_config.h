@@ -62,6 +62,10 @@ struct LayerConfig {
   // own; everything else its backward reads is in the stack's shared memory, refilled by re-running its forward
   // (the same Plan, the same random numbers) just before its backward.
   bool recompute = false;
+  // Selective recomputation (--recompute-granularity selective, Megatron's "core attention" recompute): the
+  // attention output and its log-sum-exp are not kept for the backward; each chunk's attention forward re-runs
+  // just before its attention backward (Stage::attention_recompute).
+  bool recompute_attention = false;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }

@@ -50,6 +50,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.defer_expert_wgrad = !cfg.moe_no_drop;
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.recompute = cfg.recompute;
+  d.recompute_attention = cfg.recompute_attention;
   d.cd = cfg.compute_dtype();
   if (cfg.use_pipe_experts) {  // cfg.check_pipe_experts(M) has accepted it
     AMPIPE_CHECK(!cfg.moe_no_drop && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",
@@ -97,6 +98,7 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     const double one = 2 * double(p.experts * d.srcs * p.slots) * h * FF;
     return dir == Dir::fwd || d.defer_expert_wgrad ? one : 2 * one;
   }
+  if (s == Stage::attention_recompute) return dir == Dir::bwd ? stage_flops(d, Stage::attention, Dir::fwd, c) : 0;
   switch (s) {
     case Stage::ln1_qkv:
     case Stage::qkv: return 2 * Sc * h * 3 * hl;
@@ -122,6 +124,7 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
   }
   const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), Scl = double(d.Scl), h = double(d.h),
                hl = double(d.hl), T = double(d.T), FF = double(d.F1l + d.Fl);
+  if (s == Stage::attention_recompute) return dir == Dir::bwd ? stage_bytes(d, Stage::attention, Dir::fwd, c) : 0;
   const double act = Scl * h;  // one [Scl, h] residual-stream activation
   const double io = dir == Dir::fwd ? 1 : 2;
   switch (s) {

@@ -54,6 +54,7 @@ struct LayerDims {
   bool defer_expert_wgrad = true;
   bool jitter = false;             // Jitter: in training the gate input is a noisy copy (planned either way)
   bool recompute = false;          // LayerConfig::recompute: the saved buffers (but y and dx) are planned as shared
+  bool recompute_attention = false;  // LayerConfig::recompute_attention: attn and lse are planned as shared
   DType cd = DType::f32;           // compute dtype of GEMM inputs and all-to-all payloads
   // pipe-experts: every chunk's MoE MLP cut into pieces, one per (local expert, capacity slice); S = N / M slices of
   // ceil(C / S) slots per expert and chunk (the last ones may be shorter; empty slices have no piece). Empty without

@@ -47,8 +47,10 @@ enum class Stage : uint8_t {
   cp_dkv_reduce,  // backward only: piece t < C: a received partial sum added to slot t before it travels on;
                   // piece 0: the last one added to this rank's own dK, dV, unpacked into the QKV gradient
   cp_aux_stats,   // collective: all-reduce of the gate statistics over the cp ranks' rows
+  // selective recomputation (LayerConfig::recompute_attention)
+  attention_recompute,  // backward only: the chunk's attention forward again (output, lse; bf16: its bf16 copy)
 };
-inline constexpr int kNumStages = int(Stage::cp_aux_stats) + 1;
+inline constexpr int kNumStages = int(Stage::attention_recompute) + 1;
 
 constexpr const char* stage_name(Stage s) {
   switch (s) {
@@ -76,6 +78,7 @@ constexpr const char* stage_name(Stage s) {
     case Stage::cp_ring: return "cp_ring";
     case Stage::cp_dkv_reduce: return "cp_dkv_reduce";
     case Stage::cp_aux_stats: return "cp_aux_stats";
+    case Stage::attention_recompute: return "attention_recompute";
   }
   return "?";
 }

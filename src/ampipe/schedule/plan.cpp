@@ -48,6 +48,7 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::cp,       // cp_ring
     Lane::compute,  // cp_dkv_reduce
     Lane::cp,       // cp_aux_stats
+    Lane::compute,  // attention_recompute
 };
 }  // namespace
 
@@ -362,8 +363,11 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   std::vector<uint32_t> remote_bwd;  // context parallelism: every chunk's attention backward over other ranks' keys
   for (int c = M - 1; c >= 0; --c) {
     const uint32_t rb = ahead ? *next_head : head(c);
-    const uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
+    uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
     input_grads.push_back(pb);
+    // selective recomputation: the chunk's attention output and lse again, before its attention backward reads them
+    // (and the attention weight gradients, which depend on every chunk's attention backward)
+    if (d.recompute_attention) pb = b.add(Dir::bwd, Stage::attention_recompute, c, {pb});
     if (cp) {  // the remote slots now, this rank's own keys below (while the ring carries the dK, dV sums)
       uint32_t prev = pb;
       for (int t = 1; t < C; ++t) remote_bwd.push_back(prev = b.add(Dir::bwd, Stage::attention, c, {prev}, t));

@@ -133,9 +133,9 @@ double cost_seconds(const Task& t, const Plan& plan, const Profile& profile, con
     const double d = std::max(1.0, gemm_min_dim(t, plan.dims));
     s += per(t.flops, gemm_rate(r, d), profile,
              fp32 ? "compute.fp32.gemm_peak_tflops" : "compute.bf16.gemm_peak_tflops");
-  } else if (t.stage == Stage::attention) {
+  } else if (t.stage == Stage::attention || t.stage == Stage::attention_recompute) {
     const ComputeRates& r = profile.rates(plan.dims.cd);
-    const bool fwd = t.dir == Dir::fwd;
+    const bool fwd = t.dir == Dir::fwd || t.stage == Stage::attention_recompute;  // a recompute is a forward
     const char* dt = plan.dims.cd == DType::f32 ? "fp32" : "bf16";
     const std::string field = fmt::format("compute.{}.attention_{}_tflops", dt, fwd ? "fwd" : "bwd");
     s += per(t.flops, (fwd ? r.attention_fwd_tflops : r.attention_bwd_tflops) * 1e12, profile, field.c_str());

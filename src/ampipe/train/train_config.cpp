@@ -93,12 +93,8 @@ void TrainConfig::validate(int world) const {
                                   ep, dp * cp, world));
 
   // Activation recomputation (Megatron's rules and meaning).
-  if (!recompute_granularity.empty() && recompute_granularity != "full") {
-    if (recompute_granularity == "selective")
-      throw ConfigError("--recompute-granularity selective is not supported yet: only full (a layer keeps its output "
-                        "and re-runs its forward before its backward)");
+  if (!recompute_granularity.empty() && recompute_granularity != "full" && recompute_granularity != "selective")
     throw ConfigError(fmt::format("--recompute-granularity {} is not one of full, selective", recompute_granularity));
-  }
   if (recompute_granularity == "full" && recompute_method.empty())
     throw ConfigError("--recompute-granularity full needs --recompute-method uniform or block");
   if (!recompute_method.empty() && recompute_method != "uniform" && recompute_method != "block")
