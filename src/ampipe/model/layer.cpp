@@ -88,13 +88,14 @@ void Layer::refresh_weights() {
   s.w.stale = false;
 }
 
-void Layer::begin_forward(const Tensor& x, uint64_t token_base) {
+void Layer::begin_forward(const Tensor& x, uint64_t token_base, bool recompute) {
   const LayerDims& d = st_.dims;
   AMPIPE_CHECK(x.shape() == (Shape{d.Tl / d.b, d.b, d.h}) && x.dtype() == DType::f32 && x.is_contiguous(),
                "layer input {} expected [{}, {}, {}] fp32", shape_str(x.shape()), d.Tl / d.b, d.b, d.h);
   refresh_weights();
   st_.x = x.view({d.Tl, d.h});
   st_.token_base = token_base;
+  st_.recomputing = recompute;
   moe_.begin_forward();
 }
 

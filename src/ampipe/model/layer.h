@@ -36,8 +36,9 @@ class Layer {
   void weights_changed() { st_.w.stale = true; }
 
   // x: [s, b, h] fp32 (sequence parallel: this rank's [s/t, b, h] rows, every chunk's r-th sub-block in chunk
-  // order), kept by reference until the backward ends. token_base: global index of token 0.
-  void begin_forward(const Tensor& x, uint64_t token_base);
+  // order), kept by reference until the backward ends. token_base: global index of token 0. recompute: this forward
+  // refills what the backward reads (LayerConfig::recompute); the output y of the first forward is kept.
+  void begin_forward(const Tensor& x, uint64_t token_base, bool recompute = false);
   // dy: [s, b, h] fp32; d_aux: upstream gradient of l_aux (the aux-loss coefficient).
   void begin_backward(const Tensor& dy, float d_aux);
   // Runs one compute stage (the executor's only way in); piece -1: the whole chunk.

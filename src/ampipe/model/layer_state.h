@@ -69,6 +69,8 @@ struct LayerState {
   Tensor x;                 // [Tl, h] the layer input (the caller keeps it alive until the backward ends)
   Tensor dy;                // [Tl, h] gradient of the output, during the backward
   float d_aux = 0;          // upstream gradient of the aux loss (its coefficient)
+  bool recomputing = false; // the forward re-runs to refill what the backward reads (full recomputation): the
+                            // layer's output is kept from the first run, so the stages skip work only it needs
 
   bool bf16() const { return dims.cd != DType::f32; }
   // Rows of chunk c of a residual-stream tensor [Tl, *]: this rank's Scl rows of the chunk (with sequence

@@ -183,6 +183,8 @@ void MoeBlock::weighted_sum(int c) {
     copy_slots_pieces(s.mem.get(Buf::combine_recv, c), Y, c, /*to_pieces=*/false);
   else if (s.bf16())
     Y.copy_from(s.mem.get(Buf::combine_recv, c));
+  // Recomputing: the backward reads expert_y (above) but not the weighted sum or the output, which is kept.
+  if (s.recomputing) return;
   Tensor moe = s.rows(Buf::moe_out, c);
   combine_forward(Y, gctx_[size_t(c)].routing, moe);
   Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.Tl, s.dims.h}), c);

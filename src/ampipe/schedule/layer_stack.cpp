@@ -114,7 +114,7 @@ Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<v
   for (size_t i = layers_.size(); i-- > 0;) {
     Entry& e = *layers_[i];
     if (e.cfg.recompute) {  // refill what the backward reads: the same forward, the same random numbers
-      e.layer->begin_forward(e.input, e.token_base);
+      e.layer->begin_forward(e.input, e.token_base, /*recompute=*/true);
       ex_.run(e.plan, Dir::fwd, *e.layer);
     }
     e.layer->begin_backward(g, d_aux);
