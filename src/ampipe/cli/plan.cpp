@@ -123,6 +123,22 @@ std::string work_str(const Task& t) {
 constexpr CollKind kKinds[] = {CollKind::all_to_all, CollKind::all_gather, CollKind::reduce_scatter,
                                CollKind::all_reduce, CollKind::send_recv};
 
+// The planned bytes of a stack of `layers` such layers with activation recomputation (ampipe train's
+// --recompute-granularity): full, every layer (each keeps only its output and input gradient), or selective (the
+// attention output and lse transient).
+struct RecomputeBytes {
+  size_t full = 0, selective = 0;
+};
+RecomputeBytes recompute_bytes(model::LayerConfig cfg, int M, int layers) {
+  RecomputeBytes r;
+  cfg.recompute = true;
+  r.full = schedule::build_layer_plan(cfg, M).planned_bytes(layers);
+  cfg.recompute = false;
+  cfg.recompute_attention = true;
+  r.selective = schedule::build_layer_plan(cfg, M).planned_bytes(layers);
+  return r;
+}
+
 nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const Plan& p,
                        const std::vector<Overlap>& ov, double fwd, double bwd, const schedule::MemoryEstimate& mem) {
   using nlohmann::json;
@@ -200,6 +216,8 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
                       {"shared_bytes", p.memory.shared_bytes},
                       {"num_layers", a.num_layers},
                       {"planned_bytes", p.planned_bytes(a.num_layers)},
+                      {"planned_bytes_recompute_full", recompute_bytes(cfg, d.M, a.num_layers).full},
+                      {"planned_bytes_recompute_selective", recompute_bytes(cfg, d.M, a.num_layers).selective},
                       {"estimate", {{"total_bytes", mem.total()}, {"parts", parts}}}}},
                     {"overlap", std::move(ovj)}};
   return doc;
@@ -265,6 +283,10 @@ int run_plan(PlanArgs& a) {
   fmt::print("memory (planned): saved {} per layer, shared {}; {} layer{}: {} x saved + shared = {}\n",
              core::format_bytes(double(p.memory.saved_bytes)), core::format_bytes(double(p.memory.shared_bytes)), a.num_layers,
              a.num_layers == 1 ? "" : "s", a.num_layers, core::format_bytes(double(p.planned_bytes(a.num_layers))));
+  const RecomputeBytes rc = recompute_bytes(cfg, d.M, a.num_layers);
+  fmt::print("  with ampipe train's recomputation: --recompute-granularity full (every layer keeps its output and input "
+             "gradient) {}, selective (attention output and lse transient) {}\n",
+             core::format_bytes(double(rc.full)), core::format_bytes(double(rc.selective)));
   fmt::print("memory estimate per rank, {} layer{} (parameters, gradients, bf16 copies, planned buffers; no "
              "optimizer or embeddings: ampipe train adds those): {}\n",
              a.num_layers, a.num_layers == 1 ? "" : "s", mem.describe());
