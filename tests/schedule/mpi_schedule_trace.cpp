@@ -245,16 +245,26 @@ TEST(ScheduleTrace, ContextParallelRingStepsHideBehindOwnKeyAttention) {
   }
   const size_t kv = size_t(stack.plan(0).dims.T * 2 * stack.plan(0).dims.hl) * sizeof(float);
   for (int t = 1; t < C; ++t) {
-    const std::string fwd = fmt::format("L0.fwd.cp_ring.p{}", t), bwd = fmt::format("L0.bwd.cp_ring.p{}", t);
-    expect_in_flight_during(rec, fwd, "L0.fwd.attention.c0.p0");
-    expect_in_flight_during(rec, fwd, fmt::format("L0.fwd.attention.c{}.p0", M - 1));
+    const std::string bwd = fmt::format("L0.bwd.cp_ring.p{}", t);
+    size_t fwd_bytes = 0;
+    for (int c = 0; c < M; ++c)
+      for (int h = 0; h < 2; ++h) {  // chunk c's rows of each half, sent as soon as its QKV was done
+        const std::string fwd = fmt::format("L0.fwd.cp_ring.c{}.p{}", c, 2 * (t - 1) + h);
+        ASSERT_TRUE(bytes.count(fwd)) << fwd;
+        fwd_bytes += bytes[fwd];
+        if (c == 0) {  // issued before chunk 1's QKV ran
+          ASSERT_TRUE(rec.count("L0.fwd.ln1_qkv.c1"));
+          EXPECT_LE(rec.at(fwd).issued, rec.at("L0.fwd.ln1_qkv.c1").start) << fwd;
+        }
+        expect_in_flight_during(rec, fwd, "L0.fwd.attention.c0.p0");
+      }
+    EXPECT_EQ(fwd_bytes, kv);  // together one K, V set of this rank's rows per step
     if (M - t >= 0) expect_in_flight_during(rec, bwd, fmt::format("L0.bwd.attention.c{}.p0", M - t));
-    EXPECT_EQ(bytes[fwd], kv) << fwd;  // one K, V set of this rank's rows
     EXPECT_EQ(bytes[bwd], kv) << bwd;  // one dK, dV set (fp32)
   }
   size_t ring_ops = 0;
   for (const auto& [name, b] : bytes) ring_ops += name.find("cp_ring") != std::string::npos;
-  EXPECT_EQ(ring_ops, size_t(2 * (C - 1)));
+  EXPECT_EQ(ring_ops, size_t((2 * M + 1) * (C - 1)));
   const auto all = comm::all_gather_strings(groups.cp, sequence, "trace_cp.sequences");
   for (const std::string& q : all) EXPECT_EQ(q, sequence);
   rt.set_check_collectives(false);

@@ -137,11 +137,12 @@ const Task* find_piece(const Plan& p, Dir d, Stage s, int chunk, int piece) {
 }
 }  // namespace
 
-// Context parallelism: every chunk's K, V first (a chunk's queries see whole halves of other ranks' keys); ring step
-// t brings slot t (sent from slot t-1: each slot travels once per step, never twice); chunk c's attention over
-// slot t waits for step t only, and every chunk's attention over its own keys (piece 0) runs before any remote one,
-// hiding the ring. Backward: the remote slots' attention first, then the ring carries their dK, dV sums while the
-// own-key backward runs, and the QKV backward waits for the last sum.
+// Context parallelism: every chunk's K, V first (a chunk's queries see whole halves of other ranks' keys), each
+// chunk's rows sent on as soon as its QKV is done; ring step t brings slot t (sent from slot t-1: each row of a slot
+// travels once per step, never twice); chunk c's attention over slot t waits for step t only, and every chunk's
+// attention over its own keys (piece 0) runs before any remote one, hiding the ring. Backward: the remote slots'
+// attention first, then the ring carries their dK, dV sums while the own-key backward runs, and the QKV backward
+// waits for the last sum.
 TEST(Plan, ContextParallelRingHidesBehindOwnKeyAttention) {
   for (int C : {2, 3})
     for (int M : {1, 2, 4}) {
@@ -150,32 +151,39 @@ TEST(Plan, ContextParallelRingHidesBehindOwnKeyAttention) {
       std::vector<const Task*> steps, bsteps;
       for (const Task& t : p.tasks)
         if (t.stage == Stage::cp_ring) (t.dir == Dir::fwd ? steps : bsteps).push_back(&t);
-      ASSERT_EQ(int(steps.size()), C - 1);
+      ASSERT_EQ(int(steps.size()), 2 * M * (C - 1));  // per chunk and step: its rows of each half
       ASSERT_EQ(int(bsteps.size()), C - 1);
       const int last_qkv = p.index_of(Dir::fwd, Stage::ln1_qkv, M - 1);
       const int first_att = p.index_of(Dir::fwd, Stage::attention, 0);
       EXPECT_LT(last_qkv, first_att);
-      for (int t = 1; t < C; ++t) {
-        const Task& s = *steps[size_t(t - 1)];
-        EXPECT_EQ(s.piece, t);
-        EXPECT_EQ(s.lane, Lane::cp);
-        EXPECT_EQ(s.collective->kind, CollKind::send_recv);
-        EXPECT_EQ(s.collective->send_slot, t - 1);  // what arrived at the previous step travels on
-        EXPECT_EQ(s.collective->recv_slot, t);
-        EXPECT_LT(int(s.id), first_att);  // issued before the first attention
-        // one K, V set of this rank's rows per step: T * 2h * 4 bytes (fp32)
-        EXPECT_DOUBLE_EQ(s.bytes, double(p.dims.T * 2 * p.dims.hl * 4));
+      // chunk 0's rows leave before chunk 1's QKV
+      if (M > 1) {
+        EXPECT_LT(int(steps.front()->id), p.index_of(Dir::fwd, Stage::ln1_qkv, 1));
+      }
+      const int64_t sub = p.dims.s_global / (2 * C) / M * p.dims.b, half = p.dims.s_global / (2 * C) * p.dims.b;
+      std::set<std::tuple<int, int64_t>> sent;  // (step, first row): every row of a slot once per step
+      for (const Task* s : steps) {
+        const int t = s->piece / 2 + 1, h = s->piece % 2;
+        EXPECT_EQ(s->lane, Lane::cp);
+        EXPECT_EQ(s->collective->kind, CollKind::send_recv);
+        EXPECT_EQ(s->collective->send_slot, t - 1);  // what arrived at the previous step travels on
+        EXPECT_EQ(s->collective->recv_slot, t);
+        EXPECT_EQ(s->collective->slot_row0, h * half + s->chunk * sub);
+        EXPECT_EQ(s->collective->slot_rows, sub);
+        EXPECT_TRUE(sent.insert({t, s->collective->slot_row0}).second) << s->name() << " sent twice";
+        EXPECT_LT(int(s->id), first_att);  // issued before the first attention
+        EXPECT_DOUBLE_EQ(s->bytes, double(sub * 2 * p.dims.hl * 4));  // fp32 K, V of the rows
         for (int c = 0; c < M; ++c) {
           const Task* remote = find_piece(p, Dir::fwd, Stage::attention, c, t);
           ASSERT_NE(remote, nullptr);
-          EXPECT_TRUE(depends_on(p, remote->id, s.id));
-          // every own-key attention is ahead of the first remote one and does not wait for the ring
+          EXPECT_TRUE(depends_on(p, remote->id, s->id));  // whole halves: every chunk's rows
           const Task* own = find_piece(p, Dir::fwd, Stage::attention, c, 0);
           ASSERT_NE(own, nullptr);
-          EXPECT_FALSE(depends_on(p, own->id, s.id));
-          EXPECT_LT(find_piece(p, Dir::fwd, Stage::attention, M - 1, 0)->id, find_piece(p, Dir::fwd, Stage::attention, 0, 1)->id);
+          EXPECT_FALSE(depends_on(p, own->id, s->id));
         }
       }
+      EXPECT_EQ(int(sent.size()), 2 * M * (C - 1));  // together one K, V set per step
+      EXPECT_LT(find_piece(p, Dir::fwd, Stage::attention, M - 1, 0)->id, find_piece(p, Dir::fwd, Stage::attention, 0, 1)->id);
       // backward: the QKV backward of every chunk after the final reduction, which waits for the last step
       const Task* done = find_piece(p, Dir::bwd, Stage::cp_dkv_reduce, -1, 0);
       ASSERT_NE(done, nullptr);

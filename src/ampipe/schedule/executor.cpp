@@ -27,8 +27,12 @@ comm::Event Executor::issue(const Task& t, model::Layer& layer, std::vector<comm
                             const std::string& tag) {
   AMPIPE_CHECK(t.is_collective(), "{} is not a communication task", tag);
   const CollectiveSpec& c = *t.collective;
-  const Tensor send = c.send_slot >= 0 ? layer.buffer_slot(c.send, c.send_slot) : layer.buffer(c.send, t.chunk, t.piece);
-  Tensor recv = c.recv_slot >= 0 ? layer.buffer_slot(c.recv, c.recv_slot) : layer.buffer(c.recv, t.chunk, t.piece);
+  auto slot = [&](Buf b, int s) {
+    const Tensor v = layer.buffer_slot(b, s);
+    return c.slot_rows >= 0 ? v.rows(c.slot_row0, c.slot_row0 + c.slot_rows) : v;
+  };
+  const Tensor send = c.send_slot >= 0 ? slot(c.send, c.send_slot) : layer.buffer(c.send, t.chunk, t.piece);
+  Tensor recv = c.recv_slot >= 0 ? slot(c.recv, c.recv_slot) : layer.buffer(c.recv, t.chunk, t.piece);
   const comm::Group* g = groups_ ? &groups_->get(c.group) : nullptr;
   if (g == nullptr || !g->valid() || g->size() == 1) {
     // A one-rank collective is a copy; what it reads must be complete. Its producers on other lanes (e.g. a

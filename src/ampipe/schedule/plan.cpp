@@ -115,11 +115,20 @@ struct Builder {
   }
   // One context-parallel ring step (cp lane, cp group): slot send_slot of `send` to the next cp rank, slot recv_slot
   // of `recv` from the previous one.
-  uint32_t ring(Dir d, int step, std::vector<uint32_t> deps, Buf send, int send_slot, Buf recv, int recv_slot) {
-    const uint32_t id = collective(d, Stage::cp_ring, -1, std::move(deps), CollKind::send_recv, send, recv, step,
+  // rows >= 0: only rows [row0, row0 + rows) of the slots (chunk c's task, piece `step` names it then).
+  uint32_t ring(Dir d, int step, std::vector<uint32_t> deps, Buf send, int send_slot, Buf recv, int recv_slot,
+                int chunk = -1, int64_t row0 = 0, int64_t rows = -1) {
+    const uint32_t id = collective(d, Stage::cp_ring, chunk, std::move(deps), CollKind::send_recv, send, recv, step,
                                    comm::GroupKind::cp);
-    plan.tasks.back().collective->send_slot = send_slot;
-    plan.tasks.back().collective->recv_slot = recv_slot;
+    CollectiveSpec& c = *plan.tasks.back().collective;
+    c.send_slot = send_slot;
+    c.recv_slot = recv_slot;
+    if (rows >= 0) {
+      c.slot_row0 = row0;
+      c.slot_rows = rows;
+      c.bytes *= double(rows) / double(plan.dims.T);  // a slot holds T rows
+      plan.tasks.back().bytes = c.bytes;
+    }
     return id;
   }
   // A tensor-parallel collective (tp lane, tp group).
@@ -184,12 +193,26 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
   std::vector<uint32_t> qkv;
   std::optional<uint32_t> next_input;  // ahead: chunk c+1's QKV input
   // Context parallelism (docs/ampipe.md §6): a chunk's queries see keys of every cp rank, in full halves, so every
-  // chunk's K, V is computed first; the ring steps then bring the other ranks' K, V (slot t from cp rank r - t)
-  // while every chunk's attention over this rank's own keys runs (piece 0); chunk c's attention over slot t (piece
-  // t) waits only for step t, and the slots are kept for the later chunks and the backward, never sent twice.
+  // chunk's K, V is computed first. Each chunk's K, V rows travel the ring as soon as its QKV is done (slot t from cp
+  // rank r - t; chunk c's rows of each half, pieces 2(t-1) and 2(t-1)+1 of chunk c), under the next chunks' QKV and
+  // every chunk's attention over this rank's own keys (piece 0); chunk c's attention over slot t (piece t) waits
+  // for step t of every chunk, and the slots are kept for the later chunks and the backward, never sent twice.
   const bool cp = d.cp > 1;
   const int C = int(d.cp);
-  std::vector<uint32_t> ring, own;  // ring steps 1..C-1; each chunk's attention over its own keys
+  std::vector<std::vector<uint32_t>> ring(size_t(std::max(C - 1, 0)));  // [step - 1]: every chunk's pieces
+  std::vector<uint32_t> own;  // each chunk's attention over its own keys
+  const int64_t sub_rows = d.cp > 1 ? d.s_global / (2 * d.cp) / M * d.b : 0,  // tokens of one sub-block (A_c or B_c)
+      half_rows = d.cp > 1 ? d.s_global / (2 * d.cp) * d.b : 0;             // of one half of a packed slot
+  auto send_chunk = [&](int c, uint32_t qkv_c) {  // chunk c's rows of both halves, every step
+    for (int h = 0; h < 2; ++h) {
+      uint32_t prev = qkv_c;
+      for (int t = 1; t < C; ++t) {
+        prev = b.ring(Dir::fwd, 2 * (t - 1) + h, {prev}, Buf::cp_kv, t - 1, Buf::cp_kv, t, c,
+                      h * half_rows + c * sub_rows, sub_rows);
+        ring[size_t(t - 1)].push_back(prev);
+      }
+    }
+  };
   if (cp) {
     // tp: chunk c+1's LN1 and all-gather are issued before chunk c's QKV projection (the LN1 rows' one staging slot
     // is free once chunk c's all-gather has read it)
@@ -198,15 +221,13 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     for (int c = 0; c < M; ++c) {
       if (!tp) {
         qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
-        continue;
+      } else {
+        const uint32_t in = *input;
+        if (c + 1 < M) input = qkv_input(c + 1, {in});
+        qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
       }
-      const uint32_t in = *input;
-      if (c + 1 < M) input = qkv_input(c + 1, {in});
-      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
+      send_chunk(c, qkv.back());
     }
-    for (int t = 1; t < C; ++t)
-      ring.push_back(b.ring(Dir::fwd, t, t == 1 ? qkv : std::vector<uint32_t>{ring.back()}, Buf::cp_kv, t - 1,
-                            Buf::cp_kv, t));
     for (int c = 0; c < M; ++c) own.push_back(b.add(Dir::fwd, Stage::attention, c, qkv, 0));
   }
   for (int c = 0; c < M; ++c) {
@@ -224,7 +245,11 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
       att = b.add(Dir::fwd, Stage::attention, c, qkv);
     } else {
       att = own[i];
-      for (int t = 1; t < C; ++t) att = b.add(Dir::fwd, Stage::attention, c, {ring[size_t(t - 1)], att}, t);
+      for (int t = 1; t < C; ++t) {
+        std::vector<uint32_t> deps = ring[size_t(t - 1)];
+        deps.push_back(att);
+        att = b.add(Dir::fwd, Stage::attention, c, deps, t);
+      }
     }
     uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
     if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows (bf16: a bf16 payload), or all-reduced

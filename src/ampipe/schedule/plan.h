@@ -51,6 +51,9 @@ struct CollectiveSpec {
   // Slots of ring-step buffers (context parallelism's cp_kv, cp_dkv, cp_dkv_recv); -1: the task's chunk and piece
   // select the view (Layer::buffer)
   int send_slot = -1, recv_slot = -1;
+  // With slots: rows [slot_row0, slot_row0 + slot_rows) of both slots (-1: the whole slot), e.g. one chunk's K, V
+  // rows of a ring slot
+  int64_t slot_row0 = 0, slot_rows = -1;
 };
 
 struct Task {
