@@ -33,6 +33,33 @@ void expect_in_flight_during(const std::map<std::string, Span>& rec, const std::
   }
 }
 
+// The layer the tests trace: s positions, h 64, 4 heads, E 4, top-2, FFN F, EP over ep ranks.
+model::LayerConfig trace_config(int64_t s, int64_t F, int ep) {
+  model::LayerConfig cfg;
+  cfg.seq_length = s;
+  cfg.micro_batch_size = 1;
+  cfg.hidden_size = 64;
+  cfg.ffn_hidden_size = F;
+  cfg.num_attention_heads = 4;
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.expert_model_parallel_size = ep;
+  return cfg;
+}
+
+// One forward and backward of `stack` with the op trace on, between barriers of the world (tag names them).
+std::vector<comm::TraceRecord> traced_step(schedule::LayerStack& stack, const Tensor& x, const Tensor& dy,
+                                           uint64_t token_base, const comm::Groups& groups, const std::string& tag) {
+  comm::barrier_sync(groups.world, tag + ".start");
+  comm::Trace::clear();
+  comm::Trace::set_enabled(true);
+  stack.forward(x, token_base);
+  stack.backward(dy, 0.01f);
+  comm::barrier_sync(groups.world, tag + ".end");
+  comm::Trace::set_enabled(false);
+  return comm::Trace::snapshot();
+}
+
 // The binary's groups, all created before the first operation: EP over the world, and tp 2 x EP (world / 2).
 struct AllGroups {
   comm::Groups ep_world, tp2, cp_world;
@@ -54,29 +81,16 @@ TEST(ScheduleTrace, CollectivesOverlapTheComputeThePlanSays) {
   const comm::Groups& groups = ep_world_groups();
   rt.set_check_collectives(true);
   for (int M : {2, 4}) {
-    model::LayerConfig cfg;
-    cfg.seq_length = 256;
-    cfg.micro_batch_size = 1;
-    cfg.hidden_size = 64;
-    cfg.ffn_hidden_size = 128;
-    cfg.num_attention_heads = 4;
-    cfg.num_experts = 4;
-    cfg.moe_router_topk = 2;
-    cfg.expert_model_parallel_size = world;
+    model::LayerConfig cfg = trace_config(256, 128, world);
     schedule::LayerStack stack(cfg, 1, M, groups.layout.coord(rt.rank()).ep, &groups);
     const Shape act{cfg.seq_length, 1, cfg.hidden_size};
     const Tensor x = ampipe::testing::seeded_normal(act, 3, uint64_t(2 * rt.rank()));
     const Tensor dy = ampipe::testing::seeded_normal(act, 3, uint64_t(2 * rt.rank() + 1));
-    comm::barrier_sync(groups.world, "trace_test.start");
-    comm::Trace::clear();
-    comm::Trace::set_enabled(true);
-    stack.forward(x, uint64_t(rt.rank() * cfg.tokens()));
-    stack.backward(dy, 0.01f);
-    comm::barrier_sync(groups.world, "trace_test.end");
-    comm::Trace::set_enabled(false);
+    const std::vector<comm::TraceRecord> records =
+        traced_step(stack, x, dy, uint64_t(rt.rank() * cfg.tokens()), groups, "trace_test");
     std::map<std::string, Span> rec;
     std::string sequence;
-    for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
+    for (const comm::TraceRecord& r : records) {
       rec[r.name] = {r.issued_us, r.start_us, r.end_us};
       if (r.cat == "all_to_all") sequence += fmt::format("{}#{};", r.seq, r.name);
     }
@@ -100,15 +114,7 @@ TEST(ScheduleTrace, PipeExpertsPiecesOverlapEachOther) {
   comm::Runtime& rt = comm::Runtime::current();
   const int world = rt.size();
   const comm::Groups& groups = ep_world_groups();
-  model::LayerConfig cfg;
-  cfg.seq_length = 256;
-  cfg.micro_batch_size = 1;
-  cfg.hidden_size = 64;
-  cfg.ffn_hidden_size = 256;
-  cfg.num_attention_heads = 4;
-  cfg.num_experts = 4;
-  cfg.moe_router_topk = 2;
-  cfg.expert_model_parallel_size = world;
+  model::LayerConfig cfg = trace_config(256, 256, world);
   cfg.use_pipe_experts = true;
   cfg.pipe_experts_multi_data = 2;
   ASSERT_EQ(cfg.check_pipe_experts(1), "");
@@ -118,15 +124,10 @@ TEST(ScheduleTrace, PipeExpertsPiecesOverlapEachOther) {
   const Shape act{cfg.seq_length, 1, cfg.hidden_size};
   const Tensor x = ampipe::testing::seeded_normal(act, 4, uint64_t(2 * rt.rank()));
   const Tensor dy = ampipe::testing::seeded_normal(act, 4, uint64_t(2 * rt.rank() + 1));
-  comm::barrier_sync(groups.world, "trace_pipe.start");
-  comm::Trace::clear();
-  comm::Trace::set_enabled(true);
-  stack.forward(x, uint64_t(rt.rank() * cfg.tokens()));
-  stack.backward(dy, 0.01f);
-  comm::barrier_sync(groups.world, "trace_pipe.end");
-  comm::Trace::set_enabled(false);
+  const std::vector<comm::TraceRecord> records =
+      traced_step(stack, x, dy, uint64_t(rt.rank() * cfg.tokens()), groups, "trace_pipe");
   std::map<std::string, Span> rec;
-  for (const comm::TraceRecord& r : comm::Trace::snapshot()) rec[r.name] = {r.issued_us, r.start_us, r.end_us};
+  for (const comm::TraceRecord& r : records) rec[r.name] = {r.issued_us, r.start_us, r.end_us};
   for (int q = 0; q + 1 < pieces; ++q) {
     expect_in_flight_during(rec, fmt::format("L0.fwd.dispatch.c0.p{}", q + 1), fmt::format("L0.fwd.experts.c0.p{}", q));
     expect_in_flight_during(rec, fmt::format("L0.fwd.combine.c0.p{}", q), fmt::format("L0.fwd.experts.c0.p{}", q + 1));
@@ -143,15 +144,7 @@ TEST(ScheduleTrace, TensorParallelCollectivesOverlapExpertPieces) {
   comm::Runtime& rt = comm::Runtime::current();
   const comm::Groups& groups = all_groups().tp2;
   rt.set_check_collectives(true);
-  model::LayerConfig cfg;
-  cfg.seq_length = 256;
-  cfg.micro_batch_size = 1;
-  cfg.hidden_size = 64;
-  cfg.ffn_hidden_size = 256;
-  cfg.num_attention_heads = 4;
-  cfg.num_experts = 4;
-  cfg.moe_router_topk = 2;
-  cfg.expert_model_parallel_size = rt.size() / 2;
+  model::LayerConfig cfg = trace_config(256, 256, rt.size() / 2);
   cfg.tensor_model_parallel_size = 2;
   cfg.sequence_parallel = true;
   cfg.ampipe_tp_sp_comm_overlap = true;
@@ -163,16 +156,11 @@ TEST(ScheduleTrace, TensorParallelCollectivesOverlapExpertPieces) {
   const Shape act{cfg.seq_length / 2, 1, cfg.hidden_size};
   const Tensor x = ampipe::testing::seeded_normal(act, 5, uint64_t(2 * rt.rank()));
   const Tensor dy = ampipe::testing::seeded_normal(act, 5, uint64_t(2 * rt.rank() + 1));
-  comm::barrier_sync(groups.world, "trace_tp.start");
-  comm::Trace::clear();
-  comm::Trace::set_enabled(true);
-  stack.forward(x, uint64_t(me.dp * cfg.tokens()));
-  stack.backward(dy, 0.01f);
-  comm::barrier_sync(groups.world, "trace_tp.end");
-  comm::Trace::set_enabled(false);
+  const std::vector<comm::TraceRecord> records =
+      traced_step(stack, x, dy, uint64_t(me.dp * cfg.tokens()), groups, "trace_tp");
   std::map<std::string, Span> rec;
   std::map<int64_t, std::string> by_seq;  // the tp group's collectives by their number (two lanes: tp, etp)
-  for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
+  for (const comm::TraceRecord& r : records) {
     rec[r.name] = {r.issued_us, r.start_us, r.end_us};
     if (r.name.find(".tp_") != std::string::npos && r.name.rfind("wait:", 0) != 0) by_seq[r.seq] = r.name;
   }
@@ -210,33 +198,19 @@ TEST(ScheduleTrace, ContextParallelRingStepsHideBehindOwnKeyAttention) {
   const comm::Groups& groups = all_groups().cp_world;
   rt.set_check_collectives(true);
   const int C = rt.size(), M = 2;
-  model::LayerConfig cfg;
-  cfg.seq_length = 64 * C;
-  cfg.micro_batch_size = 1;
-  cfg.hidden_size = 64;
-  cfg.ffn_hidden_size = 128;
-  cfg.num_attention_heads = 4;
-  cfg.num_experts = 4;
-  cfg.moe_router_topk = 2;
+  model::LayerConfig cfg = trace_config(64 * C, 128, C);
   cfg.moe_train_capacity_factor = 4.0;
-  cfg.expert_model_parallel_size = C;
   cfg.context_parallel_size = C;
   const comm::Layout::Coord me = groups.layout.coord(rt.rank());
   schedule::LayerStack stack(cfg, 1, M, me.ep, &groups);
   const Shape act{cfg.seq_length / C, 1, cfg.hidden_size};
   const Tensor x = ampipe::testing::seeded_normal(act, 6, uint64_t(2 * rt.rank()));
   const Tensor dy = ampipe::testing::seeded_normal(act, 6, uint64_t(2 * rt.rank() + 1));
-  comm::barrier_sync(groups.world, "trace_cp.start");
-  comm::Trace::clear();
-  comm::Trace::set_enabled(true);
-  stack.forward(x, 0);
-  stack.backward(dy, 0.01f);
-  comm::barrier_sync(groups.world, "trace_cp.end");
-  comm::Trace::set_enabled(false);
+  const std::vector<comm::TraceRecord> records = traced_step(stack, x, dy, 0, groups, "trace_cp");
   std::map<std::string, Span> rec;
   std::map<std::string, size_t> bytes;
   std::string sequence;
-  for (const comm::TraceRecord& r : comm::Trace::snapshot()) {
+  for (const comm::TraceRecord& r : records) {
     rec[r.name] = {r.issued_us, r.start_us, r.end_us};
     if (r.name.find(".cp_") != std::string::npos && r.name.rfind("wait:", 0) != 0) {
       bytes[r.name] = r.bytes;
