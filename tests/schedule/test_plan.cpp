@@ -216,3 +216,39 @@ TEST(Plan, ContextParallelAttentionFlopsAddUpToTheWholeSequence) {
       }
     }
 }
+
+// Without --ampipe-tp-sp-comm-overlap the tp collectives are synchronous, except the two backward reductions that
+// Megatron's column-parallel linears overlap with their weight-gradient GEMM: the last expert piece's input-gradient
+// reduce-scatter runs under the expert weight gradients, and the last chunk's (chunk 0's) QKV input-gradient
+// reduce-scatter under the attention weight gradients. So degree 1 is Megatron's baseline, not a weaker one.
+TEST(Plan, WithoutTheTpOverlapTheLastReductionsHideBehindTheWeightGradients) {
+  for (int M : {1, 2, 4}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M);
+    ampipe::model::LayerConfig cfg;
+    cfg.seq_length = 64;
+    cfg.tensor_model_parallel_size = 2;
+    cfg.sequence_parallel = true;
+    const Plan p = build_layer_plan(cfg, M);
+    auto find = [&](Dir d, Stage s, int chunk) {
+      const Task* t = find_piece(p, d, s, chunk, -1);
+      EXPECT_NE(t, nullptr) << ampipe::model::stage_name(s) << " chunk " << chunk;
+      return t ? t->id : 0u;
+    };
+    const uint32_t awg = find(Dir::bwd, Stage::attention_wgrad, -1), ewg = find(Dir::bwd, Stage::expert_wgrad, -1);
+    // experts: the reduction of the last piece (chunk 0, done last) is issued before the weight gradients, which
+    // do not wait for it; every earlier piece's is waited for by the next piece (synchronous)
+    const uint32_t last_red = find(Dir::bwd, Stage::tp_expert_in, 0);
+    EXPECT_LT(last_red, ewg);
+    EXPECT_FALSE(depends_on(p, ewg, last_red));
+    for (int c = M - 1; c > 0; --c)
+      EXPECT_TRUE(depends_on(p, find(Dir::bwd, Stage::experts, c - 1), find(Dir::bwd, Stage::tp_expert_in, c)));
+    // attention: chunk 0's LN1 backward comes after the weight gradients, which do not wait for its reduction
+    const uint32_t qkv_red = find(Dir::bwd, Stage::tp_qkv_in, 0), ln1 = find(Dir::bwd, Stage::ln1, 0);
+    EXPECT_LT(qkv_red, awg);
+    EXPECT_LT(awg, ln1);
+    EXPECT_FALSE(depends_on(p, awg, qkv_red));
+    EXPECT_TRUE(depends_on(p, ln1, qkv_red));
+    // later chunks (done first) wait for their reduction at once: LN1 backward before the next chunk's QKV backward
+    for (int c = M - 1; c > 0; --c) EXPECT_LT(find(Dir::bwd, Stage::ln1, c), find(Dir::bwd, Stage::qkv, c - 1));
+  }
+}

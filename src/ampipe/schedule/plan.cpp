@@ -323,7 +323,7 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
                                                Buf::combine_bwd_send, Buf::combine_bwd_recv, pieces[q]);
     if (d.overlap_tp && c == M - 1) expert_gather(Dir::bwd, order[0]);  // no attention-side tp work is queued yet
   }
-  sync_reduce.reset();
+  std::vector<uint32_t> prev_reduce;  // without the overlap: the previous piece's reduction, waited for (at most one)
   for (size_t n = 0; n < order.size(); ++n) {
     const size_t idx = order[n];
     const int c = int(idx / nP);
@@ -331,21 +331,22 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     if (d.overlap_tp && n + 1 < order.size()) expert_gather(Dir::bwd, order[n + 1]);
     std::vector<uint32_t> deps = {combine_bwd[size_t(c)][q]};
     if (const auto g = expert_gather(Dir::bwd, idx)) deps = {*g};
-    if (sync_reduce) deps.push_back(*sync_reduce);
+    deps.insert(deps.end(), prev_reduce.begin(), prev_reduce.end());
     experts_bwd.push_back(b.add(Dir::bwd, Stage::experts, c, deps, pieces[q]));
     uint32_t out = experts_bwd.back();
     if (tp) {  // the input gradient's partial sums over the local F columns
       out = b.tp(Dir::bwd, Stage::tp_expert_in, c, {out}, reduce, sp ? Buf::dispatch_bwd_partial : Buf::dispatch_bwd_send,
                  Buf::dispatch_bwd_send, pieces[q]);
-      if (!d.overlap_tp) sync_reduce = out;
+      if (!d.overlap_tp) prev_reduce = {out};
     }
     dispatch_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::dispatch, c, {out}, CollKind::all_to_all,
                                               Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv, pieces[q]);
   }
-  // The expert weight gradients of all chunks in one pass: issued while the reverse dispatches are in flight.
+  // The expert weight gradients of all chunks in one pass: issued while the reverse dispatches are in flight, and
+  // (even in the synchronous mode) while the last piece's input-gradient reduction is: Megatron's column-parallel
+  // backward overlaps that reduce-scatter with its weight-gradient GEMM, so the baseline does too.
   if (d.defer_expert_wgrad) {
     std::vector<uint32_t> deps = experts_bwd;
-    if (sync_reduce) deps.push_back(*sync_reduce);
     b.add(Dir::bwd, Stage::expert_wgrad, -1, deps);
   }
   // With the tp overlap, chunk c's LN1 backward waits until the next chunk's backward (or the weight gradients)
@@ -382,7 +383,10 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
       flush_ln1();
       pending_c = c;
       pending_red = red;
-      if (!d.overlap_tp) flush_ln1();
+      // Without the overlap a chunk's LN1 backward waits for its reduction at once, except the last chunk's (c = 0):
+      // its reduction runs under the attention weight gradients, as Megatron's QKV backward overlaps its
+      // reduce-scatter with its weight-gradient GEMM.
+      if (!d.overlap_tp && c != 0) flush_ln1();
     }
   };
   std::vector<uint32_t> remote_bwd;  // context parallelism: every chunk's attention backward over other ranks' keys
