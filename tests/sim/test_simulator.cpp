@@ -58,11 +58,12 @@ struct PlanBuilder {
     return t.id;
   }
   // A collective that takes `seconds` under unit_profile() (an all-to-all over 2 ranks sends half its bytes).
-  uint32_t collective(double seconds, Lane lane = Lane::ep, std::vector<uint32_t> deps = {}, Dir dir = Dir::fwd) {
+  uint32_t collective(double seconds, Lane lane = Lane::ep, std::vector<uint32_t> deps = {}, Dir dir = Dir::fwd,
+                      Stage stage = Stage::dispatch) {
     Task t;
     t.id = uint32_t(p.tasks.size());
     t.dir = dir;
-    t.stage = Stage::dispatch;
+    t.stage = stage;
     t.chunk = int(t.id);
     t.lane = lane;
     t.deps = std::move(deps);
@@ -289,6 +290,39 @@ TEST(Simulator, ComputeCollectiveComputeChain) {  // (d)
   EXPECT_DOUBLE_EQ(find(r, "L0.fwd.residual_ln2.c2")->start_s, 3);
 }
 
+// Which communication a step waits for: a wait is charged to the collective while it runs and, before it started,
+// to the collective it waited for (a combine behind its tp reduction), or to itself while queued behind its link.
+TEST(Simulator, ExposedWaitsAreChargedToWhatHeldThemUp) {
+  PlanBuilder b;
+  const uint32_t a = b.compute(1);
+  const uint32_t red = b.collective(2, Lane::etp, {a}, Dir::fwd, Stage::tp_expert_out);
+  const uint32_t comb = b.collective(1, Lane::ep, {red}, Dir::fwd, Stage::combine);
+  b.compute(0.5, {comb});
+  SimResult r = simulate({b.p}, unit_profile());
+  EXPECT_DOUBLE_EQ(r.step_s, 4.5);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 3);  // one wait record, for the combine, [1, 4)
+  EXPECT_DOUBLE_EQ(find(r, "wait:L0.fwd.combine.c2")->start_s, 1);
+  EXPECT_DOUBLE_EQ(r.exposed_by_stage_s.at("tp_expert_out"), 2);
+  EXPECT_DOUBLE_EQ(r.exposed_by_stage_s.at("combine"), 1);
+  EXPECT_DOUBLE_EQ(r.comm_by_stage_s.at("tp_expert_out"), 2);
+  EXPECT_DOUBLE_EQ(r.comm_by_stage_s.at("combine"), 1);
+
+  // Queued behind another lane's collective on the same link: charged to itself, not to what it did not wait for.
+  PlanBuilder q;
+  q.collective(2, Lane::ep, {}, Dir::fwd, Stage::dispatch);
+  const uint32_t ring = q.collective(1, Lane::cp, {}, Dir::fwd, Stage::cp_ring);
+  q.compute(1, {ring});
+  SimOptions o;
+  o.cp_size = 2;
+  r = simulate({q.p}, unit_profile(), o);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 3);
+  EXPECT_DOUBLE_EQ(r.exposed_by_stage_s.at("cp_ring"), 3);
+  EXPECT_EQ(r.exposed_by_stage_s.count("dispatch"), 0u);
+  double sum = 0;
+  for (const auto& [stage, t] : r.exposed_by_stage_s) sum += t;
+  EXPECT_DOUBLE_EQ(sum, r.exposed_s);
+}
+
 TEST(Simulator, SlowdownStretchesOverlappedCompute) {  // (g)
   Profile p = unit_profile();
   p.compute_slowdown_during_comm = 0.5;
@@ -462,6 +496,29 @@ TEST(Simulator, ChromeTraceHasLanesTasksAndWaits) {
 }
 
 // ---- profiles ----
+
+// --compute-efficiency: every compute rate times the factor; GEMM shape, links, latencies and overheads unchanged.
+TEST(Profile, ScaleComputeScalesEveryComputeRateOnly) {
+  Profile p = unit_profile();
+  p.bf16 = ComputeRates{100, 256, 80, 60};
+  p.fp32 = ComputeRates{25, 128, 20, 15};
+  p.elementwise_gbps = 1000;
+  p.task_overhead_us = 5;
+  p.links["inter"] = LinkClass{11.5, 17.5};
+  const Profile q = scale_compute(p, 0.5);
+  EXPECT_DOUBLE_EQ(q.bf16.gemm_peak_tflops, 50);
+  EXPECT_DOUBLE_EQ(q.bf16.attention_fwd_tflops, 40);
+  EXPECT_DOUBLE_EQ(q.bf16.attention_bwd_tflops, 30);
+  EXPECT_DOUBLE_EQ(q.fp32.gemm_peak_tflops, 12.5);
+  EXPECT_DOUBLE_EQ(q.fp32.attention_fwd_tflops, 10);
+  EXPECT_DOUBLE_EQ(q.fp32.attention_bwd_tflops, 7.5);
+  EXPECT_DOUBLE_EQ(q.elementwise_gbps, 500);
+  EXPECT_DOUBLE_EQ(q.bf16.gemm_half_rate_dim, 256);
+  EXPECT_DOUBLE_EQ(q.fp32.gemm_half_rate_dim, 128);
+  EXPECT_DOUBLE_EQ(q.task_overhead_us, 5);
+  EXPECT_DOUBLE_EQ(q.links.at("inter").gbps, 17.5);
+  EXPECT_DOUBLE_EQ(q.links.at("inter").latency_us, 11.5);
+}
 
 TEST(Profile, LoadsIgnoresUnknownKeysAndRoundTrips) {
   const std::string path = temp_path("good.json");

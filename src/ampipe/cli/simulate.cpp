@@ -85,6 +85,10 @@ void SimulateArgs::add_to(CLI::App& app) {
                                          "gradient all-reduce) as a Chrome trace to this file");
   app.add_option("--profile", profile_file, "hardware profile JSON (ampipe calibrate, or profiles/*.json)")
       ->required();
+  app.add_option("--compute-efficiency", compute_efficiency,
+                 "a factor on every compute rate of the profile (GEMM, attention, element-wise): one constant for "
+                 "what the profile does not capture, e.g. set from one measured configuration (docs/simulator.md §8)")
+      ->capture_default_str();
   app.add_option("--world-size", world_size, "devices to simulate (default: the MPI world size)");
   app.add_option("--nodes", nodes,
                  "nodes the devices sit on (default: world size / the profile's devices_per_node, at least 1)");
@@ -100,6 +104,7 @@ struct Prediction {
   sim::SimResult last, mid;  // the last micro-batch (with the gradient all-reduce), another one
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_s = 0, hidden = 0;
   double layer_flops = 0;  // one micro-batch, all layers, this rank
+  std::map<std::string, double> comm_by_stage, exposed_by_stage;  // the iteration's, by collective stage
   double tflops_engine = 0, tflops_megatron = 0;
 };
 
@@ -115,7 +120,11 @@ int run_simulate(SimulateArgs& a) {
   if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
   if (a.vocab_size < 0) throw ConfigError(fmt::format("--vocab-size {} is invalid: it must be >= 1", a.vocab_size));
   if (a.vocab_size > 0) cfg.vocab_size = a.vocab_size;
-  const sim::Profile prof = sim::load_profile(a.profile_file, "--profile");
+  if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
+    throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
+                                  "the profile's compute rates)",
+                                  a.compute_efficiency));
+  const sim::Profile prof = sim::scale_compute(sim::load_profile(a.profile_file, "--profile"), a.compute_efficiency);
   const int dpn = prof.devices_per_node;
   int K = a.nodes;
   if (K == 0) {
@@ -246,6 +255,10 @@ int run_simulate(SimulateArgs& a) {
     p.compute_s = n_mid * p.mid.compute_s + p.last.compute_s + nmb * head_s + optim_s;
     p.comm_s = n_mid * p.mid.comm_s + p.last.comm_s;
     p.exposed_s = n_mid * p.mid.exposed_s + p.last.exposed_s;
+    for (const auto& [stage, t] : p.last.comm_by_stage_s) p.comm_by_stage[stage] += t;
+    for (const auto& [stage, t] : p.mid.comm_by_stage_s) p.comm_by_stage[stage] += n_mid * t;
+    for (const auto& [stage, t] : p.last.exposed_by_stage_s) p.exposed_by_stage[stage] += t;
+    for (const auto& [stage, t] : p.mid.exposed_by_stage_s) p.exposed_by_stage[stage] += n_mid * t;
     const double mn = std::min(p.compute_s, p.comm_s);
     p.hidden = mn > 0 ? (p.compute_s + p.comm_s - p.step_s) / mn : 0;
     p.tflops_engine = nmb * (p.layer_flops + 6 * T * h * V) / p.step_s / 1e12;
@@ -304,7 +317,19 @@ int run_simulate(SimulateArgs& a) {
                        // (a phase of its own after the last backward, so the two add exactly)
                        {"layers_without_allreduce_s", layers - dp_ar_s},
                        {"speedup", ref->step_s / p.step_s},
-                       {"flops_engine", nmb * (p.layer_flops + 6 * T * h * V)}});
+                       {"flops_engine", nmb * (p.layer_flops + 6 * T * h * V)},
+                       {"comm_by_stage_s", p.comm_by_stage},
+                       {"exposed_by_stage_s", p.exposed_by_stage}});
+  }
+  // Which communication each degree leaves exposed (what it hides is the difference to another row).
+  for (const Prediction& p : preds) {
+    std::string line;
+    for (const auto& [stage, t] : p.comm_by_stage) {
+      const auto e = p.exposed_by_stage.find(stage);
+      line += fmt::format("{}{} {}/{}", line.empty() ? "" : ", ", stage,
+                          ms(e == p.exposed_by_stage.end() ? 0 : e->second), ms(t));
+    }
+    fmt::print("  degree {} exposed/alone ms by communication: {}\n", p.M, line);
   }
   fmt::print("chosen: degree {} ({} ms per iteration{})\n", best->M, ms(best->step_s),
              best == ref ? "" : fmt::format(", {:.3f}x degree {}", ref->step_s / best->step_s, ref->M));
@@ -314,6 +339,7 @@ int run_simulate(SimulateArgs& a) {
                        {"chosen_degree", best->M},
                        {"profile", prof.name},
                        {"profile_file", a.profile_file},
+                       {"compute_efficiency", a.compute_efficiency},
                        {"skipped", skipped},
                        {"config",
                         {{"num_layers", cfg.num_layers},

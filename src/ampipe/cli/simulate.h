@@ -17,6 +17,7 @@ struct SimulateArgs {
   int nodes = 0;                // 0: world size / the profile's devices_per_node (at least 1)
   int64_t vocab_size = 0;       // 0: TrainConfig's default (the bundled corpus's byte vocabulary)
   std::string profile_file;
+  double compute_efficiency = 1;  // --compute-efficiency: a factor on every compute rate of the profile
   std::string json_file;
   void add_to(CLI::App& app);
 };

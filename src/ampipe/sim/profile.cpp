@@ -91,6 +91,16 @@ const std::string& Profile::link_name(bool spans_nodes) const {
 
 const LinkClass& Profile::link(bool spans_nodes) const { return links.at(link_name(spans_nodes)); }
 
+Profile scale_compute(Profile p, double efficiency) {
+  for (ComputeRates* r : {&p.bf16, &p.fp32}) {
+    r->gemm_peak_tflops *= efficiency;
+    r->attention_fwd_tflops *= efficiency;
+    r->attention_bwd_tflops *= efficiency;
+  }
+  p.elementwise_gbps *= efficiency;
+  return p;
+}
+
 Profile parse_profile(const std::string& text, const std::string& where) {
   json j;
   try {

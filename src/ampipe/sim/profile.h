@@ -63,6 +63,11 @@ struct Profile {
   const std::string& link_name(bool spans_nodes) const;  // "inter" or "intra", as link() chooses
 };
 
+// The profile with every compute rate (GEMM peaks, attention rates of bf16 and fp32, element-wise bandwidth)
+// multiplied by `efficiency`: `ampipe simulate --compute-efficiency`, one constant for what the profile's rates do
+// not capture. Links, latencies and overheads are unchanged.
+Profile scale_compute(Profile p, double efficiency);
+
 // Reads and checks a profile (throws ConfigError: "--profile PATH: <field> <problem>").
 Profile load_profile(const std::string& path, const std::string& flag = "--profile");
 // Writes it as JSON (atomically: a temp file renamed into place).

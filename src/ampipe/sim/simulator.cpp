@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <limits>
 
 #include "ampipe/core/error.h"
@@ -153,6 +154,7 @@ struct Item {
   std::string name;
   Lane lane = Lane::compute;
   bool coll = false;
+  std::string stage;  // model::stage_name of the task, "dp_allreduce" for the gradient all-reduce
   std::string cat = "compute";
   std::string link;  // collectives: the link class, a shared resource
   int chunk = -1;
@@ -182,6 +184,7 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
       it.name = t.name();
       it.lane = t.lane;
       it.coll = t.is_collective();
+      it.stage = model::stage_name(t.stage);
       AMPIPE_CHECK(it.coll == (t.lane != Lane::compute), "simulate: task {} is {} on lane {}", it.name,
                    it.coll ? "a collective" : "compute", comm::lane_name(t.lane));
       it.chunk = t.chunk;
@@ -234,6 +237,7 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
   if (opts.dp_allreduce_bytes > 0 && reduce_size > 1) {
     Item it;
     it.name = "dp.allreduce";
+    it.stage = "dp_allreduce";
     it.lane = Lane::dp;
     it.coll = true;
     it.cat = schedule::coll_kind_name(CollKind::all_reduce);
@@ -261,6 +265,26 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
   int in_flight = 0;
   uint64_t seq = 0;
   std::vector<SimRecord> waits;
+  std::map<std::string, double> exposed_by_stage;
+  // A wait [from, to) for collective x is charged to what held it up: x while it ran; before x started, the
+  // collective dependency of x that ended last (recursively: a combine waits for its tp reduction, that for the
+  // experts), and x itself for any time it sat queued behind its lane or link.
+  std::function<void(double, double, size_t)> charge = [&](double from, double to, size_t xi) {
+    const Item& x = items[xi];
+    const double began = std::clamp(x.start, from, to);
+    exposed_by_stage[x.stage] += to - began;
+    if (began <= from) return;
+    size_t last = items.size();
+    for (size_t d : x.deps)
+      if (items[d].coll && items[d].end > from && (last == items.size() || items[d].end > items[last].end)) last = d;
+    if (last == items.size()) {
+      exposed_by_stage[x.stage] += began - from;
+      return;
+    }
+    const double dep_end = std::min(items[last].end, began);
+    exposed_by_stage[x.stage] += began - dep_end;  // queued behind its lane or link
+    charge(from, dep_end, last);
+  };
 
   auto deps_done = [&](const Item& it) {
     return std::all_of(it.deps.begin(), it.deps.end(), [&](size_t d) { return items[d].done; });
@@ -280,6 +304,8 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
       w.cat = "wait";
       w.chunk = x.chunk;
       w.bytes = x.bytes;
+      w.stage = x.stage;
+      charge(w.start_s, w.end_s, d);
       waits.push_back(std::move(w));
       cur = x.end;
     }
@@ -387,8 +413,10 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
     r.bytes = it.bytes;
     r.issue_s = it.coll ? it.issue : it.start;
     r.link = it.link;
+    r.stage = it.stage;
     const double dur = it.end - it.start;
     (it.coll ? res.comm_s : res.compute_s) += dur;
+    if (it.coll) res.comm_by_stage_s[it.stage] += dur;
     res.lane_busy_s[std::string(comm::lane_name(it.lane))] += dur;
     first = std::min(first, it.start);
     last = std::max(last, it.end);
@@ -399,6 +427,7 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
     last = std::max(last, w.end_s);
     res.timeline.push_back(std::move(w));
   }
+  res.exposed_by_stage_s = std::move(exposed_by_stage);
   std::stable_sort(res.timeline.begin(), res.timeline.end(),
                    [](const SimRecord& a, const SimRecord& b) { return a.start_s < b.start_s; });
   res.step_s = res.timeline.empty() ? 0 : last - first;

@@ -43,6 +43,7 @@ struct SimRecord {
   double wait_s = 0;  // compute tasks: time the compute lane waited for a collective before this task
   // Added for the trace: "compute", "wait", or the collective kind ("all_to_all", ...), as comm::TraceRecord::cat.
   std::string cat = "compute";
+  std::string stage;  // model::stage_name of the task (of the collective waited for), "dp_allreduce" for that
   int chunk = -1;
   double bytes = 0;     // collectives: bytes this rank sends; compute: memory bytes of the task
   double issue_s = 0;   // collectives: when the compute lane issued it (start_s: when it got its lane and link)
@@ -56,6 +57,11 @@ struct SimResult {
   double exposed_s = 0;     // compute lane idle, waiting for communication
   double hidden_fraction = 0;  // (compute + comm - step) / min(compute, comm), as bench-layer reports it
   std::map<std::string, double> lane_busy_s;  // by lane name
+  // Which communication the step waits for, by the collective's stage (model::stage_name: "dispatch",
+  // "tp_expert_in", "cp_ring", ...; "dp_allreduce"): the collectives' durations, and the exposed waits charged to
+  // what held them up (a wait for a combine, before the combine started, to the tp reduction it waited for, and so
+  // on; time a collective sat queued behind its lane or link to itself). They add up to exposed_s.
+  std::map<std::string, double> comm_by_stage_s, exposed_by_stage_s;
   std::vector<SimRecord> timeline;            // by start time; the exposed waits are records of cat "wait"
 };
 
