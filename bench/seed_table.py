@@ -18,7 +18,7 @@ SCENARIO = ("--world-size 16 --nodes 2 --use-flash-attn --seq-length 131072 --hi
             "--expert-model-parallel-size 2 --tensor-model-parallel-size 8 --context-parallel-size 2 "
             "--sequence-parallel --bf16 --num-layers 2 --recompute-granularity full --recompute-method block "
             "--recompute-num-layers 2 --moe-train-capacity-factor 1.1 --micro-batch-size 1 --global-batch-size 1 "
-            "--vocab-size 50257").split()
+            "--vocab-size 50257 --position-embedding-type rope").split()
 # (name, MindSpeed's flags, the seed's TFLOP/s)
 ROWS = [
     ("baseline", "--ampipe-degree 1", 120.56),

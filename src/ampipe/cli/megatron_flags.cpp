@@ -60,4 +60,13 @@ void RefusedFlags::check() const {
   }
 }
 
+void RefusedFlags::release(CLI::App& app, const std::string& flag) {
+  // The entry stays (the other options hold references into `entries`); without its option check() skips it.
+  for (Entry& e : entries)
+    if (flag == e.flag && e.opt != nullptr) {
+      app.remove_option(e.opt);
+      e.opt = nullptr;
+    }
+}
+
 }  // namespace ampipe::cli

@@ -31,6 +31,9 @@ struct RefusedFlags {
   void add_to(CLI::App& app, const std::string& group);
   // Throws ConfigError for the first refused flag given (on the command line or by --config).
   void check() const;
+  // Takes `flag` off `app` and out of check(), for a command that gives it a meaning of its own (`ampipe simulate`
+  // costs --position-embedding-type rope, which `train` refuses).
+  void release(CLI::App& app, const std::string& flag);
 };
 
 }  // namespace ampipe::cli

@@ -27,7 +27,9 @@
 // Parameters (closed form, names of model/layer_params.h and train/gpt_model.h):
 //   dense per layer   ln1 2h + attn.qkv 3h^2 + attn.proj h^2 + ln2 2h + moe.gate E*h  = 4h^2 + 4h + E*h
 //   expert per layer  L_loc * (fc1 F1*h + fc2 h*F), F1 = F (GeLU) or 2F (SwiGLU)       (this rank's experts)
-//   embedding etc.    word V*h + position s*h + final LayerNorm 2h (+ output layer V*h when untied)
+//   embedding etc.    word V*h/tp + position s*h (none with --position-embedding-type rope) + final LayerNorm 2h
+//                     (+ output layer V*h/tp when untied): the vocabulary split over tp as in Megatron's
+//                     vocabulary-parallel embedding and head, which the LM head's cost below assumes too
 // Gradient all-reduce (fp32, sum): dense over dp, expert over the expert-data-parallel group of dp/ep ranks. The
 // simulator takes one all-reduce over dp ranks, so the expert part enters with the bytes that cost the same over dp
 // ranks: expert bytes * ((edp-1)/edp) / ((dp-1)/dp) (a ring all-reduce moves 2*bytes*(g-1)/g; one latency).
@@ -75,6 +77,12 @@ void check_output_path(const std::string& flag, const std::string& path) {
 
 void SimulateArgs::add_to(CLI::App& app) {
   train.add_to(app);
+  // train refuses rope (its model has learned positions only); simulate costs it, for Megatron's launch scripts
+  train.refused.release(app, "--position-embedding-type");
+  app.add_option("--position-embedding-type", position_embedding,
+                 "learned_absolute (the engine's: s x h parameters, reduced with the dense gradients) or rope "
+                 "(Megatron's rotary embeddings: no parameters, an element-wise rotation of q and k per layer)")
+      ->capture_default_str();
   // The train flag --ampipe-degree takes one degree; here it takes a list (--config's "ampipe_degree" still works).
   app.remove_option(app.get_option("--ampipe-degree"));
   app.add_option("--ampipe-degree", degrees,
@@ -120,6 +128,11 @@ int run_simulate(SimulateArgs& a) {
   if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
   if (a.vocab_size < 0) throw ConfigError(fmt::format("--vocab-size {} is invalid: it must be >= 1", a.vocab_size));
   if (a.vocab_size > 0) cfg.vocab_size = a.vocab_size;
+  if (a.position_embedding != "learned_absolute" && a.position_embedding != "rope")
+    throw ConfigError(fmt::format("--position-embedding-type {} is not supported: simulate costs learned_absolute "
+                                  "or rope",
+                                  a.position_embedding));
+  const bool rope = a.position_embedding == "rope";
   if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
     throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
                                   "the profile's compute rates)",
@@ -196,7 +209,10 @@ int run_simulate(SimulateArgs& a) {
   const double tp = double(l.tp());
   const double dense_layer = 4 * h * h / tp + 4 * h + E * h,
                expert_layer = double(l.local_experts()) * (F1 * h + h * F) / tp;
-  const double dense_params = nl * dense_layer + V * h + s * h + 2 * h + (cfg.untie_embeddings_and_output_weights ? V * h : 0);
+  // the word embedding (and an untied output layer) as Megatron's vocabulary-parallel ones: V/tp rows per device,
+  // like the LM head below
+  const double dense_params = nl * dense_layer + V / tp * h + (rope ? 0 : s * h) + 2 * h +
+                              (cfg.untie_embeddings_and_output_weights ? V / tp * h : 0);
   const double expert_params = nl * expert_layer;
   const double matrix_params = nl * (4 * h * h / tp + expert_layer);  // layer matrices with bf16 copies (not the gate)
 
@@ -206,6 +222,13 @@ int run_simulate(SimulateArgs& a) {
   const sim::ComputeRates& r32 = prof.fp32;
   const double head_gemm = 3 * 2 * Th * h * Vh / sim::gemm_rate(r32, std::min({Th, h, Vh}));
   const double head_s = head_gemm + (12 * Th * Vh + 44 * Th * h) / (prof.elementwise_gbps * 1e9) + 8 * prof.task_overhead_us * 1e-6;
+  // RoPE: q and k of the device's rows and local heads rotated in the forward (again when recomputed) and in the
+  // backward, each a read and a write at elementwise_gbps, one task overhead each (outside the layers' Plans)
+  const std::vector<bool> recomputed = cfg.recompute_layers();
+  const double rope_passes = rope ? nl * 2 + double(std::count(recomputed.begin(), recomputed.end(), true)) : 0;
+  const double rope_s = rope_passes * (2 * 2 * (T / double(l.cp())) * (h / tp) * (l.bf16 ? 2 : 4) /
+                                           (prof.elementwise_gbps * 1e9) +
+                                       prof.task_overhead_us * 1e-6);
   const double optim_s = ((dense_params + expert_params) * 36 + (l.bf16 ? 6 * matrix_params : 0)) / (prof.elementwise_gbps * 1e9);
 
   sim::SimOptions opts;
@@ -251,8 +274,8 @@ int run_simulate(SimulateArgs& a) {
     if (nmb > 1) p.mid = sim::simulate(plans, prof, no_dp);
     const double n_mid = nmb - 1;
     for (const schedule::Plan& pl : plans) p.layer_flops += pl.flops();
-    p.step_s = n_mid * p.mid.step_s + p.last.step_s + nmb * head_s + optim_s;
-    p.compute_s = n_mid * p.mid.compute_s + p.last.compute_s + nmb * head_s + optim_s;
+    p.step_s = n_mid * p.mid.step_s + p.last.step_s + nmb * (head_s + rope_s) + optim_s;
+    p.compute_s = n_mid * p.mid.compute_s + p.last.compute_s + nmb * (head_s + rope_s) + optim_s;
     p.comm_s = n_mid * p.mid.comm_s + p.last.comm_s;
     p.exposed_s = n_mid * p.mid.exposed_s + p.last.exposed_s;
     for (const auto& [stage, t] : p.last.comm_by_stage_s) p.comm_by_stage[stage] += t;
@@ -288,9 +311,10 @@ int run_simulate(SimulateArgs& a) {
              l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), opts.cp_spans_nodes ? " (across nodes)" : "") : std::string(),
              ep,
              opts.ep_spans_nodes ? " (across nodes)" : "", dp, G, nmb, nmb == 1 ? "" : "es", prof.name);
-  fmt::print("  per iteration besides the layers: LM head {} ms x {}, optimizer {} ms, gradient all-reduce {} ms "
+  fmt::print("  per iteration besides the layers: LM head {} ms x {}{}, optimizer {} ms, gradient all-reduce {} ms "
              "({:.1f} MiB{}){}\n",
-             ms(head_s), nmb, ms(optim_s), ms(dp_ar_s), opts.dp_allreduce_bytes / (1 << 20),
+             ms(head_s), nmb, rope ? fmt::format(", RoPE {} ms x {}", ms(rope_s), nmb) : std::string(), ms(optim_s),
+             ms(dp_ar_s), opts.dp_allreduce_bytes / (1 << 20),
              dpcp > 1 ? (reduce_spans ? ", over dp x cp, across nodes" : ", over dp x cp, within a node")
                       : ", dp x cp = 1: none",
              inter_missing ? "; the profile has no links.inter: cross-node collectives use links.intra" : "");
@@ -361,6 +385,8 @@ int run_simulate(SimulateArgs& a) {
                          {"micro_batches", nmb},
                          {"ep_spans_nodes", opts.ep_spans_nodes},
                          {"head_s", head_s},
+                         {"position_embedding_type", a.position_embedding},
+                         {"rope_s", rope_s},
                          {"optimizer_s", optim_s},
                          {"dp_allreduce_bytes", opts.dp_allreduce_bytes},
                          {"dp_allreduce_s", dp_ar_s},
