@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The seed's table (docs/simulator.md §8): MindSpeed's four AMPipe rows at 16 NPUs, 128k tokens, predicted by
+"""MindSpeed's AMPipe table (docs/simulator.md §8): its four rows at 16 Ascend 910B NPUs, 128k tokens, predicted by
 `ampipe simulate` on a hardware profile, with at most one constant (--compute-efficiency) set so that the baseline
-row predicts the table's 120.56 TFLOP/s. Prints the table, each row's gain against the seed's, and which
+row predicts the table's 120.56 TFLOP/s. Prints the table, each row's gain against MindSpeed's, and which
 communication each row leaves exposed and hides.
 
-    python3 bench/seed_table.py [--ampipe build/ampipe] [--profile profiles/atlas-800t-a2-910b2.json] [--no-constant]
+    python3 bench/mindspeed_table.py [--ampipe build/ampipe] [--profile profiles/atlas-800t-a2-910b2.json] [--no-constant]
 """
 import argparse
 import json
@@ -19,7 +19,7 @@ SCENARIO = ("--world-size 16 --nodes 2 --use-flash-attn --seq-length 131072 --hi
             "--sequence-parallel --bf16 --num-layers 2 --recompute-granularity full --recompute-method block "
             "--recompute-num-layers 2 --moe-train-capacity-factor 1.1 --micro-batch-size 1 --global-batch-size 1 "
             "--vocab-size 50257 --position-embedding-type rope").split()
-# (name, MindSpeed's flags, the seed's TFLOP/s)
+# (name, MindSpeed's flags, its measured TFLOP/s)
 ROWS = [
     ("baseline", "--ampipe-degree 1", 120.56),
     ("pipe-experts", "--ampipe-degree 1 --use-pipe-experts --pipe-experts-multi-stream --pipe-experts-multi-data 2",
@@ -45,7 +45,7 @@ def simulate(ampipe, profile, flags, eff):
             SCENARIO + flags.split()
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            sys.exit(f"seed_table: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
+            sys.exit(f"mindspeed_table: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
         with open(out) as f:
             return json.load(f)["configs"][0]
 
@@ -72,7 +72,7 @@ def main():
     print(f"profile {a.profile}, compute efficiency {eff}" + (" (the one constant, set from the baseline row)"
                                                                if not a.no_constant else " (none)"))
     print()
-    print("| row | seed TFLOP/s | seed gain | predicted ms | predicted TFLOP/s | predicted gain | difference |")
+    print("| row | MindSpeed TFLOP/s | its gain | predicted ms | predicted TFLOP/s | predicted gain | difference |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for (name, _, seed), p in zip(ROWS, preds):
         if p is base:
@@ -99,7 +99,7 @@ def main():
     print("| hidden vs baseline | | " + " | ".join(f"{1e3 * (base['exposed_s'] - p['exposed_s']):.0f}"
                                                     for p in preds) + " |")
     seed_step = [6.4445e14 / (t * 1e12) for _, _, t in ROWS]  # Megatron's FLOPs per device / TFLOP/s
-    print("| seed's saving (from its TFLOP/s) | | " + " | ".join(f"{1e3 * (seed_step[0] - s):.0f}"
+    print("| MindSpeed's saving (from its TFLOP/s) | | " + " | ".join(f"{1e3 * (seed_step[0] - s):.0f}"
                                                               for s in seed_step) + " |")
 
 
