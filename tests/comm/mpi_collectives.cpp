@@ -1,6 +1,7 @@
 // Collectives through the engine against locally computed references, on 2 and 4 ranks.
 // Tolerances: exact. Payload values are multiples of 0.25 below 16, exact in bf16; fp32 sums of at most 4 of
 // them are exact, and a bf16 sum must equal the exact sum rounded to bf16 once (the engine reduces bf16 in fp32).
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +120,31 @@ TEST(Collectives, AllReduceSumAndAvg) {
           if (op == Reduce::avg) s /= float(n);
           ASSERT_EQ(t.get(i), dt == DType::bf16 ? round_bf16(s) : s) << g->label() << " elem " << i;
         }
+      }
+}
+
+// Large all-reduces run as an all-to-all of blocks, a local sum and an all-gather: blocks of uneven size (n does
+// not divide the count), the sum in rank order in fp32 rounded once, the same bits on every rank.
+TEST(Collectives, AllReduceLargeInBlocksOfUnevenSize) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Reduce op : {Reduce::sum, Reduce::avg})
+      for (const Group* g : {&groups().world, &groups().ep}) {
+        const int n = g->size(), me = g->rank();
+        const int64_t count = 16384 * 2 + 3;
+        Tensor t = Tensor::empty({count}, dt);
+        for (int64_t i = 0; i < count; ++i) t.set(i, val(me, 6, i));
+        all_reduce(*g, t, op, "test.all_reduce_large").wait(30s);
+        for (int64_t i = 0; i < count; ++i) {
+          float s = 0;
+          for (int r = 0; r < n; ++r) s += val(r, 6, i);
+          if (op == Reduce::avg) s /= float(n);
+          ASSERT_EQ(t.get(i), dt == DType::bf16 ? round_bf16(s) : s) << g->label() << " elem " << i;
+        }
+        // 1 + 4 * 2^-9 in bf16 at the last element (a block of its own size): rounded once, from the fp32 sum
+        Tensor b = Tensor::zeros({count}, DType::bf16);
+        b.set(count - 1, me == 0 ? 1.0f : 4.0f / 512.0f / float(std::max(n - 1, 1)));
+        all_reduce(*g, b, Reduce::sum, "test.all_reduce_large_once").wait(30s);
+        EXPECT_EQ(b.get(count - 1), n == 1 ? 1.0f : 1.0f + 4.0f / 512.0f) << g->label();
       }
 }
 

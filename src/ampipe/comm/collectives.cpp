@@ -138,72 +138,126 @@ Event all_gather(const Group& g, Tensor send, Tensor recv, std::string tag, cons
   return submit(std::move(op));
 }
 
+// Reductions (docs/communication.md, "Reductions"). Open MPI's non-blocking reduce-scatter and all-reduce (libnbc)
+// moved 2.8x and 1.9x as long as the bandwidth-optimal volume over a shaped link between two ranks, so the
+// reductions are built from an all-to-all instead: every rank sends block j of its input to rank j (in the input's
+// own dtype) and adds the g blocks it receives, in rank order and in fp32; the all-reduce then all-gathers the
+// reduced blocks. Each rank moves (g-1)/g of the data per round, and every rank ends with the same bits (each block
+// is rounded once, by its owner). The sums run on the engine thread.
+namespace {
+
+// Block j of n elements over g ranks: the first n % g blocks have one element more.
+int64_t block_count(int64_t n, int g, int j) { return n / g + (j < n % g ? 1 : 0); }
+int64_t block_offset(int64_t n, int g, int j) { return j * (n / g) + std::min<int64_t>(j, n % g); }
+
+float load(const unsigned char* base, DType dt, int64_t i) {
+  return dt == DType::f32 ? reinterpret_cast<const float*>(base)[i]
+                          : bf16_to_f32(reinterpret_cast<const bf16*>(base)[i]);
+}
+
+// out[i] = scale * sum over ranks j of blocks[j * cnt + i], in fp32, rounded once to dt.
+void sum_blocks(const std::vector<unsigned char>& blocks, DType dt, int g, int64_t cnt, unsigned char* out,
+                float scale) {
+  for (int64_t i = 0; i < cnt; ++i) {
+    float acc = 0;
+    for (int j = 0; j < g; ++j) acc += load(blocks.data(), dt, int64_t(j) * cnt + i);
+    acc *= scale;
+    if (dt == DType::f32)
+      reinterpret_cast<float*>(out)[i] = acc;
+    else
+      reinterpret_cast<bf16*>(out)[i] = f32_to_bf16(acc);
+  }
+}
+
+// Below this many elements an all-reduce is latency-bound: one MPI_Iallreduce round beats two.
+constexpr int64_t kSmallAllReduce = 16384;
+
+}  // namespace
+
 Event reduce_scatter(const Group& g, Tensor send, Tensor recv, Reduce rop, std::string tag, const Issue& how) {
   require(send, "send", tag);
   require(recv, "recv", tag);
   AMPIPE_CHECK(send.dtype() == recv.dtype(), "{}: dtype mismatch", tag);
   AMPIPE_CHECK(send.numel() == recv.numel() * g.size(), "{}: send {} elements != {} ranks x recv {}", tag,
                send.numel(), g.size(), recv.numel());
-  int cnt = to_int(recv.numel(), tag);
-  float scale = rop == Reduce::avg ? 1.0f / float(g.size()) : 1.0f;
+  const int cnt = to_int(recv.numel(), tag), n = g.size();
+  const float scale = rop == Reduce::avg ? 1.0f / float(n) : 1.0f;
+  const DType dt = send.dtype();
   auto op = make_op(g, OpKind::reduce_scatter, send.nbytes(), std::move(tag), how, true);
-  op->dtype_code = dtype_code(send.dtype());
+  op->dtype_code = dtype_code(dt);
   op->check_bytes = send.nbytes();
-  if (send.dtype() == DType::f32) {
-    op->start = [send, recv, cnt](Op& o, MPI_Comm comm) mutable {
-      o.reqs.emplace_back();
-      check_rc(MPI_Ireduce_scatter_block(send.raw(), recv.raw(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
-               "MPI_Ireduce_scatter_block");
-    };
-    op->finish = [recv, scale](Op&) mutable {
-      if (scale != 1.0f) scale_f32(recv, scale);
-    };
-  } else {
-    auto out = std::make_shared<std::vector<float>>(size_t(cnt));
-    auto in = std::make_shared<std::shared_ptr<std::vector<float>>>();
-    op->start = [send, cnt, out, in](Op& o, MPI_Comm comm) mutable {
-      *in = to_f32(send);
-      o.reqs.emplace_back();
-      check_rc(MPI_Ireduce_scatter_block((*in)->data(), out->data(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
-               "MPI_Ireduce_scatter_block");
-    };
-    op->finish = [recv, out, in, scale](Op&) mutable {
-      from_f32(*out, recv, scale);
-      in->reset();
-    };
-  }
+  auto blocks = std::make_shared<std::vector<unsigned char>>();  // every rank's block `rank`, in rank order
+  op->start = [send, cnt, blocks](Op& o, MPI_Comm comm) mutable {
+    blocks->resize(send.nbytes());
+    const MPI_Datatype t = move_type(send.dtype());
+    o.reqs.emplace_back();
+    check_rc(MPI_Ialltoall(send.raw(), cnt, t, blocks->data(), cnt, t, comm, &o.reqs.back()), "MPI_Ialltoall");
+  };
+  op->finish = [recv, blocks, dt, n, cnt, scale](Op&) mutable {
+    sum_blocks(*blocks, dt, n, cnt, static_cast<unsigned char*>(recv.raw()), scale);
+    blocks.reset();
+  };
   return submit(std::move(op));
 }
 
 Event all_reduce(const Group& g, Tensor data, Reduce rop, std::string tag, const Issue& how) {
   require(data, "data", tag);
-  int cnt = to_int(data.numel(), tag);
-  float scale = rop == Reduce::avg ? 1.0f / float(g.size()) : 1.0f;
+  const int cnt = to_int(data.numel(), tag), n = g.size();
+  const float scale = rop == Reduce::avg ? 1.0f / float(n) : 1.0f;
+  const DType dt = data.dtype();
   auto op = make_op(g, OpKind::all_reduce, data.nbytes(), std::move(tag), how, true);
-  op->dtype_code = dtype_code(data.dtype());
+  op->dtype_code = dtype_code(dt);
   op->check_bytes = data.nbytes();
-  if (data.dtype() == DType::f32) {
-    op->start = [data, cnt](Op& o, MPI_Comm comm) mutable {
-      o.reqs.emplace_back();
-      check_rc(MPI_Iallreduce(MPI_IN_PLACE, data.raw(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
-               "MPI_Iallreduce");
-    };
-    op->finish = [data, scale](Op&) mutable {
-      if (scale != 1.0f) scale_f32(data, scale);
-    };
-  } else {
+  if (n == 1 || cnt < kSmallAllReduce) {  // one MPI round, in fp32
     auto buf = std::make_shared<std::shared_ptr<std::vector<float>>>();
     op->start = [data, cnt, buf](Op& o, MPI_Comm comm) mutable {
-      *buf = to_f32(data);
+      float* p = data.dtype() == DType::f32 ? data.data<float>() : (*buf = to_f32(data))->data();
       o.reqs.emplace_back();
-      check_rc(MPI_Iallreduce(MPI_IN_PLACE, (*buf)->data(), cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()),
-               "MPI_Iallreduce");
+      check_rc(MPI_Iallreduce(MPI_IN_PLACE, p, cnt, MPI_FLOAT, MPI_SUM, comm, &o.reqs.back()), "MPI_Iallreduce");
     };
     op->finish = [data, buf, scale](Op&) mutable {
-      from_f32(**buf, data, scale);
-      buf->reset();
+      if (data.dtype() == DType::f32) {
+        if (scale != 1.0f) scale_f32(data, scale);
+      } else {
+        from_f32(**buf, data, scale);
+        buf->reset();
+      }
     };
+    return submit(std::move(op));
   }
+  // Round 1: block j to rank j. Round 2 (then): this rank's block summed in place, then every block all-gathered.
+  struct Layout {
+    std::vector<int> count, offset;  // block j: elements and element offset in data
+    std::vector<int> mine_count, mine_offset;  // round 1's receive side: block `rank` from every rank
+    std::vector<unsigned char> blocks;
+  };
+  auto lay = std::make_shared<Layout>();
+  const int r = g.rank();
+  for (int j = 0; j < n; ++j) {
+    lay->count.push_back(int(block_count(cnt, n, j)));
+    lay->offset.push_back(int(block_offset(cnt, n, j)));
+    lay->mine_count.push_back(int(block_count(cnt, n, r)));
+    lay->mine_offset.push_back(j * int(block_count(cnt, n, r)));
+  }
+  op->start = [data, lay](Op& o, MPI_Comm comm) mutable {
+    const MPI_Datatype t = move_type(data.dtype());
+    lay->blocks.resize(size_t(lay->mine_count[0]) * lay->count.size() * size_t(dtype_size(data.dtype())));
+    o.reqs.emplace_back();
+    check_rc(MPI_Ialltoallv(data.raw(), lay->count.data(), lay->offset.data(), t, lay->blocks.data(),
+                            lay->mine_count.data(), lay->mine_offset.data(), t, comm, &o.reqs.back()),
+             "MPI_Ialltoallv");
+  };
+  op->then = [data, lay, dt, n, r, scale](Op& o, MPI_Comm comm) mutable {
+    unsigned char* mine = static_cast<unsigned char*>(data.raw()) + size_t(lay->offset[size_t(r)]) * dtype_size(dt);
+    sum_blocks(lay->blocks, dt, n, lay->count[size_t(r)], mine, scale);
+    lay->blocks = {};
+    const MPI_Datatype t = move_type(dt);
+    o.reqs.emplace_back();
+    check_rc(MPI_Iallgatherv(MPI_IN_PLACE, 0, t, data.raw(), lay->count.data(), lay->offset.data(), t, comm,
+                             &o.reqs.back()),
+             "MPI_Iallgatherv");
+  };
+  op->finish = [data, lay](Op&) mutable { lay.reset(); };
   return submit(std::move(op));
 }
 

@@ -158,6 +158,7 @@ void Engine::admit(std::unique_ptr<Op> op) {
 void Engine::finish_op(Op& op) {
   if (op.finish) op.finish(op);
   op.finish = nullptr;
+  op.then = nullptr;
   op.start = nullptr;  // drops the captured tensors (keep-alive ends here)
   auto& ev = *op.ev;
   ev.finished = std::chrono::steady_clock::now();
@@ -189,6 +190,7 @@ void Engine::finish_op(Op& op) {
 
 void Engine::fail_op(Op& op, std::string message) {
   op.finish = nullptr;
+  op.then = nullptr;
   op.start = nullptr;
   op.ev->finished = std::chrono::steady_clock::now();
   op.ev->fail(std::move(message));
@@ -293,7 +295,13 @@ bool Engine::step() {
           if (!op.reqs.empty())
             mpi_check(MPI_Testall(int(op.reqs.size()), op.reqs.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall",
                       world_rank_);
-          if (flag) {
+          if (flag && op.then) {  // the second round, on the same communicator
+            auto then = std::move(op.then);
+            op.then = nullptr;
+            op.reqs.clear();
+            then(op, op.group->comms->lane[size_t(lane_index(op.ev->info.lane))]);
+            progressed = true;
+          } else if (flag) {
             finish_op(op);
             remove = true;
             progressed = true;

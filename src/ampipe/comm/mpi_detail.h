@@ -75,6 +75,10 @@ struct Op {
   std::vector<Event> after;
   // Posts the non-blocking MPI call(s) on `comm`, appending to reqs. Runs on the engine thread.
   std::function<void(Op&, MPI_Comm comm)> start;
+  // Optional second round: runs on the engine thread once the first round's reqs completed, and posts more
+  // non-blocking calls on the same communicator (all_reduce: the local sum, then the all-gather). `finish` runs
+  // after those complete.
+  std::function<void(Op&, MPI_Comm comm)> then;
   // Runs on the engine thread after all reqs completed (e.g. bf16 conversion back, averaging).
   std::function<void(Op&)> finish;
   std::vector<MPI_Request> reqs;
