@@ -268,7 +268,33 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
   std::map<std::string, double> exposed_by_stage;
   // A wait [from, to) for collective x is charged to what held it up: x while it ran; before x started, the
   // collective dependency of x that ended last (recursively: a combine waits for its tp reduction, that for the
-  // experts), and x itself for any time it sat queued behind its lane or link.
+  // experts' all-gather ...), and, for time x sat ready but queued, the collectives occupying its lane or link then
+  // (x itself for any part nothing occupied).
+  auto queued = [&](double a, double b, size_t xi) {
+    const Item& x = items[xi];
+    std::vector<size_t> occ;
+    std::vector<double> cut{a, b};
+    for (size_t yi = 0; yi < items.size(); ++yi) {
+      const Item& y = items[yi];
+      if (yi == xi || !y.coll || y.start < 0 || y.start >= b || y.end <= a) continue;
+      if (y.lane != x.lane && y.link != x.link) continue;
+      occ.push_back(yi);
+      cut.push_back(std::max(a, y.start));
+      cut.push_back(std::min(b, y.end));
+    }
+    std::sort(cut.begin(), cut.end());
+    for (size_t k = 0; k + 1 < cut.size(); ++k) {
+      const double lo = cut[k], hi = cut[k + 1];
+      if (hi <= lo) continue;
+      size_t who = xi;  // the first occupant covering [lo, hi), in item order
+      for (size_t yi : occ)
+        if (items[yi].start <= lo && items[yi].end >= hi) {
+          who = yi;
+          break;
+        }
+      exposed_by_stage[items[who].stage] += hi - lo;
+    }
+  };
   std::function<void(double, double, size_t)> charge = [&](double from, double to, size_t xi) {
     const Item& x = items[xi];
     const double began = std::clamp(x.start, from, to);
@@ -277,13 +303,9 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
     size_t last = items.size();
     for (size_t d : x.deps)
       if (items[d].coll && items[d].end > from && (last == items.size() || items[d].end > items[last].end)) last = d;
-    if (last == items.size()) {
-      exposed_by_stage[x.stage] += began - from;
-      return;
-    }
-    const double dep_end = std::min(items[last].end, began);
-    exposed_by_stage[x.stage] += began - dep_end;  // queued behind its lane or link
-    charge(from, dep_end, last);
+    const double dep_end = last == items.size() ? from : std::min(items[last].end, began);
+    queued(dep_end, began, xi);
+    if (last != items.size()) charge(from, dep_end, last);
   };
 
   auto deps_done = [&](const Item& it) {

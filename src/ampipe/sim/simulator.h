@@ -60,7 +60,8 @@ struct SimResult {
   // Which communication the step waits for, by the collective's stage (model::stage_name: "dispatch",
   // "tp_expert_in", "cp_ring", ...; "dp_allreduce"): the collectives' durations, and the exposed waits charged to
   // what held them up (a wait for a combine, before the combine started, to the tp reduction it waited for, and so
-  // on; time a collective sat queued behind its lane or link to itself). They add up to exposed_s.
+  // on; time a collective sat ready but queued, to the collectives occupying its lane or link). They add up to
+  // exposed_s.
   std::map<std::string, double> comm_by_stage_s, exposed_by_stage_s;
   std::vector<SimRecord> timeline;            // by start time; the exposed waits are records of cat "wait"
 };
