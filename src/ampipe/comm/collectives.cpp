@@ -155,12 +155,14 @@ float load(const unsigned char* base, DType dt, int64_t i) {
                           : bf16_to_f32(reinterpret_cast<const bf16*>(base)[i]);
 }
 
-// out[i] = scale * sum over ranks j of blocks[j * cnt + i], in fp32, rounded once to dt.
-void sum_blocks(const std::vector<unsigned char>& blocks, DType dt, int g, int64_t cnt, unsigned char* out,
-                float scale) {
+// out[i] = scale * sum over ranks j in order of rank j's block `r`, in fp32, rounded once to dt: this rank's own
+// block is `own`, the others' are `others` (g - 1 blocks of cnt, in rank order without r). out may be own.
+void sum_blocks(const unsigned char* own, const std::vector<unsigned char>& others, DType dt, int g, int r,
+                int64_t cnt, unsigned char* out, float scale) {
   for (int64_t i = 0; i < cnt; ++i) {
     float acc = 0;
-    for (int j = 0; j < g; ++j) acc += load(blocks.data(), dt, int64_t(j) * cnt + i);
+    for (int j = 0; j < g; ++j)
+      acc += j == r ? load(own, dt, i) : load(others.data(), dt, int64_t(j < r ? j : j - 1) * cnt + i);
     acc *= scale;
     if (dt == DType::f32)
       reinterpret_cast<float*>(out)[i] = acc;
@@ -171,6 +173,20 @@ void sum_blocks(const std::vector<unsigned char>& blocks, DType dt, int g, int64
 
 // Below this many elements an all-reduce is latency-bound: one MPI_Iallreduce round beats two.
 constexpr int64_t kSmallAllReduce = 16384;
+
+// The all-to-all-v counts and displacements (elements) that send block j (count[j] at offset[j]) to rank j and
+// receive rank j's block `r` (mine elements each) into slot j < r ? j : j - 1: nothing to or from itself.
+struct BlockExchange {
+  std::vector<int> send_count, send_offset, recv_count, recv_offset;
+  BlockExchange(const std::vector<int>& count, const std::vector<int>& offset, int r, int mine) {
+    for (int j = 0; j < int(count.size()); ++j) {
+      send_count.push_back(j == r ? 0 : count[size_t(j)]);
+      send_offset.push_back(offset[size_t(j)]);
+      recv_count.push_back(j == r ? 0 : mine);
+      recv_offset.push_back((j < r ? j : std::max(j - 1, 0)) * mine);
+    }
+  }
+};
 
 }  // namespace
 
@@ -186,16 +202,24 @@ Event reduce_scatter(const Group& g, Tensor send, Tensor recv, Reduce rop, std::
   auto op = make_op(g, OpKind::reduce_scatter, send.nbytes(), std::move(tag), how, true);
   op->dtype_code = dtype_code(dt);
   op->check_bytes = send.nbytes();
-  auto blocks = std::make_shared<std::vector<unsigned char>>();  // every rank's block `rank`, in rank order
-  op->start = [send, cnt, blocks](Op& o, MPI_Comm comm) mutable {
-    blocks->resize(send.nbytes());
+  const int r = g.rank();
+  auto blocks = std::make_shared<std::vector<unsigned char>>();  // the other ranks' block `r`, in rank order
+  std::vector<int> count(size_t(n), cnt), offset;
+  for (int j = 0; j < n; ++j) offset.push_back(j * cnt);
+  auto ex = std::make_shared<BlockExchange>(count, offset, r, cnt);
+  op->start = [send, cnt, n, blocks, ex](Op& o, MPI_Comm comm) mutable {
+    blocks->resize(size_t(n - 1) * size_t(cnt) * dtype_size(send.dtype()));
     const MPI_Datatype t = move_type(send.dtype());
     o.reqs.emplace_back();
-    check_rc(MPI_Ialltoall(send.raw(), cnt, t, blocks->data(), cnt, t, comm, &o.reqs.back()), "MPI_Ialltoall");
+    check_rc(MPI_Ialltoallv(send.raw(), ex->send_count.data(), ex->send_offset.data(), t, blocks->data(),
+                            ex->recv_count.data(), ex->recv_offset.data(), t, comm, &o.reqs.back()),
+             "MPI_Ialltoallv");
   };
-  op->finish = [recv, blocks, dt, n, cnt, scale](Op&) mutable {
-    sum_blocks(*blocks, dt, n, cnt, static_cast<unsigned char*>(recv.raw()), scale);
+  op->finish = [send, recv, blocks, ex, dt, n, r, cnt, scale](Op&) mutable {
+    const unsigned char* own = static_cast<const unsigned char*>(send.raw()) + size_t(r) * size_t(cnt) * dtype_size(dt);
+    sum_blocks(own, *blocks, dt, n, r, cnt, static_cast<unsigned char*>(recv.raw()), scale);
     blocks.reset();
+    ex.reset();
   };
   return submit(std::move(op));
 }
@@ -228,28 +252,29 @@ Event all_reduce(const Group& g, Tensor data, Reduce rop, std::string tag, const
   // Round 1: block j to rank j. Round 2 (then): this rank's block summed in place, then every block all-gathered.
   struct Layout {
     std::vector<int> count, offset;  // block j: elements and element offset in data
-    std::vector<int> mine_count, mine_offset;  // round 1's receive side: block `rank` from every rank
-    std::vector<unsigned char> blocks;
+    std::unique_ptr<BlockExchange> ex;
+    std::vector<unsigned char> blocks;  // the other ranks' block `r`, in rank order
   };
   auto lay = std::make_shared<Layout>();
   const int r = g.rank();
   for (int j = 0; j < n; ++j) {
     lay->count.push_back(int(block_count(cnt, n, j)));
     lay->offset.push_back(int(block_offset(cnt, n, j)));
-    lay->mine_count.push_back(int(block_count(cnt, n, r)));
-    lay->mine_offset.push_back(j * int(block_count(cnt, n, r)));
   }
-  op->start = [data, lay](Op& o, MPI_Comm comm) mutable {
+  const int mine = lay->count[size_t(r)];
+  lay->ex = std::make_unique<BlockExchange>(lay->count, lay->offset, r, mine);
+  op->start = [data, lay, n, mine](Op& o, MPI_Comm comm) mutable {
     const MPI_Datatype t = move_type(data.dtype());
-    lay->blocks.resize(size_t(lay->mine_count[0]) * lay->count.size() * size_t(dtype_size(data.dtype())));
+    lay->blocks.resize(size_t(n - 1) * size_t(mine) * dtype_size(data.dtype()));
     o.reqs.emplace_back();
-    check_rc(MPI_Ialltoallv(data.raw(), lay->count.data(), lay->offset.data(), t, lay->blocks.data(),
-                            lay->mine_count.data(), lay->mine_offset.data(), t, comm, &o.reqs.back()),
+    const BlockExchange& ex = *lay->ex;
+    check_rc(MPI_Ialltoallv(data.raw(), ex.send_count.data(), ex.send_offset.data(), t, lay->blocks.data(),
+                            ex.recv_count.data(), ex.recv_offset.data(), t, comm, &o.reqs.back()),
              "MPI_Ialltoallv");
   };
-  op->then = [data, lay, dt, n, r, scale](Op& o, MPI_Comm comm) mutable {
-    unsigned char* mine = static_cast<unsigned char*>(data.raw()) + size_t(lay->offset[size_t(r)]) * dtype_size(dt);
-    sum_blocks(lay->blocks, dt, n, lay->count[size_t(r)], mine, scale);
+  op->then = [data, lay, dt, n, r, mine, scale](Op& o, MPI_Comm comm) mutable {
+    unsigned char* own = static_cast<unsigned char*>(data.raw()) + size_t(lay->offset[size_t(r)]) * dtype_size(dt);
+    sum_blocks(own, lay->blocks, dt, n, r, mine, own, scale);
     lay->blocks = {};
     const MPI_Datatype t = move_type(dt);
     o.reqs.emplace_back();
