@@ -278,10 +278,13 @@ int run_simulate(SimulateArgs& a) {
     p.compute_s = n_mid * p.mid.compute_s + p.last.compute_s + nmb * (head_s + rope_s) + optim_s;
     p.comm_s = n_mid * p.mid.comm_s + p.last.comm_s;
     p.exposed_s = n_mid * p.mid.exposed_s + p.last.exposed_s;
-    for (const auto& [stage, t] : p.last.comm_by_stage_s) p.comm_by_stage[stage] += t;
-    for (const auto& [stage, t] : p.mid.comm_by_stage_s) p.comm_by_stage[stage] += n_mid * t;
-    for (const auto& [stage, t] : p.last.exposed_by_stage_s) p.exposed_by_stage[stage] += t;
-    for (const auto& [stage, t] : p.mid.exposed_by_stage_s) p.exposed_by_stage[stage] += n_mid * t;
+    auto add = [](std::map<std::string, double>& to, const std::map<std::string, double>& from, double times) {
+      for (const auto& [stage, t] : from) to[stage] += times * t;
+    };
+    add(p.comm_by_stage, p.last.comm_by_stage_s, 1);
+    add(p.comm_by_stage, p.mid.comm_by_stage_s, n_mid);
+    add(p.exposed_by_stage, p.last.exposed_by_stage_s, 1);
+    add(p.exposed_by_stage, p.mid.exposed_by_stage_s, n_mid);
     const double mn = std::min(p.compute_s, p.comm_s);
     p.hidden = mn > 0 ? (p.compute_s + p.comm_s - p.step_s) / mn : 0;
     p.tflops_engine = nmb * (p.layer_flops + 6 * T * h * V) / p.step_s / 1e12;

@@ -155,6 +155,9 @@ float load(const unsigned char* base, DType dt, int64_t i) {
                           : bf16_to_f32(reinterpret_cast<const bf16*>(base)[i]);
 }
 
+// Where rank j's block lands among the other ranks' blocks (this rank, r, keeps its own in place).
+int other_slot(int j, int r) { return j < r ? j : j - 1; }
+
 // out[i] = scale * sum over ranks j in order of rank j's block `r`, in fp32, rounded once to dt: this rank's own
 // block is `own`, the others' are `others` (g - 1 blocks of cnt, in rank order without r). out may be own.
 void sum_blocks(const unsigned char* own, const std::vector<unsigned char>& others, DType dt, int g, int r,
@@ -162,7 +165,7 @@ void sum_blocks(const unsigned char* own, const std::vector<unsigned char>& othe
   for (int64_t i = 0; i < cnt; ++i) {
     float acc = 0;
     for (int j = 0; j < g; ++j)
-      acc += j == r ? load(own, dt, i) : load(others.data(), dt, int64_t(j < r ? j : j - 1) * cnt + i);
+      acc += j == r ? load(own, dt, i) : load(others.data(), dt, int64_t(other_slot(j, r)) * cnt + i);
     acc *= scale;
     if (dt == DType::f32)
       reinterpret_cast<float*>(out)[i] = acc;
@@ -175,7 +178,7 @@ void sum_blocks(const unsigned char* own, const std::vector<unsigned char>& othe
 constexpr int64_t kSmallAllReduce = 16384;
 
 // The all-to-all-v counts and displacements (elements) that send block j (count[j] at offset[j]) to rank j and
-// receive rank j's block `r` (mine elements each) into slot j < r ? j : j - 1: nothing to or from itself.
+// receive rank j's block `r` (mine elements each) into other_slot(j, r): nothing to or from itself.
 struct BlockExchange {
   std::vector<int> send_count, send_offset, recv_count, recv_offset;
   BlockExchange(const std::vector<int>& count, const std::vector<int>& offset, int r, int mine) {
@@ -183,7 +186,7 @@ struct BlockExchange {
       send_count.push_back(j == r ? 0 : count[size_t(j)]);
       send_offset.push_back(offset[size_t(j)]);
       recv_count.push_back(j == r ? 0 : mine);
-      recv_offset.push_back((j < r ? j : std::max(j - 1, 0)) * mine);
+      recv_offset.push_back(j == r ? 0 : other_slot(j, r) * mine);
     }
   }
 };
