@@ -84,6 +84,16 @@ const SimRecord* find(const SimResult& r, const std::string& name) {
   return nullptr;
 }
 
+// Layer `index`: a 1 s forward task, a 0.5 s all-to-all after it, and a backward task of `bwd_s`.
+Plan fwd_comm_bwd_layer(int index, double bwd_s) {
+  PlanBuilder b;
+  const uint32_t f = b.compute(1);
+  b.collective(0.5, Lane::ep, {f});
+  b.compute(bwd_s, {f}, Dir::bwd);
+  for (Task& t : b.p.tasks) t.layer = index;
+  return b.p;
+}
+
 model::LayerConfig small_config(int ep) {
   model::LayerConfig cfg;
   cfg.seq_length = 64;
@@ -353,18 +363,10 @@ TEST(Simulator, SlowdownStretchesOverlappedCompute) {  // (g)
 }
 
 TEST(Simulator, LayersRunForwardThenBackwardInReverseAndDpAllReduceLast) {
-  auto layer = [](int index) {
-    PlanBuilder b;
-    const uint32_t f = b.compute(1);
-    b.collective(0.5, Lane::ep, {f});
-    b.compute(1, {f}, Dir::bwd);
-    for (Task& t : b.p.tasks) t.layer = index;
-    return b.p;
-  };
   SimOptions o;
   o.dp_size = 4;
   o.dp_allreduce_bytes = 4e9;  // ring: 2 * 3/4 * 4e9 bytes at 1 GB/s = 6 s
-  const SimResult r = simulate({layer(0), layer(1)}, unit_profile(), o);
+  const SimResult r = simulate({fwd_comm_bwd_layer(0, 1), fwd_comm_bwd_layer(1, 1)}, unit_profile(), o);
   std::vector<std::string> compute_order;
   for (const auto& x : r.timeline)
     if (x.lane == Lane::compute && x.cat == "compute") compute_order.push_back(x.name);
@@ -382,17 +384,9 @@ TEST(Simulator, LayersRunForwardThenBackwardInReverseAndDpAllReduceLast) {
 }
 
 TEST(Simulator, RecomputedLayerReplaysItsForwardBeforeItsBackward) {
-  auto layer = [](int index) {
-    PlanBuilder b;
-    const uint32_t f = b.compute(1);
-    b.collective(0.5, Lane::ep, {f});
-    b.compute(2, {f}, Dir::bwd);
-    for (Task& t : b.p.tasks) t.layer = index;
-    return b.p;
-  };
   SimOptions o;
   o.recompute = {true, false};  // layer 0 only
-  const SimResult r = simulate({layer(0), layer(1)}, unit_profile(), o);
+  const SimResult r = simulate({fwd_comm_bwd_layer(0, 2), fwd_comm_bwd_layer(1, 2)}, unit_profile(), o);
   std::vector<std::string> compute_order;
   for (const auto& x : r.timeline)
     if (x.lane == Lane::compute && x.cat == "compute") compute_order.push_back(x.name);
