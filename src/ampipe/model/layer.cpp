@@ -133,6 +133,13 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::aux_loss:
       if (fwd) return moe_.aux_loss();
       break;
+    case Stage::cp_dkv_reduce:
+      if (!fwd) return attn_.cp_dkv_reduce(p);
+      break;
+    case Stage::attention_recompute:
+      if (!fwd) return attn_.attention_recompute(c);
+      break;
+    // Communication stages are Plan collectives, run by the executor through comm/: none reaches a block.
     case Stage::capacity:
     case Stage::dispatch:
     case Stage::combine:
@@ -140,12 +147,6 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::tp_proj_out:
     case Stage::tp_aux_stats:
     case Stage::tp_expert_in:
-    case Stage::cp_dkv_reduce:
-      if (!fwd) return attn_.cp_dkv_reduce(p);
-      break;
-    case Stage::attention_recompute:
-      if (!fwd) return attn_.attention_recompute(c);
-      break;
     case Stage::tp_expert_out:
     case Stage::cp_ring:
     case Stage::cp_aux_stats: break;

@@ -91,7 +91,7 @@ void Executor::poll_deferred() {
 }
 
 void Executor::run(const Plan& plan, Dir dir, model::Layer& layer) {
-  if (done_.size() != plan.tasks.size()) done_.assign(plan.tasks.size(), comm::Event());
+  done_.assign(plan.tasks.size(), comm::Event());  // this Plan's tasks only: nothing left from the last run
   std::vector<uint32_t> issued;  // collectives of this direction, all waited for before returning
   for (const Task& t : plan.tasks) {
     if (t.dir != dir) continue;
