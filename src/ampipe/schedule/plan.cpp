@@ -137,153 +137,219 @@ struct Builder {
     return collective(d, s, chunk, std::move(deps), kind, send, recv, piece, comm::GroupKind::tp);
   }
 };
-}  // namespace
 
-Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
-  Builder b{{}, cfg.layer_index};
-  b.plan.dims = model::LayerDims::make(cfg, M);
-  b.plan.memory = model::BufferLayout::make(b.plan.dims);
-  const model::LayerDims& d = b.plan.dims;
-  const size_t nM = static_cast<size_t>(M);
-  const bool bf16 = d.cd != DType::f32, tp = d.tp > 1, sp = d.sp;
-  // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 (and the piece layout of
-  // pipe-experts and the tp overlap) lands in a staging buffer.
-  const Buf combine_recv = !bf16 && !d.pieced() ? Buf::expert_y : Buf::combine_recv;
-  // The tp collectives of Megatron's linears (Stage comments in model/stage.h): all-gather and reduce-scatter with
-  // sequence parallelism, else all-reduce where the forward (or backward) needs a sum and nothing where it does not.
-  const CollKind reduce = sp ? CollKind::reduce_scatter : CollKind::all_reduce;
-  // The pieces of a chunk: pipe-experts' (local expert, slice) pieces, --ampipe-tp-sp-comm-overlap's local
-  // experts, or the whole chunk as piece -1. Pieces in chunk-major order (idx).
+// The layer Plan, built in straight-line parts over shared state. Chunk c = sequence rows [c*s/M, (c+1)*s/M);
+// pieces of a chunk: pipe-experts' (local expert, slice) pieces, --ampipe-tp-sp-comm-overlap's local experts, or the
+// whole chunk as piece -1, in chunk-major order (idx = c*nP + q).
+class LayerPlanBuilder {
+ public:
+  LayerPlanBuilder(const model::LayerConfig& cfg, int M);
+  Plan build() &&;
+
+ private:
+  // forward
+  uint32_t qkv_input(int c, std::vector<uint32_t> deps = {});
+  void cp_qkv_forward();
+  uint32_t attention_forward(int c);
+  void gate_forward(int c, uint32_t proj);
+  std::vector<uint32_t> aux_stats();
+  void experts_forward();
+  void weighted_sum_forward(const std::vector<uint32_t>& aux_deps);
+  // backward
+  void moe_backward();
+  uint32_t gate_backward(int c);
+  void qkv_backward(int c, const std::vector<uint32_t>& deps);
+  void flush_ln1();
+  void attention_backward();
+  void cp_dkv_backward();
+  std::optional<uint32_t> expert_gather(Dir dir, size_t idx);
+
+  Builder b;
+  const model::LayerDims& d;
+  const int M;
+  const size_t nM;
+  const bool bf16, tp, sp, ring_attn, ahead;
+  const int ncp;  // the context-parallel size cp (C is the capacity)
+  Buf combine_recv;
+  CollKind reduce;
   std::vector<int> pieces;
-  for (size_t p = 0; p < d.pieces.size(); ++p) pieces.push_back(int(p));
-  if (pieces.empty()) pieces.push_back(-1);
-  const size_t nP = pieces.size();
-  std::vector<std::vector<uint32_t>> dispatch(nM, std::vector<uint32_t>(nP)), combine = dispatch,
-                                                                            combine_bwd = dispatch,
-                                                                            dispatch_bwd = dispatch;
-  std::vector<uint32_t> weighted(nM), gate(nM);
-  // The experts' input all-gather (sequence parallel) of piece idx = c*nP + q, issued at most once.
-  std::vector<std::optional<uint32_t>> gathered(nM * nP);
-  auto expert_gather = [&](Dir dir, size_t idx) -> std::optional<uint32_t> {
-    if (!sp) return std::nullopt;
-    if (!gathered[idx]) {
-      const int c = int(idx / nP);
-      const size_t q = idx % nP;
-      gathered[idx] = dir == Dir::fwd
-                          ? b.tp(dir, Stage::tp_expert_in, c, {dispatch[size_t(c)][q]}, CollKind::all_gather,
-                                 Buf::dispatch_recv, Buf::expert_gather, pieces[q])
-                          : b.tp(dir, Stage::tp_expert_out, c, {combine_bwd[size_t(c)][q]}, CollKind::all_gather,
-                                 Buf::combine_bwd_recv, Buf::d_gather, pieces[q]);
-    }
-    return gathered[idx];
-  };
-
-  // Forward. LN1 + QKV per chunk: chunk c's attention needs K and V of rows [0, (c+1)*s/M) only (causality), so
-  // chunk 0's dispatch is issued after one chunk's QKV, not the whole sequence's.
-  // tp > 1: LN1 on this rank's rows, with sequence parallelism all-gathered to every row of the chunk. With the tp
-  // overlap the attention side's tp collectives hide behind the next chunk too: chunk c+1's LN1 and all-gather are
-  // issued before chunk c's attention, and its QKV projection runs while chunk c's out-projection is reduced.
-  const bool ahead = tp && d.overlap_tp;
-  auto qkv_input = [&](int c, std::vector<uint32_t> deps = {}) {
-    const uint32_t l1 = b.add(Dir::fwd, Stage::ln1, c, std::move(deps));
-    if (!sp) return l1;
-    return b.tp(Dir::fwd, Stage::tp_qkv_in, c, {l1}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
-                bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
-  };
+  size_t nP = 0;
+  std::vector<std::vector<uint32_t>> dispatch, combine, combine_bwd, dispatch_bwd;
+  std::vector<uint32_t> weighted, gate;
+  std::vector<std::optional<uint32_t>> gathered;  // the experts' input all-gather of piece idx, issued at most once
   std::vector<uint32_t> qkv;
   std::optional<uint32_t> next_input;  // ahead: chunk c+1's QKV input
-  // Context parallelism (docs/ampipe.md §6): a chunk's queries see keys of every cp rank, in full halves, so every
-  // chunk's K, V is computed first. Each chunk's K, V rows travel the ring as soon as its QKV is done (slot t from cp
-  // rank r - t; chunk c's rows of each half, pieces 2(t-1) and 2(t-1)+1 of chunk c), under the next chunks' QKV and
-  // every chunk's attention over this rank's own keys (piece 0); chunk c's attention over slot t (piece t) waits
-  // for step t of every chunk, and the slots are kept for the later chunks and the backward, never sent twice.
-  const bool cp = d.cp > 1;
-  const int C = int(d.cp);
-  std::vector<std::vector<uint32_t>> ring(size_t(std::max(C - 1, 0)));  // [step - 1]: every chunk's pieces
-  std::vector<uint32_t> own;  // each chunk's attention over its own keys
-  const int64_t sub_rows = d.cp > 1 ? d.s_global / (2 * d.cp) / M * d.b : 0,  // tokens of one sub-block (A_c or B_c)
-      half_rows = d.cp > 1 ? d.s_global / (2 * d.cp) * d.b : 0;             // of one half of a packed slot
-  auto send_chunk = [&](int c, uint32_t qkv_c) {  // chunk c's rows of both halves, every step
-    for (int h = 0; h < 2; ++h) {
-      uint32_t prev = qkv_c;
-      for (int t = 1; t < C; ++t) {
+  std::vector<std::vector<uint32_t>> ring;  // context parallel, [step - 1]: every chunk's pieces
+  std::vector<uint32_t> own;                // each chunk's attention over its own keys
+  int64_t sub_rows = 0, half_rows = 0;      // tokens of one sub-block (A_c or B_c), of one half of a packed slot
+  std::optional<uint32_t> sync_reduce;      // without the tp overlap: the experts' reduction waited for
+  uint32_t aux = 0;
+  std::vector<uint32_t> experts_bwd, attention_bwd, input_grads, remote_bwd;
+  std::optional<uint32_t> next_head;
+  int pending_c = -1;  // the chunk whose LN1 backward waits, and its reduction
+  uint32_t pending_red = 0;
+};
+
+LayerPlanBuilder::LayerPlanBuilder(const model::LayerConfig& cfg, int M_)
+    : b{{}, cfg.layer_index},
+      d((b.plan.dims = model::LayerDims::make(cfg, M_), b.plan.dims)),
+      M(M_),
+      nM(size_t(M_)),
+      bf16(d.cd != DType::f32),
+      tp(d.tp > 1),
+      sp(d.sp),
+      ring_attn(d.cp > 1),
+      ahead(tp && d.overlap_tp),
+      ncp(int(d.cp)) {
+  b.plan.memory = model::BufferLayout::make(b.plan.dims);
+  // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 (and the piece layout of
+  // pipe-experts and the tp overlap) lands in a staging buffer.
+  combine_recv = !bf16 && !d.pieced() ? Buf::expert_y : Buf::combine_recv;
+  // The tp collectives of Megatron's linears (Stage comments in model/stage.h): all-gather and reduce-scatter with
+  // sequence parallelism, else all-reduce where the forward (or backward) needs a sum and nothing where it does not.
+  reduce = sp ? CollKind::reduce_scatter : CollKind::all_reduce;
+  for (size_t p = 0; p < d.pieces.size(); ++p) pieces.push_back(int(p));
+  if (pieces.empty()) pieces.push_back(-1);
+  nP = pieces.size();
+  dispatch.assign(nM, std::vector<uint32_t>(nP));
+  combine = combine_bwd = dispatch_bwd = dispatch;
+  weighted.assign(nM, 0);
+  gate.assign(nM, 0);
+  gathered.assign(nM * nP, std::nullopt);
+  ring.resize(size_t(std::max(ncp - 1, 0)));
+  if (ring_attn) {
+    sub_rows = d.s_global / (2 * d.cp) / M * d.b;
+    half_rows = d.s_global / (2 * d.cp) * d.b;
+  }
+}
+
+// Sequence parallel: the experts' input all-gather of piece idx (forward: of the received slots; backward: of the
+// combine gradient), issued at most once.
+std::optional<uint32_t> LayerPlanBuilder::expert_gather(Dir dir, size_t idx) {
+  if (!sp) return std::nullopt;
+  if (!gathered[idx]) {
+    const int c = int(idx / nP);
+    const size_t q = idx % nP;
+    gathered[idx] = dir == Dir::fwd
+                        ? b.tp(dir, Stage::tp_expert_in, c, {dispatch[size_t(c)][q]}, CollKind::all_gather,
+                               Buf::dispatch_recv, Buf::expert_gather, pieces[q])
+                        : b.tp(dir, Stage::tp_expert_out, c, {combine_bwd[size_t(c)][q]}, CollKind::all_gather,
+                               Buf::combine_bwd_recv, Buf::d_gather, pieces[q]);
+  }
+  return gathered[idx];
+}
+
+// tp > 1: LN1 on this rank's rows, with sequence parallelism all-gathered to every row of the chunk.
+uint32_t LayerPlanBuilder::qkv_input(int c, std::vector<uint32_t> deps) {
+  const uint32_t l1 = b.add(Dir::fwd, Stage::ln1, c, std::move(deps));
+  if (!sp) return l1;
+  return b.tp(Dir::fwd, Stage::tp_qkv_in, c, {l1}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
+              bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
+}
+
+// Context parallelism (docs/ampipe.md §6): a chunk's queries see keys of every cp rank, in full halves, so every
+// chunk's K, V is computed first. Each chunk's K, V rows travel the ring as soon as its QKV is done (slot t from cp
+// rank r - t; chunk c's rows of each half, pieces 2(t-1) and 2(t-1)+1 of chunk c), under the next chunks' QKV and
+// every chunk's attention over this rank's own keys (piece 0); the slots are kept for the later chunks and the
+// backward, never sent twice. tp: chunk c+1's LN1 and all-gather are issued before chunk c's QKV projection (the
+// LN1 rows' one staging slot is free once chunk c's all-gather has read it).
+//   qkv(0) ring(0, t=1..cp-1) qkv(1) ring(1, ...) ... qkv(M-1) ring(M-1, ...) attention(0..M-1, piece 0)
+void LayerPlanBuilder::cp_qkv_forward() {
+  std::optional<uint32_t> input;
+  if (tp) input = qkv_input(0);
+  for (int c = 0; c < M; ++c) {
+    if (!tp) {
+      qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
+    } else {
+      const uint32_t in = *input;
+      if (c + 1 < M) input = qkv_input(c + 1, {in});
+      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
+    }
+    for (int h = 0; h < 2; ++h) {  // chunk c's rows of both halves, every step
+      uint32_t prev = qkv.back();
+      for (int t = 1; t < ncp; ++t) {
         prev = b.ring(Dir::fwd, 2 * (t - 1) + h, {prev}, Buf::cp_kv, t - 1, Buf::cp_kv, t, c,
                       h * half_rows + c * sub_rows, sub_rows);
         ring[size_t(t - 1)].push_back(prev);
       }
     }
-  };
-  if (cp) {
-    // tp: chunk c+1's LN1 and all-gather are issued before chunk c's QKV projection (the LN1 rows' one staging slot
-    // is free once chunk c's all-gather has read it)
-    std::optional<uint32_t> input;
-    if (tp) input = qkv_input(0);
-    for (int c = 0; c < M; ++c) {
-      if (!tp) {
-        qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
-      } else {
-        const uint32_t in = *input;
-        if (c + 1 < M) input = qkv_input(c + 1, {in});
-        qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {in}));
-      }
-      send_chunk(c, qkv.back());
-    }
-    for (int c = 0; c < M; ++c) own.push_back(b.add(Dir::fwd, Stage::attention, c, qkv, 0));
   }
-  for (int c = 0; c < M; ++c) {
-    const size_t i = size_t(c);
-    if (cp) {
-      // K, V of every chunk are done
-    } else if (!tp) {
-      qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
-    } else if (!ahead || c == 0) {
-      qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {qkv_input(c)}));
-    }  // else: qkv(c) was issued under chunk c-1's out-projection reduction
-    if (!cp && ahead && c + 1 < M) next_input = qkv_input(c + 1);
-    uint32_t att = 0;
-    if (!cp) {
-      att = b.add(Dir::fwd, Stage::attention, c, qkv);
-    } else {
-      att = own[i];
-      for (int t = 1; t < C; ++t) {
-        std::vector<uint32_t> deps = ring[size_t(t - 1)];
-        deps.push_back(att);
-        att = b.add(Dir::fwd, Stage::attention, c, deps, t);
-      }
+  for (int c = 0; c < M; ++c) own.push_back(b.add(Dir::fwd, Stage::attention, c, qkv, 0));
+}
+
+// The attention side of chunk c up to the out-projection (and its tp reduction); returns that task.
+//   plain: ln1_qkv(c) attention(c) out_proj(c)          (chunk c's queries against K, V of chunks 0..c)
+//   tp:    ln1(c) [tp_qkv_in(c)] qkv(c) attention(c) out_proj(c) tp_proj_out(c)
+//   tp overlap: ln1(c+1) [tp_qkv_in(c+1)] issued before attention(c); qkv(c+1) runs under tp_proj_out(c)
+//   cp:    attention(c, piece t) for ring steps t = 1..cp-1 after the own-key piece, then out_proj(c)
+uint32_t LayerPlanBuilder::attention_forward(int c) {
+  if (ring_attn) {
+    // K, V of every chunk are done (cp_qkv_forward)
+  } else if (!tp) {
+    qkv.push_back(b.add(Dir::fwd, Stage::ln1_qkv, c, {}));
+  } else if (!ahead || c == 0) {
+    qkv.push_back(b.add(Dir::fwd, Stage::qkv, c, {qkv_input(c)}));
+  }  // else: qkv(c) was issued under chunk c-1's out-projection reduction
+  if (!ring_attn && ahead && c + 1 < M) next_input = qkv_input(c + 1);
+  uint32_t att = 0;
+  if (!ring_attn) {
+    att = b.add(Dir::fwd, Stage::attention, c, qkv);
+  } else {
+    att = own[size_t(c)];
+    for (int t = 1; t < ncp; ++t) {
+      std::vector<uint32_t> deps = ring[size_t(t - 1)];
+      deps.push_back(att);
+      att = b.add(Dir::fwd, Stage::attention, c, deps, t);
     }
-    uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
-    if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows (bf16: a bf16 payload), or all-reduced
-      proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce,
-                  sp ? (bf16 ? Buf::proj_send : Buf::proj_partial) : Buf::proj, sp && bf16 ? Buf::proj_recv : Buf::proj);
-    if (!cp && ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
-    const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
-    gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
-    if (d.agree_capacity) {
-      const uint32_t cap = b.collective(Dir::fwd, Stage::capacity, c, {gate[i]}, CollKind::all_gather,
-                                        Buf::capacity_need, Buf::capacity_all);
-      gate[i] = b.add(Dir::fwd, Stage::gate_assign, c, {cap});
-    }
-    for (size_t q = 0; q < nP; ++q)  // pipe-experts: every piece's dispatch issued at once, in piece order
-      dispatch[i][q] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all,
-                                    Buf::dispatch_send, Buf::dispatch_recv, pieces[q]);
-    // --ampipe-tp-sp-comm-overlap: the experts' all-gathers of every chunk but the last are issued as soon as its
-    // dispatch is, so that they run under the next chunk's attention (on the etp lane: waiting for a dispatch they
-    // hold up no attention-side collective); the last chunk's follow the pieces one ahead.
-    if (d.overlap_tp && c + 1 < M)
-      for (size_t q = 0; q < nP; ++q) expert_gather(Dir::fwd, i * nP + q);
   }
-  // Sequence parallel: the aux loss needs the gate statistics of every tp rank's rows.
-  std::vector<uint32_t> aux_deps = gate;
-  if (sp) aux_deps = {b.tp(Dir::fwd, Stage::tp_aux_stats, -1, gate, CollKind::all_reduce, Buf::gate_stats,
-                           Buf::gate_stats)};
-  if (cp)  // and of every cp rank's
-    aux_deps = {b.collective(Dir::fwd, Stage::cp_aux_stats, -1, aux_deps, CollKind::all_reduce, Buf::gate_stats,
-                             Buf::gate_stats, -1, comm::GroupKind::cp)};
-  // The expert phase, pieces in chunk-major order. With the tp overlap the all-gather of piece idx+1 is issued
-  // before piece idx's experts, and piece idx's reduce is waited for only by its combine. Without it (MindSpeed's
-  // Mode A) the experts' tp collectives are synchronous: the all-gather is issued just before the experts that
-  // read it, and the next compute task waits for the reduce.
-  std::optional<uint32_t> sync_reduce;
+  uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
+  if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows (bf16: a bf16 payload), or all-reduced
+    proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce,
+                sp ? (bf16 ? Buf::proj_send : Buf::proj_partial) : Buf::proj, sp && bf16 ? Buf::proj_recv : Buf::proj);
+  if (!ring_attn && ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
+  return proj;
+}
+
+// Chunk c's residual, LN2 and gate, then its dispatch all-to-all issued without waiting (every pipe-experts piece
+// at once, in piece order): residual_ln2(c) gate(c) [capacity(c) gate_assign(c)] dispatch(c, pieces). So
+// dispatch(c) runs under the attention side of chunk c+1.
+void LayerPlanBuilder::gate_forward(int c, uint32_t proj) {
+  const size_t i = size_t(c);
+  const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
+  gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
+  if (d.agree_capacity) {  // --moe-no-drop, ep > 1: every EP rank's required capacity, the largest agreed
+    const uint32_t cap = b.collective(Dir::fwd, Stage::capacity, c, {gate[i]}, CollKind::all_gather,
+                                      Buf::capacity_need, Buf::capacity_all);
+    gate[i] = b.add(Dir::fwd, Stage::gate_assign, c, {cap});
+  }
+  for (size_t q = 0; q < nP; ++q)
+    dispatch[i][q] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all, Buf::dispatch_send,
+                                  Buf::dispatch_recv, pieces[q]);
+  // --ampipe-tp-sp-comm-overlap: the experts' all-gathers of every chunk but the last are issued as soon as its
+  // dispatch is, so that they run under the next chunk's attention (on the etp lane: waiting for a dispatch they
+  // hold up no attention-side collective); the last chunk's follow the pieces one ahead.
+  if (d.overlap_tp && c + 1 < M)
+    for (size_t q = 0; q < nP; ++q) expert_gather(Dir::fwd, i * nP + q);
+}
+
+// The aux loss's inputs: the gate statistics of every chunk, summed over the tp ranks' rows (sequence parallel)
+// and the cp ranks' (context parallel).
+std::vector<uint32_t> LayerPlanBuilder::aux_stats() {
+  std::vector<uint32_t> deps = gate;
+  if (sp)
+    deps = {b.tp(Dir::fwd, Stage::tp_aux_stats, -1, gate, CollKind::all_reduce, Buf::gate_stats, Buf::gate_stats)};
+  if (ring_attn)
+    deps = {b.collective(Dir::fwd, Stage::cp_aux_stats, -1, deps, CollKind::all_reduce, Buf::gate_stats,
+                         Buf::gate_stats, -1, comm::GroupKind::cp)};
+  return deps;
+}
+
+// The expert phase, pieces in chunk-major order: experts(idx) (waits for its own dispatch only) [tp_expert_out]
+// combine(idx) issued; so combine(c) runs under experts(c+1). With the tp overlap the all-gather of piece idx+1 is
+// issued before piece idx's experts, and piece idx's reduce is waited for only by its combine. Without it (MindSpeed's
+// Mode A) the experts' tp collectives are synchronous: the all-gather is issued just before the experts that read
+// it, and the next compute task waits for the reduce.
+void LayerPlanBuilder::experts_forward() {
   for (size_t idx = 0; idx < nM * nP; ++idx) {
     const int c = int(idx / nP);
     const size_t q = idx % nP;
@@ -300,20 +366,26 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     combine[size_t(c)][q] = b.collective(Dir::fwd, Stage::combine, c, {out}, CollKind::all_to_all, Buf::combine_send,
                                          combine_recv, pieces[q]);
   }
+}
+
+// weighted_sum(c) for each chunk (waits for its own combine only), then the aux loss once.
+void LayerPlanBuilder::weighted_sum_forward(const std::vector<uint32_t>& aux_deps) {
   for (int c = 0; c < M; ++c) {
     std::vector<uint32_t> deps = combine[size_t(c)];
     deps.push_back(gate[size_t(c)]);
     if (sync_reduce && c == 0) deps.push_back(*sync_reduce);
     weighted[size_t(c)] = b.add(Dir::fwd, Stage::weighted_sum, c, deps);
   }
-  const uint32_t aux = b.add(Dir::fwd, Stage::aux_loss, -1, aux_deps);
+  aux = b.add(Dir::fwd, Stage::aux_loss, -1, aux_deps);
+}
 
-  // Backward: chunks in reverse order, three phases. (The aux loss has no backward task: each chunk's gate
-  // backward adds its gradient from the forward's totals, so it depends on aux_loss.)
+// The MoE side backward, chunks in reverse: weighted_sum.bwd(c) combine.bwd(c) for c = M-1..0, then per piece
+// (chunks M-1..0) experts.bwd [tp_expert_in] dispatch.bwd issued, then expert_wgrad over every chunk's slots while
+// the reverse dispatches are in flight (and, even in the synchronous mode, while the last piece's input-gradient
+// reduction is: Megatron's column-parallel backward overlaps that reduce-scatter with its weight-gradient GEMM).
+void LayerPlanBuilder::moe_backward() {
   std::fill(gathered.begin(), gathered.end(), std::nullopt);
-  std::vector<uint32_t> experts_bwd, attention_bwd;  // attention_bwd: chunks M-1 .. c so far
-  std::vector<uint32_t> input_grads;  // the tasks whose rows the attention weight gradients read
-  std::vector<size_t> order;          // backward piece order: chunks M-1 .. 0, pieces in order
+  std::vector<size_t> order;  // backward piece order: chunks M-1 .. 0, pieces in order
   for (int c = M - 1; c >= 0; --c)
     for (size_t q = 0; q < nP; ++q) order.push_back(size_t(c) * nP + q);
   for (int c = M - 1; c >= 0; --c) {
@@ -342,95 +414,118 @@ Plan build_layer_plan(const model::LayerConfig& cfg, int M) {
     dispatch_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::dispatch, c, {out}, CollKind::all_to_all,
                                               Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv, pieces[q]);
   }
-  // The expert weight gradients of all chunks in one pass: issued while the reverse dispatches are in flight, and
-  // (even in the synchronous mode) while the last piece's input-gradient reduction is: Megatron's column-parallel
-  // backward overlaps that reduce-scatter with its weight-gradient GEMM, so the baseline does too.
-  if (d.defer_expert_wgrad) {
-    std::vector<uint32_t> deps = experts_bwd;
-    b.add(Dir::bwd, Stage::expert_wgrad, -1, deps);
+  if (d.defer_expert_wgrad) b.add(Dir::bwd, Stage::expert_wgrad, -1, experts_bwd);
+}
+
+// Gate and residual backward of chunk c (after its reverse dispatches and the aux loss), and with sequence
+// parallelism the all-gather of the out-projection's output gradient: gate.bwd(c) residual_ln2.bwd(c)
+// [tp_proj_out.bwd(c)].
+uint32_t LayerPlanBuilder::gate_backward(int c) {
+  std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
+  deps.push_back(aux);
+  const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, deps);
+  uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
+  if (sp)
+    rb = b.tp(Dir::bwd, Stage::tp_proj_out, c, {rb}, CollKind::all_gather, bf16 ? Buf::d_proj_send : Buf::d_proj,
+              bf16 ? Buf::d_proj_bf16 : Buf::d_proj_full);
+  return rb;
+}
+
+void LayerPlanBuilder::flush_ln1() {
+  if (pending_c >= 0) b.add(Dir::bwd, Stage::ln1, pending_c, {pending_red});
+  pending_c = -1;
+}
+
+// The QKV backward of chunk c, once the dK, dV of its rows are complete (deps): ln1_qkv.bwd(c), or with tp
+// qkv.bwd(c) tp_qkv_in.bwd(c) and ln1.bwd(c) after the reduction. With the tp overlap chunk c's LN1 backward waits
+// until the next chunk's backward (or the weight gradients) has run, so the reduction hides behind them; without
+// it only the last chunk's (c = 0) does, under the attention weight gradients, as Megatron's QKV backward overlaps
+// its reduce-scatter with its weight-gradient GEMM.
+void LayerPlanBuilder::qkv_backward(int c, const std::vector<uint32_t>& deps) {
+  if (!tp) {
+    input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, deps));
+    return;
   }
-  // With the tp overlap, chunk c's LN1 backward waits until the next chunk's backward (or the weight gradients)
-  // has run, so the reduction of its input gradient hides behind them; and chunk c-1's gate and residual backward
-  // and its out-projection gradient all-gather run before chunk c's QKV backward, so that all-gather is not queued
-  // behind chunk c's reduction.
-  auto head = [&](int c) {  // gate and residual backward of chunk c, and (sequence parallel) the all-gather
-    std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
-    deps.push_back(aux);
-    const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, deps);
-    uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
-    if (sp)  // the out-projection's output gradient of every row of the chunk
-      rb = b.tp(Dir::bwd, Stage::tp_proj_out, c, {rb}, CollKind::all_gather, bf16 ? Buf::d_proj_send : Buf::d_proj,
-                bf16 ? Buf::d_proj_bf16 : Buf::d_proj_full);
-    return rb;
-  };
-  std::optional<uint32_t> next_head;
-  if (ahead) next_head = head(M - 1);
-  int pending_c = -1;  // the chunk whose LN1 backward waits, and its reduction
-  uint32_t pending_red = 0;
-  auto flush_ln1 = [&] {
-    if (pending_c >= 0) b.add(Dir::bwd, Stage::ln1, pending_c, {pending_red});
-    pending_c = -1;
-  };
-  // The QKV backward of chunk c, once the dK, dV of its rows are complete (deps).
-  auto qkv_backward = [&](int c, const std::vector<uint32_t>& deps) {
-    if (!tp) {
-      input_grads.push_back(b.add(Dir::bwd, Stage::ln1_qkv, c, deps));
-    } else {  // the QKV input gradient's partial sums over the local heads, reduced to this rank's rows
-      input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, deps));
-      const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce,
-                                sp && bf16 ? Buf::d_ln1_send : Buf::d_ln1_out,
-                                sp ? (bf16 ? Buf::d_ln1_recv : Buf::d_ln1_local) : Buf::d_ln1_out);
-      flush_ln1();
-      pending_c = c;
-      pending_red = red;
-      // Without the overlap a chunk's LN1 backward waits for its reduction at once, except the last chunk's (c = 0):
-      // its reduction runs under the attention weight gradients, as Megatron's QKV backward overlaps its
-      // reduce-scatter with its weight-gradient GEMM.
-      if (!d.overlap_tp && c != 0) flush_ln1();
-    }
-  };
-  std::vector<uint32_t> remote_bwd;  // context parallelism: every chunk's attention backward over other ranks' keys
+  input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, deps));
+  const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce,
+                            sp && bf16 ? Buf::d_ln1_send : Buf::d_ln1_out,
+                            sp ? (bf16 ? Buf::d_ln1_recv : Buf::d_ln1_local) : Buf::d_ln1_out);
+  flush_ln1();
+  pending_c = c;
+  pending_red = red;
+  if (!d.overlap_tp && c != 0) flush_ln1();
+}
+
+// The attention side backward, chunks M-1..0: gate_backward(c) out_proj.bwd(c) [attention_recompute(c)]
+// attention.bwd(c) (summing dK, dV into the rows of chunks 0..c) qkv_backward(c) (rows of chunk c have every
+// contribution: chunks c..M-1 are done). With the tp overlap, chunk c-1's gate_backward runs before chunk c's QKV
+// backward, so its all-gather is not queued behind chunk c's reduction. Context parallel: the attention backward
+// over the remote slots here, the own keys and the dK, dV ring in cp_dkv_backward.
+void LayerPlanBuilder::attention_backward() {
+  if (ahead) next_head = gate_backward(M - 1);
   for (int c = M - 1; c >= 0; --c) {
-    const uint32_t rb = ahead ? *next_head : head(c);
+    const uint32_t rb = ahead ? *next_head : gate_backward(c);
     uint32_t pb = b.add(Dir::bwd, Stage::out_proj, c, {rb});
     input_grads.push_back(pb);
     // selective recomputation: the chunk's attention output and lse again, before its attention backward reads them
     // (and the attention weight gradients, which depend on every chunk's attention backward)
     if (d.recompute_attention) pb = b.add(Dir::bwd, Stage::attention_recompute, c, {pb});
-    if (cp) {  // the remote slots now, this rank's own keys below (while the ring carries the dK, dV sums)
+    if (ring_attn) {  // the remote slots now, this rank's own keys later (while the ring carries the dK, dV sums)
       uint32_t prev = pb;
-      for (int t = 1; t < C; ++t) remote_bwd.push_back(prev = b.add(Dir::bwd, Stage::attention, c, {prev}, t));
-      if (ahead && c > 0) next_head = head(c - 1);
+      for (int t = 1; t < ncp; ++t) remote_bwd.push_back(prev = b.add(Dir::bwd, Stage::attention, c, {prev}, t));
+      if (ahead && c > 0) next_head = gate_backward(c - 1);
       continue;
     }
     attention_bwd.push_back(b.add(Dir::bwd, Stage::attention, c, {pb}));
-    if (ahead && c > 0) next_head = head(c - 1);
-    // Rows of chunk c receive dK, dV from the attention backward of chunks c..M-1, all done by now.
+    if (ahead && c > 0) next_head = gate_backward(c - 1);
     qkv_backward(c, attention_bwd);
   }
-  if (cp) {
-    // The dK, dV partial sums of slot t (cp rank r - t's keys) travel one hop per ring step towards their owner,
-    // each rank adding its own share (cp_dkv_reduce) before passing them on; each step hides behind a chunk's
-    // attention backward over this rank's own keys. After step C-1 this rank holds every rank's share of its own.
-    std::vector<uint32_t> own_bwd, steps;
-    int next_own = M - 1;
-    for (int t = 1; t < C; ++t) {
-      std::vector<uint32_t> deps = remote_bwd;
-      if (t > 1) deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, {steps.back()}, t)};
-      else if (bf16) deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, remote_bwd, t)};  // rounded to bf16
-      steps.push_back(b.ring(Dir::bwd, t, deps, bf16 ? Buf::cp_dkv_send : Buf::cp_dkv, t, Buf::cp_dkv_recv, t));
-      if (next_own >= 0) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own--, remote_bwd, 0));
-    }
-    for (; next_own >= 0; --next_own) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own, remote_bwd, 0));
-    std::vector<uint32_t> deps = own_bwd;
-    deps.push_back(steps.back());
-    const uint32_t done = b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, deps, 0);
-    for (int c = M - 1; c >= 0; --c) qkv_backward(c, {done});
+}
+
+// Context parallel: the dK, dV partial sums of slot t (cp rank r - t's keys) travel one hop per ring step towards
+// their owner, each rank adding its own share (cp_dkv_reduce, piece t) before passing them on; each step hides behind
+// a chunk's attention backward over this rank's own keys (piece 0). After step cp-1 this rank holds every rank's share
+// of its own keys (cp_dkv_reduce piece 0), and every chunk's QKV backward follows.
+void LayerPlanBuilder::cp_dkv_backward() {
+  std::vector<uint32_t> own_bwd, steps;
+  int next_own = M - 1;
+  for (int t = 1; t < ncp; ++t) {
+    std::vector<uint32_t> deps = remote_bwd;
+    if (t > 1)
+      deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, {steps.back()}, t)};
+    else if (bf16)
+      deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, remote_bwd, t)};  // rounded to bf16
+    steps.push_back(b.ring(Dir::bwd, t, deps, bf16 ? Buf::cp_dkv_send : Buf::cp_dkv, t, Buf::cp_dkv_recv, t));
+    if (next_own >= 0) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own--, remote_bwd, 0));
   }
-  // The QKV and out-projection weight gradients over all rows at once.
+  for (; next_own >= 0; --next_own) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own, remote_bwd, 0));
+  std::vector<uint32_t> deps = own_bwd;
+  deps.push_back(steps.back());
+  const uint32_t done = b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, deps, 0);
+  for (int c = M - 1; c >= 0; --c) qkv_backward(c, {done});
+}
+
+// Forward: [cp: every chunk's QKV and K, V ring first] for c: attention side(c), gate(c), dispatch(c); aux stats;
+// experts and combines; weighted sums; aux loss. Backward: the MoE side (chunks in reverse), the attention side
+// (chunks in reverse) [cp: own keys and the dK, dV ring], then the QKV and out-projection weight gradients over
+// all rows at once. (The aux loss has no backward task: each chunk's gate backward adds its gradient from the
+// forward's totals, so it depends on aux_loss.)
+Plan LayerPlanBuilder::build() && {
+  if (ring_attn) cp_qkv_forward();
+  for (int c = 0; c < M; ++c) gate_forward(c, attention_forward(c));
+  const std::vector<uint32_t> aux_deps = aux_stats();
+  experts_forward();
+  weighted_sum_forward(aux_deps);
+  moe_backward();
+  attention_backward();
+  if (ring_attn) cp_dkv_backward();
   b.add(Dir::bwd, Stage::attention_wgrad, -1, input_grads);
   flush_ln1();
   return std::move(b.plan);
 }
+
+}  // namespace
+
+Plan build_layer_plan(const model::LayerConfig& cfg, int M) { return LayerPlanBuilder(cfg, M).build(); }
 
 }  // namespace ampipe::schedule

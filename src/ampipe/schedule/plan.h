@@ -62,7 +62,13 @@ struct Task {
   Stage stage = Stage::ln1_qkv;
   int layer = 0;
   int chunk = -1;  // -1: the whole sequence
-  int piece = -1;  // -1: the whole chunk (pieces: pipe-experts slices, ring steps)
+  // -1: the whole chunk. Otherwise, by stage:
+  //   experts, dispatch, combine, tp_expert_*: the chunk's piece, an index into LayerDims::pieces (pipe-experts'
+  //     (local expert, slice) pieces, or --ampipe-tp-sp-comm-overlap's local experts)
+  //   attention (context parallel): the ring slot t whose keys it reads (0: this rank's own)
+  //   cp_ring: forward 2(t-1) + h, step t of half h of the chunk's K, V rows; backward the step t of the dK, dV sums
+  //   cp_dkv_reduce: the step t whose received sum it adds (0: the last one, into this rank's own dK, dV)
+  int piece = -1;
   Lane lane = Lane::compute;
   std::vector<uint32_t> deps;               // tasks that must finish before this one starts; never a whole lane
   std::optional<CollectiveSpec> collective;  // communication tasks only
