@@ -13,6 +13,7 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/step_plan.h"
 #include "ampipe/sim/profile.h"
 #include "ampipe/sim/simulator.h"
 
@@ -362,25 +363,71 @@ TEST(Simulator, SlowdownStretchesOverlappedCompute) {  // (g)
   }
 }
 
-TEST(Simulator, LayersRunForwardThenBackwardInReverseAndDpAllReduceLast) {
+// The step Plan of a 2-layer model (hand-made layer Plans: a 1 s forward with a 0.5 s all-to-all after it, a 1 s
+// backward), two micro-batches, layer 0 recomputed, dp 2 (ep 2: the expert buckets' group has one rank), costed by
+// hand: T = h = V = 1000 (T h = T V = 1e6, T h V = 1e9) at 1 TFLOP/s and 1 GB/s.
+//   embedding.fwd 12 T h B = .012   head.fwd 2 T h V F + (8 T h + 8 T V) B = .002 + .016   head.bwd .004 + .020
+//   embedding.bwd 20 T h B = .020   grad_pack 2 x bucket bytes   all-reduce over 2 ranks: the bucket's bytes
+//   grad_finish 12 B per parameter (1e6: .012)   optimizer 28 B per parameter (.028)
+// Layer buckets 0.25e9 B (pack 0.5 s, all-reduce 0.25 s), the embedding's 0.5e9 B (pack 1 s, all-reduce 0.5 s).
+TEST(Simulator, StepPlanOverlapsEachLayersGradientReductionWithTheBackwardBelow) {
+  StepConfig c;
+  c.layers = {fwd_comm_bwd_layer(0, 1), fwd_comm_bwd_layer(1, 1)};
+  c.micro_batches = 2;
+  c.recompute = {true, false};
+  c.tokens = c.hidden = c.head_vocab = 1000;
+  c.layer_dense_bytes = {0.25e9, 0.25e9};
+  c.layer_expert_bytes = {1e9, 1e9};  // over a one-rank group: not reduced
+  c.outer_dense_bytes = 0.5e9;
+  c.dense_group_size = 2;
+  c.expert_group_size = 1;
+  c.params = 1e6;
+  const StepPlan step = build_step_plan(c);
+  Profile p = unit_profile();
+  p.fp32 = ComputeRates{1, 0, 1, 1};  // 1 TFLOP/s at any GEMM size
   SimOptions o;
-  o.dp_size = 4;
-  o.dp_allreduce_bytes = 4e9;  // ring: 2 * 3/4 * 4e9 bytes at 1 GB/s = 6 s
-  const SimResult r = simulate({fwd_comm_bwd_layer(0, 1), fwd_comm_bwd_layer(1, 1)}, unit_profile(), o);
+  o.dp_size = 2;
+  const SimResult r = simulate(step, p, o);
+  // mb0: .012 + (1 + .5) + (1 + .5) + .018 + .024 + 1 + (1 + .5) + 1 + .020 = 6.574
+  // mb1: .012 + 1.5 + 1.5 + .018 + .024 + L1.bwd 1 (10.628), pack L1 .5 (11.128, its all-reduce to 11.378 under
+  //      the replay of L0), replay 1 + .5 (12.628), L0.bwd 1 (13.628), pack L0 .5 (14.128, all-reduce to 14.378
+  //      under embedding.bwd and the embedding's pack), embedding.bwd .020 (14.148), pack 1 (15.148), its
+  //      all-reduce .5 (15.648) waited for by grad_finish .012 (15.660), optimizer .028
+  EXPECT_NEAR(r.step_s, 15.688, 1e-9);
+  EXPECT_NEAR(r.exposed_s, 6 * 0.5 + 0.5, 1e-9);  // the six layer all-to-alls and the last bucket
+  EXPECT_NEAR(r.lane_busy_s.at("dp"), 0.25 + 0.25 + 0.5, 1e-9);
+  const SimRecord* l1 = find(r, "grad_reduce.dense.L1");
+  const SimRecord* l0 = find(r, "grad_reduce.dense.L0");
+  const SimRecord* outer = find(r, "grad_reduce.dense.outer");
+  ASSERT_NE(l1, nullptr);
+  ASSERT_NE(l0, nullptr);
+  ASSERT_NE(outer, nullptr);
+  EXPECT_EQ(find(r, "grad_reduce.expert.L0"), nullptr);
+  EXPECT_NEAR(l1->start_s, 11.128, 1e-9);
+  EXPECT_NEAR(l0->start_s, 14.128, 1e-9);
+  EXPECT_NEAR(outer->start_s, 15.148, 1e-9);
+  EXPECT_EQ(l1->cat, "all_reduce");
+  EXPECT_EQ(l1->stage, "dp_allreduce");
+  EXPECT_NEAR(r.exposed_by_stage_s.at("dp_allreduce"), 0.5, 1e-9);
+  EXPECT_EQ(find(r, "wait:grad_reduce.dense.L1"), nullptr);  // hidden
+  EXPECT_NE(find(r, "wait:grad_reduce.dense.outer"), nullptr);
+  // the replay of layer 0 in each micro-batch, before its backward
+  EXPECT_NE(find(r, "recompute:mb1.L0.fwd.residual_ln2.c0"), nullptr);
+  const SimRecord* opt = find(r, "optimizer");
+  ASSERT_NE(opt, nullptr);
+  EXPECT_NEAR(opt->end_s, 15.688, 1e-9);
+}
+
+TEST(Simulator, LayersRunForwardThenBackwardInReverse) {
+  const SimResult r = simulate({fwd_comm_bwd_layer(0, 1), fwd_comm_bwd_layer(1, 1)}, unit_profile());
   std::vector<std::string> compute_order;
   for (const auto& x : r.timeline)
     if (x.lane == Lane::compute && x.cat == "compute") compute_order.push_back(x.name);
   EXPECT_EQ(compute_order, (std::vector<std::string>{"L0.fwd.residual_ln2.c0", "L1.fwd.residual_ln2.c0",
                                                      "L1.bwd.residual_ln2.c2", "L0.bwd.residual_ln2.c2"}));
-  // Each layer's forward ends by waiting for its collective (0.5 s exposed each), then the all-reduce, exposed.
-  EXPECT_DOUBLE_EQ(r.step_s, 1 + 0.5 + 1 + 0.5 + 1 + 1 + 6);
-  EXPECT_DOUBLE_EQ(r.exposed_s, 0.5 + 0.5 + 6);
-  EXPECT_DOUBLE_EQ(r.lane_busy_s.at("dp"), 6);
-  const SimRecord* ar = find(r, "dp.allreduce");
-  ASSERT_NE(ar, nullptr);
-  EXPECT_EQ(ar->cat, "all_reduce");
-  EXPECT_DOUBLE_EQ(ar->start_s, 5);
-  EXPECT_NE(find(r, "wait:dp.allreduce"), nullptr);
+  // Each layer's forward ends by waiting for its collective (0.5 s exposed each).
+  EXPECT_DOUBLE_EQ(r.step_s, 1 + 0.5 + 1 + 0.5 + 1 + 1);
+  EXPECT_DOUBLE_EQ(r.exposed_s, 0.5 + 0.5);
 }
 
 TEST(Simulator, RecomputedLayerReplaysItsForwardBeforeItsBackward) {

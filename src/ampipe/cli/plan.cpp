@@ -16,7 +16,9 @@
 #include "ampipe/core/error.h"
 #include "ampipe/core/host_memory.h"
 #include "ampipe/schedule/memory_estimate.h"
+#include "ampipe/schedule/model_step.h"
 #include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/step_plan.h"
 
 namespace ampipe::cli {
 
@@ -26,12 +28,20 @@ void PlanArgs::add_to(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--num-layers", num_layers, "layers of the stack, for the planned memory")->capture_default_str();
   app.add_option("--json", json_file, "also write the tasks, the buffers and the summary as JSON to this file");
+  app.add_flag("--step", step, "print the whole training step's Plan (every micro-batch's layers, embedding, head, "
+                               "the gradient buckets, the optimizer) instead of one layer's");
+  app.add_option("--global-batch-size", global_batch_size,
+                 "with --step: sequences per iteration (default: one micro-batch per data-parallel rank)");
+  app.add_option("--world-size", world_size, "with --step: devices (data-parallel size = world / (tp x cp))")
+      ->capture_default_str();
+  app.add_option("--vocab-size", vocab_size, "with --step: vocabulary of the LM head")->capture_default_str();
 }
 
 namespace {
 
 using schedule::CollKind;
 using schedule::Plan;
+using schedule::StepPlan;
 using schedule::Task;
 
 // 3 significant digits with a decimal prefix: "12.9 GF", "805 MF", "0 F".
@@ -225,6 +235,91 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
 
 }  // namespace
 
+namespace {
+
+// `ampipe plan --step`: the step Plan of a --num-layers model (schedule/model_step.h, the engine's head: the whole
+// vocabulary on every tp rank), task by task; a layer task stands for its layer Plan (`ampipe plan` without --step).
+int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstream& json_out, bool rank0) {
+  const int tpcp = cfg.tp() * cfg.cp();
+  if (a.world_size < 1 || a.world_size % tpcp != 0)
+    throw ConfigError(fmt::format("--world-size {} is invalid: it must be a positive multiple of tp x cp = {}",
+                                  a.world_size, tpcp));
+  if (a.vocab_size < 1) throw ConfigError(fmt::format("--vocab-size {} is invalid: it must be >= 1", a.vocab_size));
+  schedule::ModelShape m;
+  m.layer = cfg;
+  m.num_layers = a.num_layers;
+  m.vocab = a.vocab_size;
+  m.vocab_parallel = false;
+  m.dp = a.world_size / tpcp;
+  if ((m.dp * cfg.cp()) % cfg.expert_model_parallel_size != 0)
+    throw ConfigError(fmt::format("--world-size {}: dp x cp = {} is not divisible by --expert-model-parallel-size {}",
+                                  a.world_size, m.dp * cfg.cp(), cfg.expert_model_parallel_size));
+  const int64_t per_iter = cfg.micro_batch_size * m.dp;
+  const int64_t G = a.global_batch_size > 0 ? a.global_batch_size : per_iter;
+  if (G % per_iter != 0)
+    throw ConfigError(fmt::format("--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel "
+                                  "size {}",
+                                  G, cfg.micro_batch_size, m.dp));
+  m.micro_batches = int(G / per_iter);
+  const StepPlan p = schedule::build_step_plan(schedule::model_step_config(m, a.ampipe_degree));
+  if (json_out.is_open()) {
+    nlohmann::json tasks = nlohmann::json::array();
+    for (const schedule::StepTask& t : p.tasks)
+      tasks.push_back({{"id", t.id}, {"name", t.name()}, {"op", schedule::step_op_name(t.op)},
+                       {"dir", model::dir_name(t.dir)}, {"micro_batch", t.micro_batch}, {"layer", t.layer},
+                       {"lane", std::string(comm::lane_name(t.lane))}, {"deps", t.deps}, {"bytes", t.bytes},
+                       {"gemm_flops", t.gemm_flops}, {"collective", t.is_collective()},
+                       {"layer_tasks", t.is_layer() ? int(p.layer(t.layer).tasks.size()) : 0}});
+    json_out << nlohmann::json{{"format", "ampipe plan --step"}, {"micro_batches", m.micro_batches},
+                               {"data_parallel_size", m.dp}, {"num_layers", a.num_layers},
+                               {"ampipe_degree", a.ampipe_degree}, {"tasks", tasks}}
+                    .dump(2)
+             << "\n";
+    json_out.close();
+    if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
+  }
+  if (!rank0) return 0;
+  fmt::print("ampipe plan --step: {} layer{}, {} micro-batch{} per rank (global batch {}, dp={}), ampipe-degree={}, "
+             "V={} | {} step tasks\n\n",
+             a.num_layers, a.num_layers == 1 ? "" : "s", m.micro_batches, m.micro_batches == 1 ? "" : "es", G, m.dp,
+             a.ampipe_degree, a.vocab_size, p.tasks.size());
+  size_t wname = 4;
+  for (const schedule::StepTask& t : p.tasks) wname = std::max(wname, t.name().size());
+  fmt::print("{:>4}  {:<{}}  {:<7}  {:<8}  {}\n", "id", "task", wname, "lane", "deps", "work");
+  for (const schedule::StepTask& t : p.tasks) {
+    std::string deps;
+    for (uint32_t d : t.deps) deps += (deps.empty() ? "" : ",") + std::to_string(d);
+    std::string work;
+    if (t.is_layer()) {
+      double f = 0;
+      int n = 0;
+      for (const Task& lt : p.layer(t.layer).tasks)
+        if (lt.dir == t.dir) {
+          f += lt.flops;
+          ++n;
+        }
+      work = fmt::format("layer Plan: its {} {} tasks, {}", n, model::dir_name(t.dir), si(f, "F"));
+    }
+    else if (t.is_collective())
+      work = fmt::format("{} {} {}", schedule::coll_kind_name(t.kind), comm::group_kind_name(t.group),
+                         core::format_bytes(t.bytes));
+    else
+      work = t.gemm_flops > 0 ? fmt::format("{} GEMM, {} element-wise", si(t.gemm_flops, "F"), core::format_bytes(t.bytes))
+                              : fmt::format("{} element-wise", core::format_bytes(t.bytes));
+    fmt::print("{:>4}  {:<{}}  {:<7}  {:<8}  {}\n", t.id, t.name(), wname, comm::lane_name(t.lane),
+               deps.empty() ? "-" : deps, work);
+  }
+  fmt::print("\ngradient buckets: {} all-reduce{} on the dp lane, {} in all; each layer's issued right after its "
+             "backward in the last micro-batch (docs/plan.md, \"The step Plan\")\n",
+             std::count_if(p.tasks.begin(), p.tasks.end(), [](const auto& t) { return t.op == schedule::StepOp::grad_reduce; }),
+             std::count_if(p.tasks.begin(), p.tasks.end(), [](const auto& t) { return t.op == schedule::StepOp::grad_reduce; }) == 1 ? "" : "s",
+             core::format_bytes(p.collective_bytes(schedule::StepOp::grad_reduce)));
+  if (!a.json_file.empty()) fmt::print("wrote {}\n", a.json_file);
+  return 0;
+}
+
+}  // namespace
+
 int run_plan(PlanArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   const int M = a.ampipe_degree;
@@ -237,6 +332,7 @@ int run_plan(PlanArgs& a) {
     json_out.open(a.json_file);
     if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
   }
+  if (a.step) return run_step_plan(a, cfg, json_out, rank0);
   const Plan p = schedule::build_layer_plan(cfg, M);
   const schedule::MemoryEstimate mem = schedule::estimate_layer_stack(cfg, a.num_layers, M);
   const std::vector<Overlap> ov = overlaps(p);

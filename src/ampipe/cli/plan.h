@@ -15,6 +15,12 @@ struct PlanArgs {
   int ampipe_degree = 1;
   int num_layers = 1;
   std::string json_file;
+  // --step: the whole training iteration's step Plan (schedule/step_plan.h) instead of one layer's, for
+  // --global-batch-size sequences on --world-size devices with a --vocab-size LM head
+  bool step = false;
+  int64_t global_batch_size = 0;  // 0: one micro-batch per data-parallel rank
+  int world_size = 1;
+  int64_t vocab_size = 256;
   void add_to(CLI::App& app);
 };
 

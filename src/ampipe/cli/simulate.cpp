@@ -12,27 +12,17 @@
 // Degrees that the rules refuse (e.g. > 1 without --use-flash-attn, or the pipe-experts rules) are skipped with
 // their reason; rules that no degree can satisfy fail the command.
 //
-// The iteration (what Megatron's TFLOP/s divides by), per device:
-//   micro-batches  nmb = global batch / (b * dp); each runs the layers' Plans (sim::simulate: forward of layers
-//                  0..num_layers-1, backward in reverse), the last one followed by the data-parallel gradient
-//                  all-reduce (the trainer starts each layer's reduction during the backward: the simulator's
-//                  all-reduce after the backward is an upper bound)
-//   LM head        per micro-batch, on the compute lane, not overlapped: the three fp32 GEMMs 3 x 2*T*h*V (logits,
-//                  dW, dx) at gemm_rate(min(T, h, V)) of the fp32 rates, plus the element-wise work at
-//                  elementwise_gbps: cross-entropy 12*T*V bytes (logits read twice, dlogits written) and embedding +
-//                  final LayerNorm forward and backward 44*T*h bytes; one task overhead per kernel (8)
-//   optimizer      AdamW + gradient norm + zeroing over the local parameters: 36 bytes per parameter (read param,
-//                  grad, m, v; write param, m, v; norm reads grad; zero writes grad), + 6 per layer matrix parameter
-//                  in bf16 mode (the bf16 weight copies), at elementwise_gbps
-// Parameters (closed form, names of model/layer_params.h and train/gpt_model.h):
-//   dense per layer   ln1 2h + attn.qkv 3h^2 + attn.proj h^2 + ln2 2h + moe.gate E*h  = 4h^2 + 4h + E*h
-//   expert per layer  L_loc * (fc1 F1*h + fc2 h*F), F1 = F (GeLU) or 2F (SwiGLU)       (this rank's experts)
-//   embedding etc.    word V*h/tp + position s*h (none with --position-embedding-type rope) + final LayerNorm 2h
-//                     (+ output layer V*h/tp when untied): the vocabulary split over tp as in Megatron's
-//                     vocabulary-parallel embedding and head, which the LM head's cost below assumes too
-// Gradient all-reduce (fp32, sum): dense over dp, expert over the expert-data-parallel group of dp/ep ranks. The
-// simulator takes one all-reduce over dp ranks, so the expert part enters with the bytes that cost the same over dp
-// ranks: expert bytes * ((edp-1)/edp) / ((dp-1)/dp) (a ring all-reduce moves 2*bytes*(g-1)/g; one latency).
+// The iteration (what Megatron's TFLOP/s divides by), per device: the step Plan of the model
+// (schedule/model_step.h: parameters by closed form, the vocabulary split over tp as Megatron's head) costed by
+// sim::simulate, the same step Plan structure the trainer runs (schedule/step_plan.h):
+//   micro-batches  nmb = global batch / (b * dp); each runs the embedding, the layers' Plans (forward of layers
+//                  0..num_layers-1, backward in reverse, replays before the recomputed ones), the LM head and loss
+//   gradients      each layer's buckets (dense over dp x cp, expert over dp x cp / ep) packed and all-reduced on
+//                  the dp lane right after that layer's backward in the last micro-batch, under the layers below;
+//                  the embedding's and head's after the last embedding backward; then grad_finish and AdamW
+//   costs          the step tasks' closed forms (docs/plan.md): LM head GEMMs 2*T*h*V forward, 4*T*h*V backward at
+//                  the fp32 rate, element-wise bytes at elementwise_gbps; RoPE (not in the engine's layer Plans yet)
+//                  added per micro-batch
 // Link classes: the EP group spans nodes iff K > 1 and ep > W/K (EP groups are ep consecutive data-parallel ranks,
 // comm/layout.h); the data-parallel all-reduce spans nodes iff K > 1.
 //
@@ -57,6 +47,7 @@
 
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/schedule/model_step.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/sim/profile.h"
 #include "ampipe/sim/simulator.h"
@@ -107,16 +98,225 @@ void SimulateArgs::add_to(CLI::App& app) {
 
 namespace {
 
+// The layout of W devices on K nodes: group sizes, which groups cross nodes, micro-batches per device.
+struct Layout {
+  int W = 1, K = 1, ep = 1, dp = 1, dpcp = 1, nmb = 1;
+  int64_t G = 1;
+  sim::SimOptions opts;
+};
+
+Layout layout_of(const train::TrainConfig& cfg, int W, int K) {
+  const model::LayerConfig& l = cfg.layer;
+  Layout y;
+  y.W = W;
+  y.K = K;
+  y.ep = int(l.expert_model_parallel_size);
+  y.dp = cfg.data_parallel_size(W);
+  y.dpcp = y.dp * l.cp();
+  y.G = cfg.global_batch(W);
+  y.nmb = int(y.G / (l.micro_batch_size * y.dp));
+  sim::SimOptions& o = y.opts;
+  // rank = tp fastest: a tp group is tp consecutive devices, an EP group's members lie tp apart; a cp group's
+  // members lie tp apart (tp fastest, then cp), so it crosses nodes when tp x cp exceeds a node
+  o.tp_size = l.tp();
+  o.cp_size = l.cp();
+  o.ep_size = y.ep;
+  o.cp_spans_nodes = K > 1 && l.cp() > 1 && l.tp() * l.cp() > W / K;
+  o.tp_spans_nodes = K > 1 && l.tp() > W / K;
+  o.ep_spans_nodes = K > 1 && y.ep * l.tp() > W / K;
+  o.dp_size = y.dp;
+  o.dp_spans_nodes = K > 1;
+  return y;
+}
+
 struct Prediction {
   int M = 1;
-  sim::SimResult last, mid;  // the last micro-batch (with the gradient all-reduce), another one
+  schedule::StepPlan step;
+  sim::SimResult sim;  // the whole iteration
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_s = 0, hidden = 0;
-  double layer_flops = 0;  // one micro-batch, all layers, this rank
-  std::map<std::string, double> comm_by_stage, exposed_by_stage;  // the iteration's, by collective stage
-  double tflops_engine = 0, tflops_megatron = 0;
+  double layers_s = 0;       // the iteration less the work outside the layers and the waits for its collectives
+  double layer_flops = 0;    // one micro-batch, all layers, this rank
+  double head_s = 0, optim_s = 0, rope_s = 0, dp_allreduce_s = 0, dp_allreduce_bytes = 0;  // one micro-batch's
+                                                                                            // head and rope
+  double tflops_engine = 0, tflops_megatron = 0, megatron_flops = 0, flops_engine = 0;
 };
 
 std::string ms(double s) { return fmt::format("{:.2f}", 1e3 * s); }
+
+bool outside_layers(const std::string& stage) {
+  for (schedule::StepOp op : {schedule::StepOp::embedding, schedule::StepOp::head, schedule::StepOp::grad_pack,
+                              schedule::StepOp::grad_finish, schedule::StepOp::optimizer, schedule::StepOp::sp_gather})
+    if (stage == schedule::step_op_name(op)) return true;
+  return stage == "dp_allreduce";
+}
+
+// The iteration at degree M: the step Plan of the model (schedule/model_step.h, Megatron's vocabulary-parallel
+// head) costed by sim::simulate; RoPE, which the engine's layer Plans do not run yet, is added per micro-batch.
+Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, bool rope, const sim::Profile& prof) {
+  const model::LayerConfig& l = cfg.layer;
+  schedule::ModelShape shape;
+  shape.layer = l;
+  shape.num_layers = cfg.num_layers;
+  shape.vocab = cfg.vocab_size;
+  shape.untie_embeddings = cfg.untie_embeddings_and_output_weights;
+  shape.position_embedding = !rope;
+  shape.dp = lay.dp;
+  shape.micro_batches = lay.nmb;
+  shape.recompute = cfg.recompute_layers();
+  Prediction p;
+  p.M = M;
+  p.step = schedule::build_step_plan(schedule::model_step_config(shape, M));
+  p.sim = sim::simulate(p.step, prof, lay.opts);
+  const double s = double(l.seq_length), b = double(l.micro_batch_size), h = double(l.hidden_size),
+               F = double(l.ffn_hidden_size), k = double(l.moe_router_topk), T = s * b, V = double(cfg.vocab_size),
+               nl = double(cfg.num_layers), tp = double(l.tp()), nmb = double(lay.nmb);
+  // RoPE: q and k of the device's rows and local heads rotated in the forward (again when recomputed) and in the
+  // backward, each a read and a write at elementwise_gbps, one task overhead each
+  const std::vector<bool> recomputed = cfg.recompute_layers();
+  const double rope_passes = rope ? nl * 2 + double(std::count(recomputed.begin(), recomputed.end(), true)) : 0;
+  p.rope_s = rope_passes * (2 * 2 * (T / double(l.cp())) * (h / tp) * (l.bf16 ? 2 : 4) / (prof.elementwise_gbps * 1e9) +
+                            prof.task_overhead_us * 1e-6);
+  for (const schedule::StepTask& t : p.step.tasks) {
+    if (t.is_layer()) continue;
+    const double c = sim::step_task_seconds(t, prof, lay.opts);
+    if ((t.op == schedule::StepOp::head || t.op == schedule::StepOp::embedding) && t.micro_batch == 0) p.head_s += c;
+    if (t.op == schedule::StepOp::grad_finish || t.op == schedule::StepOp::optimizer) p.optim_s += c;
+    if (t.op == schedule::StepOp::grad_reduce) p.dp_allreduce_s += c;
+  }
+  p.dp_allreduce_bytes = p.step.collective_bytes(schedule::StepOp::grad_reduce);
+  p.step_s = p.sim.step_s + nmb * p.rope_s;
+  p.compute_s = p.sim.compute_s + nmb * p.rope_s;
+  p.comm_s = p.sim.comm_s;
+  p.exposed_s = p.sim.exposed_s;
+  p.layers_s = p.sim.step_s;
+  for (const sim::SimRecord& r : p.sim.timeline)
+    if (outside_layers(r.stage) && (r.cat == "compute" || r.cat == "wait")) p.layers_s -= r.end_s - r.start_s;
+  const double mn = std::min(p.compute_s, p.comm_s);
+  p.hidden = mn > 0 ? (p.compute_s + p.comm_s - p.step_s) / mn : 0;
+  for (const schedule::Plan& pl : p.step.config.layers) p.layer_flops += pl.flops();
+  p.flops_engine = nmb * (p.layer_flops + 6 * T * h * V);
+  p.tflops_engine = p.flops_engine / p.step_s / 1e12;
+  // Megatron core_r0.7.0 (see the file comment).
+  const double V_pad = std::ceil(V / (128.0 * tp)) * 128.0 * tp;
+  const bool swiglu = l.expert == model::ExpertKind::swiglu;
+  p.megatron_flops = 12 * double(lay.G) * s * nl * h * h *
+                     ((1 + 1 + s / h) * 1 + (F / h) * k * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
+  p.tflops_megatron = p.megatron_flops / (p.step_s * 1e12 * lay.W);
+  return p;
+}
+
+void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof, bool rope,
+                       const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
+                       const Prediction& best, const Prediction& ref) {
+  const model::LayerConfig& l = cfg.layer;
+  const sim::SimOptions& o = lay.opts;
+  const bool swiglu = l.expert == model::ExpertKind::swiglu;
+  const bool inter_missing = (o.ep_spans_nodes || o.cp_spans_nodes || (o.dp_spans_nodes && lay.dp > 1)) &&
+                             !prof.links.count("inter");
+  const bool reduce_spans = o.dp_spans_nodes && (lay.dp > 1 || o.cp_spans_nodes);
+  fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {} | {} "
+             "device{} on {} node{}, {}{}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
+             cfg.num_layers, l.seq_length, l.micro_batch_size, l.hidden_size, l.ffn_hidden_size,
+             l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.vocab_size, l.bf16 ? "bf16" : "fp32",
+             swiglu ? "swiglu" : "gelu", lay.W, lay.W == 1 ? "" : "s", lay.K, lay.K == 1 ? "" : "s",
+             l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
+                                      o.tp_spans_nodes ? " (across nodes)" : "")
+                        : std::string(),
+             l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), o.cp_spans_nodes ? " (across nodes)" : "") : std::string(),
+             lay.ep, o.ep_spans_nodes ? " (across nodes)" : "", lay.dp, lay.G, lay.nmb, lay.nmb == 1 ? "" : "es",
+             prof.name);
+  fmt::print("  per iteration besides the layers: embedding + LM head {} ms x {}{}, optimizer {} ms, gradient "
+             "all-reduce {} ms alone ({:.1f} MiB in {} buckets{}, under the last micro-batch's backward){}\n",
+             ms(ref.head_s), lay.nmb, rope ? fmt::format(", RoPE {} ms x {}", ms(ref.rope_s), lay.nmb) : std::string(),
+             ms(ref.optim_s), ms(ref.dp_allreduce_s), ref.dp_allreduce_bytes / (1 << 20),
+             std::count_if(ref.step.tasks.begin(), ref.step.tasks.end(),
+                           [](const schedule::StepTask& t) { return t.op == schedule::StepOp::grad_reduce; }),
+             lay.dpcp > 1 ? (reduce_spans ? ", over dp x cp, across nodes" : ", over dp x cp, within a node")
+                          : ", dp x cp = 1: none",
+             inter_missing ? "; the profile has no links.inter: cross-node collectives use links.intra" : "");
+  for (const std::string& sk : skipped) fmt::print("  skipped: {}\n", sk);
+  fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>14} {:>16}\n", "degree", "iteration ms",
+             "layers ms", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s engine",
+             "TFLOP/s Megatron");
+  for (const Prediction& p : preds)
+    fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7.2f} {:>8.3f} {:>14.4g} {:>16.4g}\n", p.M, ms(p.step_s),
+               ms(p.layers_s), ms(p.compute_s), ms(p.comm_s), ms(p.exposed_s), p.hidden, ref.step_s / p.step_s,
+               p.tflops_engine, p.tflops_megatron);
+  // Which communication each degree leaves exposed (what it hides is the difference to another row).
+  for (const Prediction& p : preds) {
+    std::string line;
+    for (const auto& [stage, t] : p.sim.comm_by_stage_s) {
+      const auto e = p.sim.exposed_by_stage_s.find(stage);
+      line += fmt::format("{}{} {}/{}", line.empty() ? "" : ", ", stage,
+                          ms(e == p.sim.exposed_by_stage_s.end() ? 0 : e->second), ms(t));
+    }
+    fmt::print("  degree {} exposed/alone ms by communication: {}\n", p.M, line);
+  }
+  fmt::print("chosen: degree {} ({} ms per iteration{})\n", best.M, ms(best.step_s),
+             &best == &ref ? "" : fmt::format(", {:.3f}x degree {}", ref.step_s / best.step_s, ref.M));
+  if (!cfg.trace.empty()) fmt::print("wrote {} (degree {}: the whole iteration)\n", cfg.trace, best.M);
+}
+
+void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
+                bool rope, const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
+                const Prediction& best, const Prediction& ref) {
+  const model::LayerConfig& l = cfg.layer;
+  nlohmann::json configs = nlohmann::json::array();
+  for (const Prediction& p : preds)
+    configs.push_back({{"ampipe_degree", p.M},
+                       {"step_s", p.step_s},
+                       {"compute_s", p.compute_s},
+                       {"comm_s", p.comm_s},
+                       {"exposed_s", p.exposed_s},
+                       {"hidden_fraction", p.hidden},
+                       {"tflops_engine", p.tflops_engine},
+                       {"tflops_megatron", p.tflops_megatron},
+                       {"layers_s", p.layers_s},
+                       // what bench-layer times: the layers' forward and backward; the gradient buckets' waits
+                       // (none inside the layers: each layer's reduction is waited for at grad_finish) are out
+                       {"layers_without_allreduce_s", p.layers_s},
+                       {"speedup", ref.step_s / p.step_s},
+                       {"flops_engine", p.flops_engine},
+                       {"comm_by_stage_s", p.sim.comm_by_stage_s},
+                       {"exposed_by_stage_s", p.sim.exposed_by_stage_s}});
+  nlohmann::json doc{{"configs", configs},
+                     {"chosen_degree", best.M},
+                     {"profile", prof.name},
+                     {"profile_file", a.profile_file},
+                     {"compute_efficiency", a.compute_efficiency},
+                     {"skipped", skipped},
+                     {"config",
+                      {{"num_layers", cfg.num_layers},
+                       {"seq_length", l.seq_length},
+                       {"micro_batch_size", l.micro_batch_size},
+                       {"hidden_size", l.hidden_size},
+                       {"ffn_hidden_size", l.ffn_hidden_size},
+                       {"num_attention_heads", l.num_attention_heads},
+                       {"num_experts", l.num_experts},
+                       {"moe_router_topk", l.moe_router_topk},
+                       {"swiglu", l.expert == model::ExpertKind::swiglu},
+                       {"bf16", l.bf16},
+                       {"vocab_size", cfg.vocab_size},
+                       {"world_size", lay.W},
+                       {"nodes", lay.K},
+                       {"expert_model_parallel_size", lay.ep},
+                       {"data_parallel_size", lay.dp},
+                       {"global_batch_size", lay.G},
+                       {"micro_batches", lay.nmb},
+                       {"ep_spans_nodes", lay.opts.ep_spans_nodes},
+                       {"head_s", ref.head_s},
+                       {"position_embedding_type", a.position_embedding},
+                       {"rope_s", ref.rope_s},
+                       {"optimizer_s", ref.optim_s},
+                       {"dp_allreduce_bytes", ref.dp_allreduce_bytes},
+                       {"dp_allreduce_s", ref.dp_allreduce_s},
+                       {"megatron_flops", ref.megatron_flops}}}};
+  (void)rope;
+  std::ofstream f(a.json_file);
+  f << doc.dump(2) << "\n";
+  if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
+  fmt::print("wrote {}\n", a.json_file);
+}
 
 }  // namespace
 
@@ -193,104 +393,10 @@ int run_simulate(SimulateArgs& a) {
     throw ConfigError(fmt::format("--ampipe-degree {}: no degree is valid ({})", a.degrees, why));
   }
 
-  // ---- sizes and the parts of the iteration that do not depend on the degree ----
-  const model::LayerConfig& l = cfg.layer;
-  const double s = double(l.seq_length), b = double(l.micro_batch_size), h = double(l.hidden_size),
-               F = double(l.ffn_hidden_size), E = double(l.num_experts), k = double(l.moe_router_topk),
-               T = s * b, V = double(cfg.vocab_size), nl = double(cfg.num_layers);
-  // The dense gradients are reduced over dp x cp (every cp rank saw other tokens of the same sequences), the expert
-  // ones over dp x cp / ep.
-  const int ep = l.expert_model_parallel_size, dp = cfg.data_parallel_size(W), dpcp = dp * l.cp(), edp = dpcp / ep;
-  const int64_t G = cfg.global_batch(W);
-  const int nmb = int(G / (l.micro_batch_size * dp));
-  const bool swiglu = l.expert == model::ExpertKind::swiglu;
-  const double F1 = swiglu ? 2 * F : F;
-  // per device: the attention matrices and the experts' F columns are cut over tp (docs/ampipe.md §5)
-  const double tp = double(l.tp());
-  const double dense_layer = 4 * h * h / tp + 4 * h + E * h,
-               expert_layer = double(l.local_experts()) * (F1 * h + h * F) / tp;
-  // the word embedding (and an untied output layer) as Megatron's vocabulary-parallel ones: V/tp rows per device,
-  // like the LM head below
-  const double dense_params = nl * dense_layer + V / tp * h + (rope ? 0 : s * h) + 2 * h +
-                              (cfg.untie_embeddings_and_output_weights ? V / tp * h : 0);
-  const double expert_params = nl * expert_layer;
-  const double matrix_params = nl * (4 * h * h / tp + expert_layer);  // layer matrices with bf16 copies (not the gate)
-
-  // The LM head and cross-entropy per device: the device's T/cp tokens, and, as Megatron's vocabulary-parallel head,
-  // V/tp columns (docs/simulator.md §8: the engine's own head keeps the whole vocabulary on every tp rank).
-  const double Th = T / double(l.cp()), Vh = V / tp;
-  const sim::ComputeRates& r32 = prof.fp32;
-  const double head_gemm = 3 * 2 * Th * h * Vh / sim::gemm_rate(r32, std::min({Th, h, Vh}));
-  const double head_s = head_gemm + (12 * Th * Vh + 44 * Th * h) / (prof.elementwise_gbps * 1e9) + 8 * prof.task_overhead_us * 1e-6;
-  // RoPE: q and k of the device's rows and local heads rotated in the forward (again when recomputed) and in the
-  // backward, each a read and a write at elementwise_gbps, one task overhead each (outside the layers' Plans)
-  const std::vector<bool> recomputed = cfg.recompute_layers();
-  const double rope_passes = rope ? nl * 2 + double(std::count(recomputed.begin(), recomputed.end(), true)) : 0;
-  const double rope_s = rope_passes * (2 * 2 * (T / double(l.cp())) * (h / tp) * (l.bf16 ? 2 : 4) /
-                                           (prof.elementwise_gbps * 1e9) +
-                                       prof.task_overhead_us * 1e-6);
-  const double optim_s = ((dense_params + expert_params) * 36 + (l.bf16 ? 6 * matrix_params : 0)) / (prof.elementwise_gbps * 1e9);
-
-  sim::SimOptions opts;
-  // rank = tp fastest: a tp group is tp consecutive devices, an EP group's members lie tp apart
-  opts.tp_size = l.tp();
-  // a cp group's members lie tp apart (tp fastest, then cp), so it crosses nodes when tp x cp exceeds a node
-  opts.cp_size = l.cp();
-  opts.cp_spans_nodes = K > 1 && l.cp() > 1 && l.tp() * l.cp() > W / K;
-  opts.recompute = cfg.recompute_layers();
-  opts.tp_spans_nodes = K > 1 && l.tp() > W / K;
-  opts.ep_spans_nodes = K > 1 && ep * l.tp() > W / K;
-  opts.dp_size = dp;
-  opts.dp_spans_nodes = K > 1;
-  if (dpcp > 1) {
-    const double expert_equiv = edp > 1 ? 4 * expert_params * ((edp - 1.0) / edp) / ((dpcp - 1.0) / dpcp) : 0;
-    opts.dp_allreduce_bytes = 4 * dense_params + expert_equiv;
-  }
-  sim::SimOptions no_dp = opts;
-  no_dp.dp_allreduce_bytes = 0;
-  const bool reduce_spans = opts.dp_spans_nodes && (dp > 1 || opts.cp_spans_nodes);
-  const double dp_ar_s =
-      dpcp > 1 ? sim::collective_seconds(schedule::CollKind::all_reduce, opts.dp_allreduce_bytes, dpcp,
-                                         prof.link(reduce_spans))
-               : 0;
-
-  // Megatron core_r0.7.0 (see the file comment).
-  const double V_pad = std::ceil(V / (128.0 * cfg.layer.tp())) * 128.0 * cfg.layer.tp();
-  const double megatron_flops = 12 * double(G) * s * nl * h * h *
-                                ((1 + 1 + s / h) * 1 + (F / h) * k * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
-
-  // ---- one simulation per degree ----
+  // ---- the step Plan per degree, costed ----
+  const Layout lay = layout_of(cfg, W, K);
   std::vector<Prediction> preds;
-  for (int M : valid) {
-    std::vector<schedule::Plan> plans;
-    model::LayerConfig lc = l;
-    for (int i = 0; i < cfg.num_layers; ++i) {
-      lc.layer_index = i;
-      plans.push_back(schedule::build_layer_plan(lc, M));
-    }
-    Prediction p;
-    p.M = M;
-    p.last = sim::simulate(plans, prof, opts);
-    if (nmb > 1) p.mid = sim::simulate(plans, prof, no_dp);
-    const double n_mid = nmb - 1;
-    for (const schedule::Plan& pl : plans) p.layer_flops += pl.flops();
-    p.step_s = n_mid * p.mid.step_s + p.last.step_s + nmb * (head_s + rope_s) + optim_s;
-    p.compute_s = n_mid * p.mid.compute_s + p.last.compute_s + nmb * (head_s + rope_s) + optim_s;
-    p.comm_s = n_mid * p.mid.comm_s + p.last.comm_s;
-    p.exposed_s = n_mid * p.mid.exposed_s + p.last.exposed_s;
-    auto add = [](std::map<std::string, double>& to, const std::map<std::string, double>& from, double times) {
-      for (const auto& [stage, t] : from) to[stage] += times * t;
-    };
-    add(p.comm_by_stage, p.last.comm_by_stage_s, 1);
-    add(p.comm_by_stage, p.mid.comm_by_stage_s, n_mid);
-    add(p.exposed_by_stage, p.last.exposed_by_stage_s, 1);
-    add(p.exposed_by_stage, p.mid.exposed_by_stage_s, n_mid);
-    const double mn = std::min(p.compute_s, p.comm_s);
-    p.hidden = mn > 0 ? (p.compute_s + p.comm_s - p.step_s) / mn : 0;
-    p.tflops_engine = nmb * (p.layer_flops + 6 * T * h * V) / p.step_s / 1e12;
-    p.tflops_megatron = megatron_flops / (p.step_s * 1e12 * W);
-    preds.push_back(std::move(p));
-  }
+  for (int M : valid) preds.push_back(predict(cfg, lay, M, rope, prof));
   const Prediction* best = &preds[0];
   for (const Prediction& p : preds)
     if (p.step_s < best->step_s) best = &p;
@@ -299,106 +405,10 @@ int run_simulate(SimulateArgs& a) {
     if (p.M == 1) ref = &p;
 
   if (!rank0) return 0;
-  if (!cfg.trace.empty()) sim::write_chrome_trace(best->last, cfg.trace);
+  if (!cfg.trace.empty()) sim::write_chrome_trace(best->sim, cfg.trace);
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  const bool inter_missing =
-      (opts.ep_spans_nodes || opts.cp_spans_nodes || (opts.dp_spans_nodes && dp > 1)) && !prof.links.count("inter");
-  fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {} | {} "
-             "device{} on {} node{}, {}{}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
-             cfg.num_layers, l.seq_length, l.micro_batch_size, l.hidden_size, l.ffn_hidden_size,
-             l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.vocab_size, l.bf16 ? "bf16" : "fp32",
-             swiglu ? "swiglu" : "gelu", W, W == 1 ? "" : "s", K, K == 1 ? "" : "s",
-             l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
-                                      opts.tp_spans_nodes ? " (across nodes)" : "")
-                        : std::string(),
-             l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), opts.cp_spans_nodes ? " (across nodes)" : "") : std::string(),
-             ep,
-             opts.ep_spans_nodes ? " (across nodes)" : "", dp, G, nmb, nmb == 1 ? "" : "es", prof.name);
-  fmt::print("  per iteration besides the layers: LM head {} ms x {}{}, optimizer {} ms, gradient all-reduce {} ms "
-             "({:.1f} MiB{}){}\n",
-             ms(head_s), nmb, rope ? fmt::format(", RoPE {} ms x {}", ms(rope_s), nmb) : std::string(), ms(optim_s),
-             ms(dp_ar_s), opts.dp_allreduce_bytes / (1 << 20),
-             dpcp > 1 ? (reduce_spans ? ", over dp x cp, across nodes" : ", over dp x cp, within a node")
-                      : ", dp x cp = 1: none",
-             inter_missing ? "; the profile has no links.inter: cross-node collectives use links.intra" : "");
-  for (const std::string& sk : skipped) fmt::print("  skipped: {}\n", sk);
-  fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>14} {:>16}\n", "degree", "iteration ms",
-             "layers ms", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s engine",
-             "TFLOP/s Megatron");
-  nlohmann::json configs = nlohmann::json::array();
-  for (const Prediction& p : preds) {
-    const double layers = p.last.step_s + (nmb - 1) * p.mid.step_s;
-    fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7.2f} {:>8.3f} {:>14.4g} {:>16.4g}\n", p.M, ms(p.step_s),
-               ms(layers), ms(p.compute_s), ms(p.comm_s), ms(p.exposed_s), p.hidden, ref->step_s / p.step_s,
-               p.tflops_engine, p.tflops_megatron);
-    configs.push_back({{"ampipe_degree", p.M},
-                       {"step_s", p.step_s},
-                       {"compute_s", p.compute_s},
-                       {"comm_s", p.comm_s},
-                       {"exposed_s", p.exposed_s},
-                       {"hidden_fraction", p.hidden},
-                       {"tflops_engine", p.tflops_engine},
-                       {"tflops_megatron", p.tflops_megatron},
-                       {"layers_s", layers},
-                       // what bench-layer times: the layers' forward and backward, without the gradient all-reduce
-                       // (a phase of its own after the last backward, so the two add exactly)
-                       {"layers_without_allreduce_s", layers - dp_ar_s},
-                       {"speedup", ref->step_s / p.step_s},
-                       {"flops_engine", nmb * (p.layer_flops + 6 * T * h * V)},
-                       {"comm_by_stage_s", p.comm_by_stage},
-                       {"exposed_by_stage_s", p.exposed_by_stage}});
-  }
-  // Which communication each degree leaves exposed (what it hides is the difference to another row).
-  for (const Prediction& p : preds) {
-    std::string line;
-    for (const auto& [stage, t] : p.comm_by_stage) {
-      const auto e = p.exposed_by_stage.find(stage);
-      line += fmt::format("{}{} {}/{}", line.empty() ? "" : ", ", stage,
-                          ms(e == p.exposed_by_stage.end() ? 0 : e->second), ms(t));
-    }
-    fmt::print("  degree {} exposed/alone ms by communication: {}\n", p.M, line);
-  }
-  fmt::print("chosen: degree {} ({} ms per iteration{})\n", best->M, ms(best->step_s),
-             best == ref ? "" : fmt::format(", {:.3f}x degree {}", ref->step_s / best->step_s, ref->M));
-  if (!cfg.trace.empty()) fmt::print("wrote {} (degree {}: the last micro-batch and the all-reduce)\n", cfg.trace, best->M);
-  if (!a.json_file.empty()) {
-    nlohmann::json doc{{"configs", configs},
-                       {"chosen_degree", best->M},
-                       {"profile", prof.name},
-                       {"profile_file", a.profile_file},
-                       {"compute_efficiency", a.compute_efficiency},
-                       {"skipped", skipped},
-                       {"config",
-                        {{"num_layers", cfg.num_layers},
-                         {"seq_length", l.seq_length},
-                         {"micro_batch_size", l.micro_batch_size},
-                         {"hidden_size", l.hidden_size},
-                         {"ffn_hidden_size", l.ffn_hidden_size},
-                         {"num_attention_heads", l.num_attention_heads},
-                         {"num_experts", l.num_experts},
-                         {"moe_router_topk", l.moe_router_topk},
-                         {"swiglu", swiglu},
-                         {"bf16", l.bf16},
-                         {"vocab_size", cfg.vocab_size},
-                         {"world_size", W},
-                         {"nodes", K},
-                         {"expert_model_parallel_size", ep},
-                         {"data_parallel_size", dp},
-                         {"global_batch_size", G},
-                         {"micro_batches", nmb},
-                         {"ep_spans_nodes", opts.ep_spans_nodes},
-                         {"head_s", head_s},
-                         {"position_embedding_type", a.position_embedding},
-                         {"rope_s", rope_s},
-                         {"optimizer_s", optim_s},
-                         {"dp_allreduce_bytes", opts.dp_allreduce_bytes},
-                         {"dp_allreduce_s", dp_ar_s},
-                         {"megatron_flops", megatron_flops}}}};
-    std::ofstream f(a.json_file);
-    f << doc.dump(2) << "\n";
-    if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
-    fmt::print("wrote {}\n", a.json_file);
-  }
+  print_predictions(cfg, lay, prof, rope, skipped, preds, *best, *ref);
+  if (!a.json_file.empty()) write_json(a, cfg, lay, prof, rope, skipped, preds, *best, *ref);
   return 0;
 }
 

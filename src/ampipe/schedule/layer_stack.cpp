@@ -25,12 +25,17 @@ LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int
 void LayerStack::build(int M) {
   M_ = M;
   size_t saved = 0, shared = 0;
+  std::vector<Plan> plans;
+  std::vector<bool> recompute;
   for (auto& e : layers_) {
     e->layer.reset();
-    e->plan = build_layer_plan(e->cfg, M);
-    saved += e->plan.memory.saved_bytes;
-    shared = std::max(shared, e->plan.memory.shared_bytes);
+    plans.push_back(build_layer_plan(e->cfg, M));
+    recompute.push_back(e->cfg.recompute);
+    saved += plans.back().memory.saved_bytes;
+    shared = std::max(shared, plans.back().memory.shared_bytes);
   }
+  step_ = build_layers_step_plan(std::move(plans), recompute);
+  ++generation_;
   // An arena of our own fits this plan exactly (a re-plan may need less, e.g. with recomputation); one shared with
   // other stacks only grows.
   if (arena_.use_count() == 1)
@@ -38,10 +43,12 @@ void LayerStack::build(int M) {
   else
     arena_->reserve(saved + shared);
   size_t base = 0;
-  for (auto& e : layers_) {
-    e->layer = std::make_unique<model::Layer>(e->cfg, M, ep_rank_, tp_rank_, cp_rank_, e->params, e->grads, e->weights, e->plan.memory,
-                                              *arena_, base, saved);
-    base += e->plan.memory.saved_bytes;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Entry& e = *layers_[i];
+    const Plan& plan = step_.layer(int(i));
+    e.layer = std::make_unique<model::Layer>(e.cfg, M, ep_rank_, tp_rank_, cp_rank_, e.params, e.grads, e.weights,
+                                             plan.memory, *arena_, base, saved);
+    base += plan.memory.saved_bytes;
   }
 }
 
@@ -97,32 +104,52 @@ model::LayerParams& LayerStack::params(int i) {
   return layers_[size_t(i)]->params;
 }
 
-Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
-  Tensor in = x;
-  for (auto& e : layers_) {
-    e->input = in;
-    e->token_base = token_base;
-    e->layer->begin_forward(in, token_base);
-    ex_.run(e->plan, Dir::fwd, *e->layer);
-    in = e->layer->output();
+void LayerStack::set_input(const Tensor& x, uint64_t token_base) {
+  x_ = x;
+  token_base_ = token_base;
+}
+
+void LayerStack::set_output_grad(const Tensor& dy, float d_aux) {
+  dy_ = dy;
+  d_aux_ = d_aux;
+}
+
+void LayerStack::run(const StepTask& t) {
+  AMPIPE_CHECK(t.is_layer() && t.layer >= 0 && t.layer < num_layers(), "LayerStack::run: {} is not a layer task of "
+               "this stack's {} layers", t.name(), num_layers());
+  const size_t i = size_t(t.layer);
+  Entry& e = *layers_[i];
+  const Plan& plan = step_.layer(t.layer);
+  if (t.op == StepOp::recompute) {  // refill what the backward reads: the same forward, the same random numbers
+    AMPIPE_CHECK(e.cfg.recompute, "{}: layer {} is not recomputed", t.name(), t.layer);
+    e.layer->begin_forward(e.input, e.token_base, /*recompute=*/true);
+    ex_.run(plan, Dir::fwd, *e.layer);
+  } else if (t.dir == Dir::fwd) {
+    e.input = i == 0 ? x_ : layers_[i - 1]->layer->output();
+    e.token_base = token_base_;
+    e.layer->begin_forward(e.input, e.token_base);
+    ex_.run(plan, Dir::fwd, *e.layer);
+  } else {
+    e.layer->begin_backward(i + 1 == layers_.size() ? dy_ : layers_[i + 1]->layer->input_grad(), d_aux_);
+    ex_.run(plan, Dir::bwd, *e.layer);
   }
-  return in;
+}
+
+Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
+  set_input(x, token_base);
+  for (const StepTask& t : step_.tasks)
+    if (t.op == StepOp::layer && t.dir == Dir::fwd) run(t);
+  return output();
 }
 
 Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer) {
-  Tensor g = dy;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    Entry& e = *layers_[i];
-    if (e.cfg.recompute) {  // refill what the backward reads: the same forward, the same random numbers
-      e.layer->begin_forward(e.input, e.token_base, /*recompute=*/true);
-      ex_.run(e.plan, Dir::fwd, *e.layer);
-    }
-    e.layer->begin_backward(g, d_aux);
-    ex_.run(e.plan, Dir::bwd, *e.layer);
-    g = e.layer->input_grad();
-    if (after_layer) after_layer(int(i));
+  set_output_grad(dy, d_aux);
+  for (const StepTask& t : step_.tasks) {
+    if (!t.is_layer() || (t.op == StepOp::layer && t.dir == Dir::fwd)) continue;
+    run(t);
+    if (after_layer && t.op == StepOp::layer) after_layer(t.layer);
   }
-  return g;
+  return input_grad();
 }
 
 double LayerStack::aux_loss() const {
@@ -139,9 +166,9 @@ double LayerStack::flops() const {
 
 size_t LayerStack::planned_bytes() const {
   size_t saved = 0, shared = 0;
-  for (const auto& e : layers_) {
-    saved += e->plan.memory.saved_bytes;
-    shared = std::max(shared, e->plan.memory.shared_bytes);
+  for (const Plan& p : step_.config.layers) {
+    saved += p.memory.saved_bytes;
+    shared = std::max(shared, p.memory.shared_bytes);
   }
   return saved + shared;
 }

@@ -1,6 +1,9 @@
-// The step driver: a stack of MoE blocks, each run through its own Plan in turn (forward layer 0..L-1, backward
-// L-1..0). It is the one place that sequences begin_forward / run / begin_backward / run; the model (train/),
-// layer-check, bench-layer, the benchmarks and the tests all go through it (a single layer is a stack of one).
+// The layers of a model: a stack of MoE blocks, each run through its own Plan. The order they run in is a step
+// Plan's (schedule/step_plan.h): run(task) runs one layer task of it (a layer's forward, its replay, its backward)
+// and is the one place that sequences begin_forward / run / begin_backward / run. forward / backward run the
+// stack's own layers-only step Plan (forward layer 0..n-1, backward n-1..0 with the replays); the model (train/)
+// runs its whole step Plan's layer tasks through run(); layer-check, bench-layer, the benchmarks and the tests use
+// forward / backward (a single layer is a stack of one).
 //
 // It owns this rank's parameters and gradients (expert tensors: the local experts), one model::Layer per layer and
 // the memory they use: the Plan's buffers are carved once from an Arena ([layer 0 saved | ... | shared]) and reused
@@ -17,6 +20,7 @@
 #include "ampipe/model/layer_params.h"
 #include "ampipe/schedule/executor.h"
 #include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/step_plan.h"
 
 namespace ampipe::schedule {
 
@@ -56,6 +60,19 @@ class LayerStack {
   // after_layer(i), if given, runs as soon as layer i's gradients are complete (layers L-1 .. 0), e.g. to start
   // their data-parallel reduction while the layers below still compute.
   Tensor backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer = nullptr);
+  // One layer task of a step Plan (StepOp::layer or StepOp::recompute): layer i's forward reads layer i-1's output
+  // (layer 0: set_input's x), its backward layer i+1's input gradient (the last layer: set_output_grad's dy).
+  void set_input(const Tensor& x, uint64_t token_base);
+  void set_output_grad(const Tensor& dy, float d_aux);
+  void run(const StepTask& t);
+  Tensor output() const { return layers_.back()->layer->output(); }         // the last layer's, [s, b, h]
+  Tensor input_grad() const { return layers_.front()->layer->input_grad(); }  // layer 0's, [s, b, h]
+  // The stack's own step Plan: its layers alone, one micro-batch (forward, then backward with the replays).
+  const StepPlan& step_plan() const { return step_; }
+  // Changes whenever the layers are re-planned (degree, pipe-experts, recomputation): a step Plan built from
+  // plan(i) before is stale.
+  uint64_t generation() const { return generation_; }
+
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const;
   double flops() const;  // of the last step, forward + backward
@@ -65,7 +82,7 @@ class LayerStack {
   model::LayerParams& grads(int i) { return layers_[size_t(i)]->grads; }
   const model::Layer& layer(int i) const { return *layers_[size_t(i)]->layer; }
   model::Layer& layer(int i) { return *layers_[size_t(i)]->layer; }
-  const Plan& plan(int i) const { return layers_[size_t(i)]->plan; }
+  const Plan& plan(int i) const { return step_.layer(i); }
   Executor& executor() { return ex_; }
   void zero_grads();
   // Bytes of the stack's planned memory (its share of the arena).
@@ -76,7 +93,6 @@ class LayerStack {
     model::LayerConfig cfg;
     model::LayerParams params, grads;
     model::ComputeWeights weights;  // survives re-planning (set_degree)
-    Plan plan;
     std::unique_ptr<model::Layer> layer;
     Tensor input;             // the last forward's input and token base (a recomputed layer re-runs it)
     uint64_t token_base = 0;
@@ -85,6 +101,11 @@ class LayerStack {
 
   int M_, ep_rank_, tp_rank_ = 0, cp_rank_ = 0;
   std::vector<std::unique_ptr<Entry>> layers_;
+  StepPlan step_;  // the layers' Plans (layer i: step_.layer(i)) and their layers-only step
+  uint64_t generation_ = 0;
+  Tensor x_, dy_;  // set_input / set_output_grad
+  uint64_t token_base_ = 0;
+  float d_aux_ = 0;
   std::shared_ptr<model::Arena> arena_;
   Executor ex_;
 };

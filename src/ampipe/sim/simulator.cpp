@@ -170,259 +170,345 @@ constexpr long kNone = -1;
 
 }  // namespace
 
-SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, const SimOptions& opts) {
-  // ---- the items: every task of every layer (index base[i] + task id), then the dp all-reduce ----
-  std::vector<Item> items;
-  std::vector<size_t> base;
-  for (const Plan& plan : layers) {
-    base.push_back(items.size());
-    for (size_t k = 0; k < plan.tasks.size(); ++k) {
-      const Task& t = plan.tasks[k];
-      AMPIPE_CHECK(t.id == k, "simulate: task {} has id {}: ids must be indices", t.name(), t.id);
-      Item it;
-      it.task = &t;
-      it.name = t.name();
-      it.lane = t.lane;
-      it.coll = t.is_collective();
-      it.stage = model::stage_name(t.stage);
-      AMPIPE_CHECK(it.coll == (t.lane != Lane::compute), "simulate: task {} is {} on lane {}", it.name,
-                   it.coll ? "a collective" : "compute", comm::lane_name(t.lane));
-      it.chunk = t.chunk;
-      if (it.coll) {
-        it.cat = schedule::coll_kind_name(t.collective->kind);
-        it.link = profile.link_name(group_spans_nodes(t.collective->group, opts));
-        it.bytes = t.collective->bytes;
-      } else {
-        it.bytes = t.bytes;
-      }
-      it.cost = cost_seconds(t, plan, profile, opts);
-      for (uint32_t d : t.deps) {
-        AMPIPE_CHECK(d < t.id, "simulate: task {} depends on task {}, not an earlier one", it.name, d);
-        it.deps.push_back(base.back() + d);
-      }
-      items.push_back(std::move(it));
-    }
+double step_task_seconds(const schedule::StepTask& t, const Profile& profile, const SimOptions& opts) {
+  AMPIPE_CHECK(!t.is_layer(), "step_task_seconds: {} is a layer task (its cost is its layer Plan's)", t.name());
+  if (t.is_collective()) {
+    return collective_seconds(t.kind, t.bytes, step_group_size(t.group, opts),
+                              profile.link(group_spans_nodes(t.group, opts)));
   }
-  // Phases, as schedule::LayerStack runs them: forward of layer 0..L-1, then backward of L-1..0. At the end of a
-  // phase the compute lane waits for every collective it issued (Executor::run), then the next phase starts.
-  std::vector<std::vector<size_t>> phases;
-  auto add_phase = [&](size_t i, Dir dir) {
-    std::vector<size_t> p;
-    for (const Task& t : layers[i].tasks)
-      if (t.dir == dir) p.push_back(base[i] + t.id);
-    if (!p.empty()) phases.push_back(std::move(p));
-  };
-  for (size_t i = 0; i < layers.size(); ++i) add_phase(i, Dir::fwd);
-  for (size_t i = layers.size(); i-- > 0;) {
-    if (i < opts.recompute.size() && opts.recompute[i]) {  // the forward again, as new items ("recompute:" names)
-      const size_t first = items.size();
-      std::vector<size_t> index(layers[i].tasks.size(), 0);  // task id -> its replay item
-      std::vector<size_t> p;
-      for (const Task& t : layers[i].tasks) {
-        if (t.dir != Dir::fwd) continue;
-        Item it = items[base[i] + t.id];
-        it.name = "recompute:" + it.name;
-        for (size_t& d : it.deps) d = index[d - base[i]];  // forward tasks depend on forward tasks only
-        index[t.id] = items.size();
-        p.push_back(items.size());
+  double s = profile.task_overhead_us * 1e-6;
+  s += per(t.gemm_flops, gemm_rate(profile.fp32, std::max(1.0, t.gemm_min_dim)), profile,
+           "compute.fp32.gemm_peak_tflops");
+  return s + per(t.bytes, profile.elementwise_gbps * 1e9, profile, "elementwise_gbps");
+}
+
+int step_group_size(GroupKind g, const SimOptions& o) {
+  switch (g) {
+    case GroupKind::ep: return std::max(1, o.ep_size);
+    case GroupKind::edp: return std::max(1, o.dp_size * o.cp_size / std::max(1, o.ep_size));
+    default: break;
+  }
+  Plan none;
+  return group_size(g, none, o);
+}
+
+namespace {
+
+// The items of one step: each layer task expanded into its layer Plan's tasks of its direction (a phase that ends
+// waiting for its collectives, as Executor::run does), each other step task one item (its own phase; its
+// collectives are waited for where a later task depends on them).
+struct Phase {
+  std::vector<size_t> items;
+  bool drain = true;
+};
+
+Item plan_item(const Task& t, const Plan& plan, const Profile& profile, const SimOptions& opts,
+               const std::string& prefix) {
+  Item it;
+  it.task = &t;
+  it.name = prefix + t.name();
+  it.lane = t.lane;
+  it.coll = t.is_collective();
+  it.stage = model::stage_name(t.stage);
+  AMPIPE_CHECK(it.coll == (t.lane != Lane::compute), "simulate: task {} is {} on lane {}", it.name,
+               it.coll ? "a collective" : "compute", comm::lane_name(t.lane));
+  it.chunk = t.chunk;
+  if (it.coll) {
+    it.cat = schedule::coll_kind_name(t.collective->kind);
+    it.link = profile.link_name(group_spans_nodes(t.collective->group, opts));
+    it.bytes = t.collective->bytes;
+  } else {
+    it.bytes = t.bytes;
+  }
+  it.cost = cost_seconds(t, plan, profile, opts);
+  return it;
+}
+
+// The stage a step task's item is charged to ("dp_allreduce" for the gradient buckets, as the reports name it).
+std::string step_stage(const schedule::StepTask& t) {
+  return t.op == schedule::StepOp::grad_reduce ? "dp_allreduce" : schedule::step_op_name(t.op);
+}
+
+void add_step_items(const schedule::StepPlan& step, const Profile& profile, const SimOptions& opts,
+                    std::vector<Item>& items, std::vector<Phase>& phases) {
+  const bool many = step.config.micro_batches > 1;
+  std::vector<size_t> item_of(step.tasks.size(), 0);  // step task -> its (last) item
+  for (const schedule::StepTask& st : step.tasks) {
+    if (st.is_layer()) {
+      const Plan& plan = step.layer(st.layer);
+      const bool replay = st.op == schedule::StepOp::recompute;
+      const Dir dir = replay ? Dir::fwd : st.dir;
+      const std::string prefix =
+          (replay ? "recompute:" : "") + (many ? fmt::format("mb{}.", st.micro_batch) : std::string());
+      std::vector<long> index(plan.tasks.size(), kNone);  // task id -> its item in this phase
+      Phase ph;
+      for (size_t k = 0; k < plan.tasks.size(); ++k) {
+        const Task& t = plan.tasks[k];
+        AMPIPE_CHECK(t.id == k, "simulate: task {} has id {}: ids must be indices", t.name(), t.id);
+        if (t.dir != dir) continue;
+        Item it = plan_item(t, plan, profile, opts, prefix);
+        for (uint32_t d : t.deps) {
+          AMPIPE_CHECK(d < t.id, "simulate: task {} depends on task {}, not an earlier one", it.name, d);
+          if (index[d] != kNone) it.deps.push_back(size_t(index[d]));  // the other direction's: done before
+        }
+        index[k] = long(items.size());
+        ph.items.push_back(items.size());
         items.push_back(std::move(it));
       }
-      if (items.size() > first) phases.push_back(std::move(p));
+      if (!ph.items.empty()) {
+        item_of[st.id] = ph.items.back();
+        phases.push_back(std::move(ph));
+      }
+      continue;
     }
-    add_phase(i, Dir::bwd);
-  }
-  // over dp x cp: dense gradients are sums over every cp rank's rows too
-  const int reduce_size = opts.dp_size * opts.cp_size;
-  const bool reduce_spans = opts.dp_spans_nodes && (opts.dp_size > 1 || opts.cp_spans_nodes);
-  if (opts.dp_allreduce_bytes > 0 && reduce_size > 1) {
     Item it;
-    it.name = "dp.allreduce";
-    it.stage = "dp_allreduce";
-    it.lane = Lane::dp;
-    it.coll = true;
-    it.cat = schedule::coll_kind_name(CollKind::all_reduce);
-    it.link = profile.link_name(reduce_spans);
-    it.bytes = opts.dp_allreduce_bytes;
-    it.cost = collective_seconds(CollKind::all_reduce, opts.dp_allreduce_bytes, reduce_size,
-                                 profile.link(reduce_spans));
-    phases.push_back({items.size()});
+    it.name = st.name();
+    it.lane = st.lane;
+    it.coll = st.is_collective();
+    it.stage = step_stage(st);
+    it.bytes = st.bytes;
+    if (it.coll) {
+      it.cat = schedule::coll_kind_name(st.kind);
+      it.link = profile.link_name(group_spans_nodes(st.group, opts));
+    }
+    it.cost = step_task_seconds(st, profile, opts);
+    for (uint32_t d : st.deps) {
+      AMPIPE_CHECK(d < st.id, "simulate: step task {} depends on task {}, not an earlier one", it.name, d);
+      it.deps.push_back(item_of[d]);
+    }
+    item_of[st.id] = items.size();
+    phases.push_back(Phase{{items.size()}, false});
     items.push_back(std::move(it));
   }
+}
 
-  // ---- the event loop ----
-  SimResult res;
-  const double slow = 1 + profile.compute_slowdown_during_comm;
-  double now = 0;
-  size_t ph = 0, pos = 0;
-  long running = kNone;        // the compute task in progress
-  double remaining = 0;        // its work left, in seconds at full speed
-  double free_since = 0;       // when the compute lane last became idle
-  std::vector<size_t> issued;  // collectives of the current phase, in issue order
-  std::array<std::deque<size_t>, comm::kNumLanes> queue;
-  std::array<long, comm::kNumLanes> lane_busy;
-  lane_busy.fill(kNone);
-  std::map<std::string, long> link_busy;
-  int in_flight = 0;
-  uint64_t seq = 0;
-  std::vector<SimRecord> waits;
-  std::map<std::string, double> exposed_by_stage;
-  // A wait [from, to) for collective x is charged to what held it up: x while it ran; before x started, the
-  // collective dependency of x that ended last (recursively: a combine waits for its tp reduction, that for the
-  // experts' all-gather ...), and, for time x sat ready but queued, the collectives occupying its lane or link then
-  // (x itself for any part nothing occupied).
-  auto queued = [&](double a, double b, size_t xi) {
-    const Item& x = items[xi];
-    std::vector<size_t> occ;
-    std::vector<double> cut{a, b};
-    for (size_t yi = 0; yi < items.size(); ++yi) {
-      const Item& y = items[yi];
-      if (yi == xi || !y.coll || y.start < 0 || y.start >= b || y.end <= a) continue;
-      if (y.lane != x.lane && y.link != x.link) continue;
-      occ.push_back(yi);
-      cut.push_back(std::max(a, y.start));
-      cut.push_back(std::min(b, y.end));
-    }
-    std::sort(cut.begin(), cut.end());
-    for (size_t k = 0; k + 1 < cut.size(); ++k) {
-      const double lo = cut[k], hi = cut[k + 1];
-      if (hi <= lo) continue;
-      size_t who = xi;  // the first occupant covering [lo, hi), in item order
-      for (size_t yi : occ)
-        if (items[yi].start <= lo && items[yi].end >= hi) {
-          who = yi;
-          break;
-        }
-      exposed_by_stage[items[who].stage] += hi - lo;
-    }
-  };
-  std::function<void(double, double, size_t)> charge = [&](double from, double to, size_t xi) {
-    const Item& x = items[xi];
-    const double began = std::clamp(x.start, from, to);
-    exposed_by_stage[x.stage] += to - began;
-    if (began <= from) return;
-    size_t last = items.size();
-    for (size_t d : x.deps)
-      if (items[d].coll && items[d].end > from && (last == items.size() || items[d].end > items[last].end)) last = d;
-    const double dep_end = last == items.size() ? from : std::min(items[last].end, began);
-    queued(dep_end, began, xi);
-    if (last != items.size()) charge(from, dep_end, last);
-  };
+}  // namespace
 
-  auto deps_done = [&](const Item& it) {
-    return std::all_of(it.deps.begin(), it.deps.end(), [&](size_t d) { return items[d].done; });
-  };
-  // The compute lane waited [from, now) for `on` (in this order, as the executor waits on events one by one): one
-  // "wait:<collective>" record per collective that was not finished yet when its wait began.
-  auto record_waits = [&](double from, const std::vector<size_t>& on) {
-    double cur = from;
-    for (size_t d : on) {
-      const Item& x = items[d];
-      if (!x.coll || x.end <= cur) continue;
-      SimRecord w;
-      w.name = "wait:" + x.name;
-      w.lane = Lane::compute;
-      w.start_s = cur;
-      w.end_s = x.end;
-      w.cat = "wait";
-      w.chunk = x.chunk;
-      w.bytes = x.bytes;
-      w.stage = x.stage;
-      charge(w.start_s, w.end_s, d);
-      waits.push_back(std::move(w));
-      cur = x.end;
-    }
-  };
+SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, const SimOptions& opts) {
+  return simulate(schedule::build_layers_step_plan(layers, opts.recompute), profile, opts);
+}
 
-  for (;;) {
-    // Start everything that can start at `now`.
-    for (bool progress = true; progress;) {
-      progress = false;
-      if (running == kNone && ph < phases.size()) {
-        const std::vector<size_t>& P = phases[ph];
-        if (pos < P.size()) {
-          Item& it = items[P[pos]];
-          if (it.coll) {  // issued without waiting; its lane and link decide when it starts
-            it.issue = now;
-            it.seq = seq++;
-            queue[size_t(comm::lane_index(it.lane))].push_back(P[pos]);
-            issued.push_back(P[pos]);
-            ++pos;
-            progress = true;
-          } else if (deps_done(it)) {
-            record_waits(free_since, it.deps);
-            it.wait = now - free_since;
-            it.start = now;
-            running = long(P[pos]);
-            remaining = it.cost;
-            ++pos;
-            progress = true;
-          }
-        } else if (std::all_of(issued.begin(), issued.end(), [&](size_t d) { return items[d].done; })) {
-          record_waits(free_since, issued);
-          free_since = now;
-          issued.clear();
-          ++ph;
-          pos = 0;
-          progress = true;
-        }
-      }
-      // Heads of the lane queues that are ready, in issue order, each if its link is free.
-      std::vector<size_t> ready;
-      for (int l = 0; l < comm::kNumLanes; ++l)
-        if (lane_busy[size_t(l)] == kNone && !queue[size_t(l)].empty() && deps_done(items[queue[size_t(l)].front()]))
-          ready.push_back(queue[size_t(l)].front());
-      std::sort(ready.begin(), ready.end(), [&](size_t a, size_t b) { return items[a].seq < items[b].seq; });
-      for (size_t r : ready) {
-        Item& it = items[r];
-        auto [lk, fresh] = link_busy.try_emplace(it.link, kNone);
-        (void)fresh;
-        if (lk->second != kNone) continue;
-        it.start = now;
-        it.end = now + it.cost;
-        lk->second = long(r);
-        const size_t l = size_t(comm::lane_index(it.lane));
-        lane_busy[l] = long(r);
-        queue[l].pop_front();
-        ++in_flight;
-        progress = true;
-      }
-    }
+namespace {
 
-    const bool comm_idle = std::all_of(lane_busy.begin(), lane_busy.end(), [](long b) { return b == kNone; });
-    if (running == kNone && ph >= phases.size() && comm_idle) break;
-
-    // The next event: the compute task's end (at the current rate) or a collective's end.
-    const double factor = in_flight > 0 ? slow : 1.0;
-    const double inf = std::numeric_limits<double>::infinity();
-    const double compute_end = running != kNone ? now + remaining * factor : inf;
-    double next = compute_end;
-    for (long b : lane_busy)
-      if (b != kNone) next = std::min(next, items[size_t(b)].end);
-    AMPIPE_CHECK(next < inf, "simulate: nothing can run at {} s (phase {}, task {}): a dependency on a later phase?",
-                 now, ph, ph < phases.size() && pos < phases[ph].size() ? items[phases[ph][pos]].name : "-");
-    if (running != kNone) remaining = next == compute_end ? 0 : std::max(0.0, remaining - (next - now) / factor);
-    now = next;
-    for (long& b : lane_busy) {
-      if (b == kNone || items[size_t(b)].end > now) continue;
-      Item& it = items[size_t(b)];
-      it.done = true;
-      link_busy[it.link] = kNone;
-      --in_flight;
-      b = kNone;
-    }
-    if (running != kNone && next == compute_end) {
-      Item& it = items[size_t(running)];
-      it.end = now;
-      it.done = true;
-      running = kNone;
-      free_since = now;
-    }
+// The event loop over one step's items: the compute lane walks the phases in order, the lanes serve their queues.
+class Simulation {
+ public:
+  Simulation(std::vector<Item> items, std::vector<Phase> phases, const Profile& profile)
+      : items_(std::move(items)), phases_(std::move(phases)), slow_(1 + profile.compute_slowdown_during_comm) {
+    lane_busy_.fill(kNone);
   }
+  SimResult run();
 
-  // ---- the results ----
+ private:
+  bool deps_done(const Item& it) const {
+    return std::all_of(it.deps.begin(), it.deps.end(), [&](size_t d) { return items_[d].done; });
+  }
+  bool start_compute_lane();  // issues collectives, starts the next compute task or ends a phase; false: nothing
+  bool start_collectives();   // the ready heads of the lane queues whose link is free
+  void advance();             // to the next event: a compute task's or a collective's end
+  void queued(double a, double b, size_t xi);
+  void charge(double from, double to, size_t xi);
+  void record_waits(double from, const std::vector<size_t>& on);
+  SimResult results();
+
+  std::vector<Item> items_;
+  std::vector<Phase> phases_;
+  const double slow_;
+  double now_ = 0;
+  size_t ph_ = 0, pos_ = 0;
+  long running_ = kNone;        // the compute task in progress
+  double remaining_ = 0;        // its work left, in seconds at full speed
+  double free_since_ = 0;       // when the compute lane last became idle
+  std::vector<size_t> issued_;  // collectives of the current phase, in issue order
+  std::array<std::deque<size_t>, comm::kNumLanes> queue_;
+  std::array<long, comm::kNumLanes> lane_busy_;
+  std::map<std::string, long> link_busy_;
+  int in_flight_ = 0;
+  uint64_t seq_ = 0;
+  // Collectives in the order they started (start times ascending).
+  std::vector<size_t> started_;
+  std::vector<SimRecord> waits_;
+  std::map<std::string, double> exposed_by_stage_;
+};
+
+// Time [a, b) that collective x sat ready but queued is charged to the collectives occupying its lane or link then
+// (x itself for any part nothing occupied). One lane runs one collective at a time, and so does one link: scanning
+// back from the latest started, once a collective of x's lane and one of x's link have ended before `a`, no
+// earlier one of either can overlap [a, b).
+void Simulation::queued(double a, double b, size_t xi) {
+  const Item& x = items_[xi];
+  std::vector<size_t> occ;
+  std::vector<double> cut{a, b};
+  bool lane_closed = false, link_closed = false;
+  for (size_t k = started_.size(); k-- > 0 && !(lane_closed && link_closed);) {
+    const size_t yi = started_[k];
+    const Item& y = items_[yi];
+    const bool same_lane = y.lane == x.lane, same_link = y.link == x.link;
+    if (yi == xi || (!same_lane && !same_link) || y.start >= b) continue;
+    if (y.end <= a) {
+      lane_closed = lane_closed || same_lane;
+      link_closed = link_closed || same_link;
+      continue;
+    }
+    occ.push_back(yi);
+    cut.push_back(std::max(a, y.start));
+    cut.push_back(std::min(b, y.end));
+  }
+  std::sort(occ.begin(), occ.end());  // item order
+  std::sort(cut.begin(), cut.end());
+  for (size_t k = 0; k + 1 < cut.size(); ++k) {
+    const double lo = cut[k], hi = cut[k + 1];
+    if (hi <= lo) continue;
+    size_t who = xi;  // the first occupant covering [lo, hi), in item order
+    for (size_t yi : occ)
+      if (items_[yi].start <= lo && items_[yi].end >= hi) {
+        who = yi;
+        break;
+      }
+    exposed_by_stage_[items_[who].stage] += hi - lo;
+  }
+}
+
+// A wait [from, to) for collective x is charged to what held it up: x while it ran; before x started, the
+// collective dependency of x that ended last (recursively: a combine waits for its tp reduction, that for the
+// experts' all-gather ...), and the time x sat ready but queued (queued()).
+void Simulation::charge(double from, double to, size_t xi) {
+  const Item& x = items_[xi];
+  const double began = std::clamp(x.start, from, to);
+  exposed_by_stage_[x.stage] += to - began;
+  if (began <= from) return;
+  size_t last = items_.size();
+  for (size_t d : x.deps)
+    if (items_[d].coll && items_[d].end > from && (last == items_.size() || items_[d].end > items_[last].end)) last = d;
+  const double dep_end = last == items_.size() ? from : std::min(items_[last].end, began);
+  queued(dep_end, began, xi);
+  if (last != items_.size()) charge(from, dep_end, last);
+}
+
+// The compute lane waited [from, now) for `on` (in this order, as the executor waits on events one by one): one
+// "wait:<collective>" record per collective that was not finished yet when its wait began.
+void Simulation::record_waits(double from, const std::vector<size_t>& on) {
+  double cur = from;
+  for (size_t d : on) {
+    const Item& x = items_[d];
+    if (!x.coll || x.end <= cur) continue;
+    SimRecord w;
+    w.name = "wait:" + x.name;
+    w.lane = Lane::compute;
+    w.start_s = cur;
+    w.end_s = x.end;
+    w.cat = "wait";
+    w.chunk = x.chunk;
+    w.bytes = x.bytes;
+    w.stage = x.stage;
+    charge(w.start_s, w.end_s, d);
+    waits_.push_back(std::move(w));
+    cur = x.end;
+  }
+}
+
+bool Simulation::start_compute_lane() {
+  if (running_ != kNone || ph_ >= phases_.size()) return false;
+  const std::vector<size_t>& P = phases_[ph_].items;
+  if (pos_ < P.size()) {
+    Item& it = items_[P[pos_]];
+    if (it.coll) {  // issued without waiting; its lane and link decide when it starts
+      it.issue = now_;
+      it.seq = seq_++;
+      queue_[size_t(comm::lane_index(it.lane))].push_back(P[pos_]);
+      if (phases_[ph_].drain) issued_.push_back(P[pos_]);
+      ++pos_;
+      return true;
+    }
+    if (!deps_done(it)) return false;
+    record_waits(free_since_, it.deps);
+    it.wait = now_ - free_since_;
+    it.start = now_;
+    running_ = long(P[pos_]);
+    remaining_ = it.cost;
+    ++pos_;
+    return true;
+  }
+  if (!std::all_of(issued_.begin(), issued_.end(), [&](size_t d) { return items_[d].done; })) return false;
+  record_waits(free_since_, issued_);  // the end of a phase: every collective it issued
+  free_since_ = now_;
+  issued_.clear();
+  ++ph_;
+  pos_ = 0;
+  return true;
+}
+
+bool Simulation::start_collectives() {
+  std::vector<size_t> ready;
+  for (int l = 0; l < comm::kNumLanes; ++l)
+    if (lane_busy_[size_t(l)] == kNone && !queue_[size_t(l)].empty() && deps_done(items_[queue_[size_t(l)].front()]))
+      ready.push_back(queue_[size_t(l)].front());
+  std::sort(ready.begin(), ready.end(), [&](size_t a, size_t b) { return items_[a].seq < items_[b].seq; });
+  bool progress = false;
+  for (size_t r : ready) {
+    Item& it = items_[r];
+    auto lk = link_busy_.try_emplace(it.link, kNone).first;
+    if (lk->second != kNone) continue;
+    it.start = now_;
+    it.end = now_ + it.cost;
+    started_.push_back(r);
+    lk->second = long(r);
+    const size_t l = size_t(comm::lane_index(it.lane));
+    lane_busy_[l] = long(r);
+    queue_[l].pop_front();
+    ++in_flight_;
+    progress = true;
+  }
+  return progress;
+}
+
+void Simulation::advance() {
+  const double factor = in_flight_ > 0 ? slow_ : 1.0;
+  const double inf = std::numeric_limits<double>::infinity();
+  const double compute_end = running_ != kNone ? now_ + remaining_ * factor : inf;
+  double next = compute_end;
+  for (long b : lane_busy_)
+    if (b != kNone) next = std::min(next, items_[size_t(b)].end);
+  AMPIPE_CHECK(next < inf, "simulate: nothing can run at {} s (phase {}, task {}): a dependency on a later phase?",
+               now_, ph_,
+               ph_ < phases_.size() && pos_ < phases_[ph_].items.size() ? items_[phases_[ph_].items[pos_]].name : "-");
+  if (running_ != kNone) remaining_ = next == compute_end ? 0 : std::max(0.0, remaining_ - (next - now_) / factor);
+  now_ = next;
+  for (long& b : lane_busy_) {
+    if (b == kNone || items_[size_t(b)].end > now_) continue;
+    Item& it = items_[size_t(b)];
+    it.done = true;
+    link_busy_[it.link] = kNone;
+    --in_flight_;
+    b = kNone;
+  }
+  if (running_ != kNone && next == compute_end) {
+    Item& it = items_[size_t(running_)];
+    it.end = now_;
+    it.done = true;
+    running_ = kNone;
+    free_since_ = now_;
+  }
+}
+
+SimResult Simulation::run() {
+  for (;;) {
+    for (bool progress = true; progress;) {  // start everything that can start now
+      progress = start_compute_lane();
+      progress = start_collectives() || progress;
+    }
+    const bool comm_idle = std::all_of(lane_busy_.begin(), lane_busy_.end(), [](long b) { return b == kNone; });
+    if (running_ == kNone && ph_ >= phases_.size() && comm_idle) break;
+    advance();
+  }
+  return results();
+}
+
+SimResult Simulation::results() {
+  SimResult res;
   res.lane_busy_s["compute"] = 0;
   double first = std::numeric_limits<double>::infinity(), last = 0;
-  for (const Item& it : items) {
+  for (const Item& it : items_) {
     if (it.start < 0) continue;
     SimRecord r;
     r.name = it.name;
@@ -444,18 +530,29 @@ SimResult simulate(const std::vector<Plan>& layers, const Profile& profile, cons
     last = std::max(last, it.end);
     res.timeline.push_back(std::move(r));
   }
-  for (SimRecord& w : waits) {
+  for (SimRecord& w : waits_) {
     res.exposed_s += w.end_s - w.start_s;
     last = std::max(last, w.end_s);
     res.timeline.push_back(std::move(w));
   }
-  res.exposed_by_stage_s = std::move(exposed_by_stage);
+  res.exposed_by_stage_s = std::move(exposed_by_stage_);
   std::stable_sort(res.timeline.begin(), res.timeline.end(),
                    [](const SimRecord& a, const SimRecord& b) { return a.start_s < b.start_s; });
   res.step_s = res.timeline.empty() ? 0 : last - first;
   const double m = std::min(res.compute_s, res.comm_s);
   res.hidden_fraction = m > 0 ? (res.compute_s + res.comm_s - res.step_s) / m : 0;
   return res;
+}
+
+}  // namespace
+
+SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const SimOptions& opts_in) {
+  SimOptions opts = opts_in;
+  if (step.num_layers() > 0) opts.ep_size = int(std::max<int64_t>(1, step.layer(0).dims.ep));
+  std::vector<Item> items;
+  std::vector<Phase> phases;
+  add_step_items(step, profile, opts, items, phases);
+  return Simulation(std::move(items), std::move(phases), profile).run();
 }
 
 void write_chrome_trace(const SimResult& r, const std::string& path) {

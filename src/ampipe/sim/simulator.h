@@ -1,15 +1,19 @@
-// A discrete-event simulator of the very Plans the engine runs (docs/simulator.md). Ranks are symmetric, so one
-// rank is simulated: its compute lane runs the compute tasks in Plan order, each as soon as its dependencies are
-// done; each communication lane is an ordered queue (one collective at a time, in issue order, as the engine's lane
-// depth 1); a collective starts when its dependencies are done, its lane is free and its link is free (lanes that
-// use the same link class share it, e.g. an EP all-to-all and a CP ring on one network port). Layers run one after
-// another (forward 0..L-1, then backward L-1..0, a recomputed layer's forward replayed right before its backward),
-// as schedule::LayerStack runs them; an optional data-parallel gradient all-reduce follows the backward.
+// A discrete-event simulator of the very Plans the engine runs (docs/simulator.md). It costs a step Plan
+// (schedule/step_plan.h): the order of layers, micro-batches, recompute replays, the model's work outside the
+// layers and the bucketed data-parallel gradient reduction are the step Plan's, not the simulator's. Ranks are
+// symmetric, so one rank is simulated: its compute lane runs the compute tasks in Plan order, each as soon as its
+// dependencies are done; each communication lane is an ordered queue (one collective at a time, in issue order, as
+// the engine's lane depth 1); a collective starts when its dependencies are done, its lane is free and its link is
+// free (lanes that use the same link class share it, e.g. an EP all-to-all and a CP ring on one network port). A
+// layer task of the step Plan is its layer Plan's tasks of that direction, and ends, as Executor::run does, waiting
+// for the collectives it issued; a collective of the step Plan (a gradient bucket's all-reduce, a sequence-parallel
+// gather) is waited for only by the tasks that depend on it.
 //
-// Task costs (cost_seconds):
-//   compute     task_overhead + GEMM FLOPs / gemm_rate(smallest dimension) (the gate's GEMM at the fp32 rate),
-//               + attention FLOPs / attention rate, + the bytes of element-wise stages / elementwise_gbps;
-//               while a collective is in flight, compute runs (1 + compute_slowdown_during_comm) times longer
+// Task costs (cost_seconds, step_task_seconds):
+//   compute     task_overhead + GEMM FLOPs / gemm_rate(smallest dimension) (the gate's GEMM and the LM head's at
+//               the fp32 rate), + attention FLOPs / attention rate, + the bytes of element-wise work /
+//               elementwise_gbps; while a collective is in flight, compute runs (1 + compute_slowdown_during_comm)
+//               times longer
 //   collective  latency + off-rank bytes / link bandwidth (an all-to-all over g ranks keeps 1/g of its bytes)
 #pragma once
 
@@ -18,32 +22,34 @@
 #include <vector>
 
 #include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/step_plan.h"
 #include "ampipe/sim/profile.h"
 
 namespace ampipe::sim {
 
 struct SimOptions {
   bool ep_spans_nodes = false;     // the EP group's link class: "inter" when its ranks sit on different nodes
-  double dp_allreduce_bytes = 0;   // gradient bytes all-reduced over data parallelism after the backward (0: none)
-  int dp_size = 1;                 // ranks in that all-reduce (also the size of dp, dp_cp, edp and world groups)
+  int dp_size = 1;                 // data-parallel size (with cp_size and the layers' ep, the dp_cp and edp groups)
   bool dp_spans_nodes = false;
-  // Groups a Plan may name in future (the ring steps of context parallelism, sequence-parallel gathers): their
-  // sizes and link classes. The EP group's size is plan.dims.ep.
-  int tp_size = 1, cp_size = 1;
+  // The sizes and link classes of the tp and cp groups. The EP group's size is the layer Plans' dims.ep (ep_size:
+  // set from them by simulate, for the step Plan's expert-data-parallel buckets).
+  int tp_size = 1, cp_size = 1, ep_size = 1;
   bool tp_spans_nodes = false, cp_spans_nodes = false;
-  // Activation recomputation (--recompute-granularity full): layer i re-runs its forward tasks just before its
-  // backward (schedule::LayerStack::set_recompute). Empty or shorter than the layers: no recomputation.
+  // simulate(layers, ...) only, the layers-only step Plan: layer i re-runs its forward tasks just before its
+  // backward (--recompute-granularity full). Empty: no recomputation. A step Plan carries its own.
   std::vector<bool> recompute;
 };
 
 struct SimRecord {
-  std::string name;  // Task::name(), "dp.allreduce", or "wait:<collective>" (cat "wait")
+  std::string name;  // Task::name() or StepTask::name() (several micro-batches: "mb{m}." before a layer task's),
+                     // "recompute:" before a replayed one's, or "wait:<collective>" (cat "wait")
   comm::Lane lane = comm::Lane::compute;
   double start_s = 0, end_s = 0;
   double wait_s = 0;  // compute tasks: time the compute lane waited for a collective before this task
   // Added for the trace: "compute", "wait", or the collective kind ("all_to_all", ...), as comm::TraceRecord::cat.
   std::string cat = "compute";
-  std::string stage;  // model::stage_name of the task (of the collective waited for), "dp_allreduce" for that
+  std::string stage;  // model::stage_name of the task (of the collective waited for); step tasks:
+                      // schedule::step_op_name, "dp_allreduce" for the gradient buckets' all-reduces
   int chunk = -1;
   double bytes = 0;     // collectives: bytes this rank sends; compute: memory bytes of the task
   double issue_s = 0;   // collectives: when the compute lane issued it (start_s: when it got its lane and link)
@@ -82,7 +88,15 @@ double collective_seconds(schedule::CollKind kind, double bytes, int group_size,
 int group_size(comm::GroupKind g, const schedule::Plan& plan, const SimOptions& opts);
 bool group_spans_nodes(comm::GroupKind g, const SimOptions& opts);
 
-// Simulates a step of the layers (forward of every layer, then backward in reverse order).
+// The cost of a step task that is not a layer task (a layer task costs its layer Plan's tasks), without slowdown.
+double step_task_seconds(const schedule::StepTask& t, const Profile& profile, const SimOptions& opts);
+// The size of a group a step task names (ep: opts.ep_size).
+int step_group_size(comm::GroupKind g, const SimOptions& opts);
+
+// Simulates the step Plan.
+SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const SimOptions& opts = {});
+// Simulates the layers alone (schedule::build_layers_step_plan: forward of every layer, then backward in reverse
+// order, opts.recompute's replays).
 SimResult simulate(const std::vector<schedule::Plan>& layers, const Profile& profile, const SimOptions& opts = {});
 
 // Chrome trace JSON of the predicted timeline, in the format comm::Trace writes (traceEvents, ph "X", pid 0,

@@ -47,8 +47,8 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       T_(s_ * b_),
       h_(cfg.layer.hidden_size),
       V_(cfg.vocab_size),
-      C_(cfg.layer.cp()),
-      sl_(s_ / C_),
+      cp_(cfg.layer.cp()),
+      sl_(s_ / cp_),
       Tl_(sl_ * b_),
       stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups),
       groups_(groups) {
@@ -77,7 +77,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
     dwout_ = Tensor::zeros({V_, h_});
     params_.push_back({"output_layer.weight", wout_, dwout_, false, true, ""});
   }
-  AMPIPE_CHECK(s_ % C_ == 0, "--seq-length {} is not divisible by --context-parallel-size {}", s_, C_);
+  AMPIPE_CHECK(s_ % cp_ == 0, "--seq-length {} is not divisible by --context-parallel-size {}", s_, cp_);
   x0_ = Tensor::empty({sl_, b_, h_});
   xn_ = Tensor::empty({Tl_, h_});
   lnf_mean_ = Tensor::empty({Tl_});
@@ -104,8 +104,8 @@ void GptModel::take_rows(std::span<const int32_t> tokens, std::span<const int32_
   const int M = stack_.degree();
   if (pos_M_ != M) {
     pos_.resize(size_t(sl_));
-    const model::CpLayout l = C_ > 1 ? model::CpLayout::make(s_, C_, stack_.cp_rank(), M) : model::CpLayout{};
-    for (int64_t i = 0; i < sl_; ++i) pos_[size_t(i)] = C_ > 1 ? l.position(i) : i;
+    const model::CpLayout l = cp_ > 1 ? model::CpLayout::make(s_, cp_, stack_.cp_rank(), M) : model::CpLayout{};
+    for (int64_t i = 0; i < sl_; ++i) pos_[size_t(i)] = cp_ > 1 ? l.position(i) : i;
     pos_M_ = M;
   }
   for (int64_t i = 0; i < sl_; ++i) {
@@ -147,10 +147,38 @@ Tensor GptModel::from_layers(const Tensor& local, Tensor& full) {
   return full;
 }
 
+void GptModel::embedding_forward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
+                                 uint64_t token_base) {
+  const auto t0 = Clock::now();
+  take_rows(tokens, targets);
+  embed();
+  stack_.set_input(to_layers(x0_, x_local_), token_base);
+  times_.head_us += us_since(t0);
+  trace_since("embedding.fwd", t0);
+}
+
+void GptModel::run_layer(const schedule::StepTask& t) {
+  const auto t0 = Clock::now();
+  stack_.run(t);
+  times_.layers_us += us_since(t0);
+}
+
+void GptModel::sp_gather(model::Dir d) {
+  AMPIPE_CHECK(cfg_.layer.sp(), "sp_gather without sequence parallelism");
+  const auto t0 = Clock::now();
+  if (d == model::Dir::fwd)
+    y_ = from_layers(stack_.output(), y_full_);
+  else
+    dx0_ = from_layers(stack_.input_grad(), dx_full_);
+  times_.head_us += us_since(t0);
+  trace_since(d == model::Dir::fwd ? "sp_gather.fwd" : "sp_gather.bwd", t0);
+}
+
 // y [Tl, h] -> LN -> xn -> logits [Tl, V] = xn W^T -> per-token cross-entropy; returns their sum / T (the mean
 // over the micro-batch; context parallel: this rank's share of it).
 double GptModel::head_forward() {
-  y_ = from_layers(stack_.layer(stack_.num_layers() - 1).output(), y_full_);
+  const auto t0 = Clock::now();
+  if (!cfg_.layer.sp()) y_ = stack_.output();  // sequence parallel: sp_gather(fwd) set it
   const Tensor y = y_.view({Tl_, h_});
   kernels::layernorm_forward(y, lnf_w_, lnf_b_, cfg_.layer.layernorm_epsilon, xn_, lnf_mean_, lnf_rstd_);
   const Tensor& w = wout_.defined() ? wout_ : wte_;
@@ -159,36 +187,13 @@ double GptModel::head_forward() {
   double sum = 0;
   const float* l = ce_loss_.data<float>();
   for (int64_t t = 0; t < Tl_; ++t) sum += l[t];
+  times_.head_us += us_since(t0);
+  trace_since("head.fwd (final LayerNorm, LM head, loss)", t0);
   return sum / double(T_);
 }
 
-double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
-  auto t0 = Clock::now();
-  take_rows(tokens, targets);
-  embed();
-  times_.head_us += us_since(t0);
-  trace_since("embedding.fwd", t0);
-  t0 = Clock::now();
-  stack_.forward(to_layers(x0_, x_local_), token_base);
-  times_.layers_us += us_since(t0);
-  t0 = Clock::now();
-  const double loss = head_forward();
-  times_.head_us += us_since(t0);
-  trace_since("head.fwd (final LayerNorm, LM head, loss)", t0);
-  return loss;
-}
-
-double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
-  take_rows(tokens, targets);
-  embed();
-  stack_.set_training(false);  // validation: no dropout, no gate noise
-  stack_.forward(to_layers(x0_, x_local_), token_base);
-  stack_.set_training(true);
-  return head_forward();
-}
-
-void GptModel::backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer) {
-  auto t0 = Clock::now();
+void GptModel::head_backward(float loss_scale, float d_aux) {
+  const auto t0 = Clock::now();
   // d(loss_scale * mean_t ce_t) / d ce_t = loss_scale / T (the whole micro-batch's T, also for this cp rank's tokens)
   dloss_.fill(loss_scale / float(T_));
   kernels::cross_entropy_backward(dloss_, logits_, targets_, lse_, logits_);  // logits_ now holds dlogits
@@ -200,14 +205,16 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   const Tensor y = y_.view({Tl_, h_});
   Tensor dy2 = dy_.view({Tl_, h_});
   kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
+  stack_.set_output_grad(to_layers(dy_, dy_local_), d_aux);
   times_.head_us += us_since(t0);
   trace_since("head.bwd (loss, LM head, final LayerNorm)", t0);
-  t0 = Clock::now();
-  const Tensor dx0 = from_layers(stack_.backward(to_layers(dy_, dy_local_), d_aux, after_layer), dx_full_);
-  times_.layers_us += us_since(t0);
-  t0 = Clock::now();
-  // Embedding backward: dwte[token[t]] += dx0[t], dwpe[pos[t / b]] += dx0[t].
-  const float* g = dx0.data<float>();
+}
+
+// Embedding backward: dwte[token[t]] += dx0[t], dwpe[pos[t / b]] += dx0[t].
+void GptModel::embedding_backward() {
+  const auto t0 = Clock::now();
+  if (!cfg_.layer.sp()) dx0_ = stack_.input_grad();  // sequence parallel: sp_gather(bwd) set it
+  const float* g = dx0_.data<float>();
   float* de = dwte_.data<float>();
   float* dp = dwpe_.data<float>();
   for (int64_t t = 0; t < Tl_; ++t) {
@@ -222,6 +229,33 @@ void GptModel::backward(float loss_scale, float d_aux, const std::function<void(
   last_flops_ = stack_.flops() + 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_);
   times_.head_us += us_since(t0);
   trace_since("embedding.bwd", t0);
+}
+
+// One micro-batch in the step Plan's order (the stack's layers-only step Plan between the model's parts).
+double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
+  embedding_forward(tokens, targets, token_base);
+  for (const schedule::StepTask& t : stack_.step_plan().tasks)
+    if (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd) run_layer(t);
+  if (cfg_.layer.sp()) sp_gather(model::Dir::fwd);
+  return head_forward();
+}
+
+double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
+  stack_.set_training(false);  // validation: no dropout, no gate noise
+  const double loss = forward(tokens, targets, token_base);
+  stack_.set_training(true);
+  return loss;
+}
+
+void GptModel::backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer) {
+  head_backward(loss_scale, d_aux);
+  for (const schedule::StepTask& t : stack_.step_plan().tasks) {
+    if (!t.is_layer() || (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd)) continue;
+    run_layer(t);
+    if (after_layer && t.op == schedule::StepOp::layer) after_layer(t.layer);
+  }
+  if (cfg_.layer.sp()) sp_gather(model::Dir::bwd);
+  embedding_backward();
 }
 
 }  // namespace ampipe::train

@@ -5,13 +5,13 @@
 // Notation: s sequence, b micro-batch, T = s*b tokens (token t = s_index*b + b_index, the [s, b] layout), h hidden,
 // V vocabulary, num_layers blocks (--num-layers; not L, which is the local expert count in docs/design.md).
 //
-// Context parallelism (C = --context-parallel-size > 1): every cp rank runs the embedding, the final LayerNorm, the
-// LM head and the loss on its own s/C positions only, in the layer's row order (model/context_parallel.h: blocks r
-// and 2C-1-r, chunk by chunk [A_c ; B_c] at the stack's current degree), so nothing is gathered over cp and the
-// logits are [T/C, V]. forward / evaluate return this rank's share of the micro-batch's mean (its tokens' cross-
+// Context parallelism (cp = --context-parallel-size > 1): every cp rank runs the embedding, the final LayerNorm, the
+// LM head and the loss on its own s/cp positions only, in the layer's row order (model/context_parallel.h: blocks r
+// and 2cp-1-r, chunk by chunk [A_c ; B_c] at the stack's current degree), so nothing is gathered over cp and the
+// logits are [T/cp, V]. forward / evaluate return this rank's share of the micro-batch's mean (its tokens' cross-
 // entropy summed, divided by the whole T): the sum over the cp ranks is the mean. The embedding and head gradients
 // are this rank's tokens' part likewise; the trainer sums every dense gradient over dp x cp. The per-token values
-// do not depend on C (a token's embedding, LayerNorm and logits use its row only), so this is exact up to the
+// do not depend on cp (a token's embedding, LayerNorm and logits use its row only), so this is exact up to the
 // order of the sums.
 //
 // Parameter names (independent of AMPipe degree and EP size; expert tensors are sharded over EP by rows of dim 0):
@@ -65,7 +65,7 @@ class GptModel {
   GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* groups);
 
   // tokens, targets: [s, b] int32 (T each, the whole micro-batch on every rank). Runs the forward and returns the
-  // mean cross-entropy over the T tokens; context parallel: this rank's share of it (the sum of its s/C positions'
+  // mean cross-entropy over the T tokens; context parallel: this rank's share of it (the sum of its s/cp positions'
   // cross-entropy / T; the sum over the cp ranks is the mean). token_base: global index of token 0 (keys dropout
   // and gate noise; the same on every cp rank).
   double forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
@@ -76,6 +76,19 @@ class GptModel {
   void backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer = nullptr);
   // Forward only (evaluation): mean cross-entropy (context parallel: this rank's share, as forward).
   double evaluate(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
+
+  // The parts of a micro-batch, as the tasks of the trainer's step Plan run them (schedule/step_plan.h); forward,
+  // backward and evaluate are these in the step Plan's order. embedding_forward: this rank's rows of the tokens and
+  // targets, the embedding, the layers' input. run_layer: a layer task. sp_gather (sequence parallel): fwd: the
+  // last layer's rows of every tp rank for the head; bwd: the first layer's input gradient for the embedding.
+  // head_forward: final LayerNorm, LM head, cross-entropy (returns what forward returns). head_backward: their
+  // backward, the layers' output gradient. embedding_backward: the embedding gradients (accumulated).
+  void embedding_forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
+  void run_layer(const schedule::StepTask& t);
+  void sp_gather(model::Dir d);
+  double head_forward();
+  void head_backward(float loss_scale, float d_aux);
+  void embedding_backward();
 
   std::vector<NamedParam>& params() { return params_; }
   void zero_grads();
@@ -90,12 +103,11 @@ class GptModel {
   // Picks this rank's rows of tokens and targets ([s, b], natural order) into tokens_, targets_ (local order).
   void take_rows(std::span<const int32_t> tokens, std::span<const int32_t> targets);
   void embed();
-  double head_forward();
 
   TrainConfig cfg_;
   int64_t s_, b_, T_, h_, V_;
-  int C_;          // context-parallel size
-  int64_t sl_, Tl_;  // this rank's positions s/C and tokens sl*b (C = 1: s, T)
+  int cp_;         // context-parallel size (cp; C is the capacity)
+  int64_t sl_, Tl_;  // this rank's positions s/cp and tokens sl*b (cp = 1: s, T)
   std::vector<int64_t> pos_;  // [sl] global position of local row i (context_parallel.h's order at degree pos_M_)
   int pos_M_ = 0;
   schedule::LayerStack stack_;
@@ -117,6 +129,8 @@ class GptModel {
   Tensor dloss_, dxn_, dy_;      // [T], [T, h], [s, b, h]
   Tensor y_;                     // [s, b, h] the last layer's output, every row of this cp rank
   Tensor x_local_, dy_local_;    // sequence parallel: [s/t, b, h] this tp rank's rows of x0_ and dy_
+  Tensor dx0_;                   // [s, b, h] the embedding's output gradient (the layers' input gradient)
+  float d_aux_ = 0;              // the aux loss's upstream gradient of the micro-batch in flight
   Tensor gathered_, y_full_, dx_full_;  // sequence parallel: [s, b, h] all-gather target (rank order), cp-local order
   StepTimes times_;
   double last_flops_ = 0;

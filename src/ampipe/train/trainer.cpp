@@ -103,38 +103,81 @@ double sum_squares(const float* x, int64_t n) {
 }
 }  // namespace
 
-// Packs the gradients of `layer`'s parameters (-1: those outside the blocks) into the flat buffers and starts
-// their all-reduce (dense over dp x cp, expert over the expert-data-parallel group). Every rank calls this for
-// the same layers in the same order, so the groups see identical collective sequences.
-void Trainer::start_reduce(int layer) {
+// Calls f(begin, end) for each contiguous run of a bucket's parameters in its flat buffer (a layer's parameters are
+// one run; those outside the layers, the embedding and the final LayerNorm / LM head at either end of the parameter
+// list, are two).
+template <class F>
+void Trainer::for_bucket_runs(int layer, schedule::Bucket b, F&& f) {
+  const auto& idx = b == schedule::Bucket::dense ? dense_idx_ : expert_idx_;
   auto& ps = model_.params();
-  for (const auto& [idx, buf, grp, tag] :
-       {std::tuple{&dense_idx_, &dense_buf_, &g_.dp_cp, "grad.dense"},
-        std::tuple{&expert_idx_, &expert_buf_, &g_.edp, "grad.expert"}}) {
-    if (grp->size() == 1) continue;
-    // One all-reduce per contiguous run of the buffer (a block's parameters are one run; the embedding and the
-    // final LayerNorm, at either end of the parameter list, are two).
-    int64_t begin = -1, end = -1;
-    auto flush = [&] {
-      if (begin >= 0)
-        pending_.push_back(comm::all_reduce(*grp, buf->rows(begin, end), comm::Reduce::sum,
-                                            fmt::format("{}.L{}.{}", tag, layer, begin)));
-      begin = end = -1;
-    };
-    for (size_t i : *idx) {
-      if (layer_of_[i] != layer) continue;
-      const int64_t n = ps[i].grad.numel();
-      std::memcpy(buf->data<float>() + offset_[i], ps[i].grad.data<float>(), size_t(n) * 4);
-      if (end != offset_[i]) flush();
-      if (begin < 0) begin = offset_[i];
-      end = offset_[i] + n;
+  int64_t begin = -1, end = -1;
+  for (size_t i : idx) {
+    if (layer_of_[i] != layer) continue;
+    if (end != offset_[i] && begin >= 0) {
+      f(begin, end);
+      begin = -1;
     }
-    flush();
+    if (begin < 0) begin = offset_[i];
+    end = offset_[i] + ps[i].grad.numel();
   }
+  if (begin >= 0) f(begin, end);
+}
+
+// The step Plan's grad_pack: the bucket's gradients into the flat buffer of its reduction.
+void Trainer::pack_bucket(int layer, schedule::Bucket b) {
+  auto& ps = model_.params();
+  Tensor& buf = b == schedule::Bucket::dense ? dense_buf_ : expert_buf_;
+  for (size_t i : b == schedule::Bucket::dense ? dense_idx_ : expert_idx_)
+    if (layer_of_[i] == layer)
+      std::memcpy(buf.data<float>() + offset_[i], ps[i].grad.data<float>(), size_t(ps[i].grad.numel()) * 4);
+}
+
+// The step Plan's grad_reduce: the bucket's all-reduce (dense over dp x cp, expert over the expert-data-parallel
+// group), one per contiguous run. Every rank runs the same step Plan, so the groups see identical collective
+// sequences.
+void Trainer::reduce_bucket(int layer, schedule::Bucket b) {
+  const bool dense = b == schedule::Bucket::dense;
+  const comm::Group& grp = dense ? g_.dp_cp : g_.edp;
+  Tensor& buf = dense ? dense_buf_ : expert_buf_;
+  for_bucket_runs(layer, b, [&](int64_t begin, int64_t end) {
+    pending_.push_back(comm::all_reduce(grp, buf.rows(begin, end), comm::Reduce::sum,
+                                        fmt::format("{}.L{}.{}", dense ? "grad.dense" : "grad.expert", layer, begin)));
+  });
+}
+
+// The step Plan of one iteration (schedule/step_plan.h) for this rank: the stack's layer Plans, K micro-batches,
+// the buckets of this rank's gradients, the sizes of the work outside the layers.
+void Trainer::plan_step() {
+  const model::LayerConfig& l = cfg_.layer;
+  schedule::LayerStack& stack = model_.stack();
+  schedule::StepConfig c;
+  c.layers = stack.step_plan().config.layers;
+  c.recompute = stack.step_plan().config.recompute;
+  c.micro_batches = int(K_);
+  c.tokens = s_ * b_ / l.cp();
+  c.hidden = l.hidden_size;
+  c.head_vocab = cfg_.vocab_size;
+  c.sp_tp = l.sp() ? l.tp() : 1;
+  const int n = stack.num_layers();
+  c.layer_dense_bytes.assign(size_t(n), 0);
+  c.layer_expert_bytes.assign(size_t(n), 0);
+  for (size_t i = 0; i < model_.params().size(); ++i) {
+    const NamedParam& p = model_.params()[i];
+    const double bytes = 4.0 * double(p.grad.numel());
+    c.params += double(p.param.numel());
+    if (l.bf16 && layer_of_[i] >= 0 && p.param.dim() >= 2) c.bf16_weights += double(p.param.numel());
+    if (layer_of_[i] < 0)
+      c.outer_dense_bytes += bytes;
+    else
+      (p.expert ? c.layer_expert_bytes : c.layer_dense_bytes)[size_t(layer_of_[i])] += bytes;
+  }
+  c.dense_group_size = g_.dp_cp.size();
+  c.expert_group_size = g_.edp.size();
+  step_ = schedule::build_step_plan(std::move(c));
+  step_generation_ = stack.generation();
 }
 
 void Trainer::reduce_gradients() {
-  start_reduce(-1);  // embedding, final LayerNorm, output layer: complete only now
   comm::wait_all(pending_);
   pending_.clear();
   const float inv = 1.0f / float(G_ / b_);
@@ -245,40 +288,59 @@ MoeLog Trainer::reduce_expert_loads(int64_t iteration) {
   return log;
 }
 
-IterationStats Trainer::train_step() {
-  IterationStats st;
-  const auto t_iter = Clock::now();
-  model_.times() = {};
-  model_.stack().executor().reset_stats();
-  st.lr = learning_rate(cfg_, iteration_);
-  model_.zero_grads();
-  double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0;
-  for (int64_t j = 0; j < K_; ++j) {
-    const int64_t first = consumed_ + (dp_rank_ * K_ + j) * b_;
-    {
-      comm::TraceScope trace(comm::Lane::compute, "data");
-      fill_batch(first, Split::train);
-    }
-    loss_sum += model_.forward(tokens_, targets_, uint64_t(first * s_));
-    aux_sum += model_.aux_loss();
-    count_drops(dropped, choices);
-    count_expert_loads();
-    // The last micro-batch completes each layer's gradients: start its reduction while the layers below compute.
-    const bool last = j == K_ - 1;
-    model_.backward(1.0f, float(cfg_.moe_aux_loss_coeff),
-                    last ? std::function<void(int)>([this](int layer) { start_reduce(layer); }) : nullptr);
-    st.flops += model_.flops_per_micro_batch();
+// One task of the step Plan (the whole iteration: every micro-batch's embedding, layers, head and loss, the
+// bucketed gradient reduction, the optimizer step), in the Plan's order.
+void Trainer::run_step_task(const schedule::StepTask& t, StepState& s) {
+  using schedule::StepOp;
+  const bool fwd = t.dir == model::Dir::fwd;
+  switch (t.op) {
+    case StepOp::embedding:
+      if (fwd) {
+        const int64_t first = consumed_ + (dp_rank_ * K_ + t.micro_batch) * b_;
+        {
+          comm::TraceScope trace(comm::Lane::compute, "data");
+          fill_batch(first, Split::train);
+        }
+        model_.embedding_forward(tokens_, targets_, uint64_t(first * s_));
+      } else {
+        model_.embedding_backward();
+        s.st.flops += model_.flops_per_micro_batch();
+      }
+      return;
+    case StepOp::layer:
+    case StepOp::recompute: return model_.run_layer(t);
+    case StepOp::sp_gather: return model_.sp_gather(t.dir);
+    case StepOp::head:
+      if (fwd) {
+        s.loss_sum += model_.head_forward();
+        s.aux_sum += model_.aux_loss();
+        count_drops(s.dropped, s.choices);
+        count_expert_loads();
+      } else {
+        model_.head_backward(1.0f, float(cfg_.moe_aux_loss_coeff));
+      }
+      return;
+    case StepOp::grad_pack: return pack_bucket(t.layer, t.bucket);
+    case StepOp::grad_reduce: return reduce_bucket(t.layer, t.bucket);
+    case StepOp::grad_finish: return finish_gradients(s);
+    case StepOp::optimizer: return optimizer_step(s);
   }
-  const auto t_opt = Clock::now();
+}
+
+// grad_finish: the reductions waited for, the gradients scaled, the losses summed over the ranks, the global norm;
+// a loss or norm that is not finite stops the run here, before the optimizer writes anything.
+void Trainer::finish_gradients(StepState& s) {
+  IterationStats& st = s.st;
+  s.t_opt = Clock::now();
   {
     comm::TraceScope trace(comm::Lane::compute, "grad.reduce (wait, scale, sums of squares)");
     reduce_gradients();
   }
   Tensor losses = scalars_;
-  losses.set(0, float(loss_sum));
-  losses.set(1, float(aux_sum));
-  losses.set(2, float(dropped));
-  losses.set(3, float(choices));
+  losses.set(0, float(s.loss_sum));
+  losses.set(1, float(s.aux_sum));
+  losses.set(2, float(s.dropped));
+  losses.set(3, float(s.choices));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
   // Context parallel: the lm loss of a micro-batch is split over its cp ranks (each returns its tokens' share), but
   // every cp rank's aux loss is the whole sequence's (the layer reduces its routing statistics over cp), so the sum
@@ -286,7 +348,7 @@ IterationStats Trainer::train_step() {
   st.lm_loss = losses.get(0) / double(G_ / b_);
   st.aux_loss = losses.get(1) / double(G_ / b_) / double(g_.cp.size());
   st.drop_fraction = losses.get(3) > 0 ? losses.get(2) / losses.get(3) : 0.0;
-  st.reduce_ms = ms_since(t_opt);
+  st.reduce_ms = ms_since(s.t_opt);
   {
     comm::TraceScope trace(comm::Lane::compute, "grad.norm");
     st.grad_norm = grad_norm();
@@ -299,6 +361,10 @@ IterationStats Trainer::train_step() {
                                    iteration_ + 1,
                                    std::isfinite(st.lm_loss) && std::isfinite(st.aux_loss) ? "gradient norm" : "loss",
                                    "not finite", st.lm_loss, st.aux_loss, st.grad_norm));
+}
+
+void Trainer::optimizer_step(StepState& s) {
+  IterationStats& st = s.st;
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && st.grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (st.grad_norm + 1e-6));
   {
@@ -306,7 +372,19 @@ IterationStats Trainer::train_step() {
     opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
   }
   model_.stack().weights_changed();  // the bf16 weight copies: once per optimizer step
-  st.optim_ms = ms_since(t_opt);
+  st.optim_ms = ms_since(s.t_opt);
+}
+
+IterationStats Trainer::train_step() {
+  StepState s;
+  IterationStats& st = s.st;
+  const auto t_iter = Clock::now();
+  model_.times() = {};
+  model_.stack().executor().reset_stats();
+  st.lr = learning_rate(cfg_, iteration_);
+  model_.zero_grads();
+  if (step_generation_ != model_.stack().generation()) plan_step();  // the layers were re-planned
+  for (const schedule::StepTask& t : step_.tasks) run_step_task(t, s);
   consumed_ += G_;
   ++iteration_;
   st.iteration = iteration_;

@@ -15,6 +15,7 @@
 
 #include "ampipe/comm/event.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "ampipe/comm/group.h"
+#include "ampipe/schedule/step_plan.h"
 #include "ampipe/train/adamw.h"
 #include "ampipe/train/checkpoint.h"
 #include "ampipe/train/gpt_model.h"
@@ -124,10 +126,25 @@ class Trainer {
   void evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say);
   enum class Split { train, valid, test };
   void fill_batch(int64_t first_sample, Split which);
-  // Data-parallel reduction of the gradients, started per layer during the last micro-batch's backward
-  // (start_reduce(layer)), finished by reduce_gradients() (the remaining parameters, wait, scale, norms).
-  void start_reduce(int layer);
+  // The iteration as the step Plan's tasks (schedule/step_plan.h), built by plan_step() and rebuilt when the
+  // layers are re-planned; run_step_task runs one, in the Plan's order.
+  struct StepState {
+    IterationStats st;
+    double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0;
+    std::chrono::steady_clock::time_point t_opt{};
+  };
+  void plan_step();
+  void run_step_task(const schedule::StepTask& t, StepState& s);
+  // Data-parallel reduction of the gradients, bucket by bucket where the step Plan issues it (each layer's during
+  // the last micro-batch's backward): pack_bucket, reduce_bucket; finished by reduce_gradients() (wait, scale, sums
+  // over tp, sums of squares).
+  template <class F>
+  void for_bucket_runs(int layer, schedule::Bucket b, F&& f);
+  void pack_bucket(int layer, schedule::Bucket b);
+  void reduce_bucket(int layer, schedule::Bucket b);
   void reduce_gradients();
+  void finish_gradients(StepState& s);  // grad_finish: reduce_gradients, losses, norm, the finite check
+  void optimizer_step(StepState& s);
   double grad_norm();
 
   TrainConfig cfg_;
@@ -144,6 +161,8 @@ class Trainer {
   std::vector<int64_t> offset_;  // per parameter: its offset in dense_buf_ or expert_buf_
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
+  schedule::StepPlan step_;
+  uint64_t step_generation_ = 0;  // the stack's generation step_ was built for (0: not yet)
   double dense_sumsq_ = 0, expert_sumsq_ = 0, tp_sharded_sumsq_ = 0;
   // Per layer: E kept counts, then dropped, then choices (E + 2 per layer), over the current logging window.
   std::vector<int64_t> moe_counts_;

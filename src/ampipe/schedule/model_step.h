@@ -1,0 +1,40 @@
+// The step Plan of a GPT-MoE model from its shapes alone (closed forms, per device): what `ampipe simulate` costs
+// and `ampipe plan --step` prints for a configuration that has not been launched. The trainer builds its own step
+// Plan from the tensors it holds (train/trainer.cpp, Trainer::plan_step); this one counts the parameters instead:
+//   dense per layer   ln1 2h + attn.qkv 3h^2/tp + attn.proj h^2/tp + ln2 2h + moe.gate E*h = 4h^2/tp + 4h + E*h
+//   expert per layer  L * (fc1 F1*h + fc2 h*F) / tp, F1 = F (GeLU) or 2F (SwiGLU), L = E/ep this rank's experts
+//   outside layers    word embedding V*h/tp + position s*h (none with rotary embeddings) + final LayerNorm 2h
+//                     (+ output layer V*h/tp when untied)
+// with the vocabulary split over tp as Megatron's vocabulary-parallel embedding and head (vocab_parallel; the
+// engine itself keeps the whole vocabulary on every tp rank: vocab_parallel = false). Buckets: a layer's dense
+// parameters reduced over dp x cp, its expert ones over dp x cp / ep (fp32, 4 bytes each).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ampipe/model/layer_config.h"
+#include "ampipe/schedule/step_plan.h"
+
+namespace ampipe::schedule {
+
+struct ModelShape {
+  model::LayerConfig layer;  // layer_index is set per layer
+  int num_layers = 1;
+  int64_t vocab = 256;
+  bool untie_embeddings = false;
+  bool position_embedding = true;  // learned absolute positions (false: rotary, no embedding table)
+  bool vocab_parallel = true;
+  int dp = 1;                      // data-parallel size
+  int micro_batches = 1;           // per device per iteration
+  std::vector<bool> recompute;     // per layer; empty: none
+};
+
+// Parameters of one layer on this device: dense, expert.
+double dense_layer_params(const model::LayerConfig& l);
+double expert_layer_params(const model::LayerConfig& l);
+
+// The step Plan's configuration at AMPipe degree M (layer Plans built with build_layer_plan).
+StepConfig model_step_config(const ModelShape& m, int M);
+
+}  // namespace ampipe::schedule

@@ -1,0 +1,185 @@
+#include "ampipe/schedule/step_plan.h"
+
+#include <algorithm>
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::schedule {
+
+const char* step_op_name(StepOp op) {
+  switch (op) {
+    case StepOp::embedding: return "embedding";
+    case StepOp::layer: return "layer";
+    case StepOp::recompute: return "recompute";
+    case StepOp::sp_gather: return "sp_gather";
+    case StepOp::head: return "head";
+    case StepOp::grad_pack: return "grad_pack";
+    case StepOp::grad_reduce: return "grad_reduce";
+    case StepOp::grad_finish: return "grad_finish";
+    case StepOp::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+const char* bucket_name(Bucket b) { return b == Bucket::dense ? "dense" : "expert"; }
+
+std::string StepTask::name() const {
+  const std::string mb = micro_batch >= 0 ? fmt::format("mb{}.", micro_batch) : std::string();
+  switch (op) {
+    case StepOp::layer: return fmt::format("{}L{}.{}", mb, layer, model::dir_name(dir));
+    case StepOp::recompute: return fmt::format("{}L{}.recompute", mb, layer);
+    case StepOp::embedding:
+    case StepOp::sp_gather:
+    case StepOp::head: return fmt::format("{}{}.{}", mb, step_op_name(op), model::dir_name(dir));
+    case StepOp::grad_pack:
+    case StepOp::grad_reduce:
+      return fmt::format("{}.{}.{}", step_op_name(op), bucket_name(bucket),
+                         layer >= 0 ? fmt::format("L{}", layer) : std::string("outer"));
+    case StepOp::grad_finish:
+    case StepOp::optimizer: return step_op_name(op);
+  }
+  return "?";
+}
+
+int StepPlan::index_of(StepOp op, Dir d, int micro_batch, int layer) const {
+  for (const StepTask& t : tasks)
+    if (t.op == op && t.dir == d && t.micro_batch == micro_batch && t.layer == layer) return int(t.id);
+  return -1;
+}
+
+double StepPlan::collective_bytes(StepOp op) const {
+  double b = 0;
+  for (const StepTask& t : tasks)
+    if (t.op == op && t.is_collective()) b += t.bytes;
+  return b;
+}
+
+namespace {
+
+// Appends tasks in issue order; every task depends on nothing but what it names (the compute lane runs the
+// compute tasks in order anyway).
+struct Builder {
+  StepPlan& p;
+  uint32_t add(StepTask t) {
+    t.id = uint32_t(p.tasks.size());
+    p.tasks.push_back(std::move(t));
+    return p.tasks.back().id;
+  }
+  static StepTask make(StepOp op, Dir d, int mb, int layer) {
+    StepTask t;
+    t.op = op;
+    t.dir = d;
+    t.micro_batch = mb;
+    t.layer = layer;
+    return t;
+  }
+  uint32_t compute(StepOp op, Dir d, int mb, int layer, double gemm_flops = 0, double min_dim = 0,
+                   double bytes = 0) {
+    StepTask t = make(op, d, mb, layer);
+    t.gemm_flops = gemm_flops;
+    t.gemm_min_dim = min_dim;
+    t.bytes = bytes;
+    return add(std::move(t));
+  }
+  uint32_t collective(StepOp op, Dir d, int mb, CollKind kind, comm::GroupKind g, Lane lane, double bytes,
+                      std::vector<uint32_t> deps, int layer = -1) {
+    StepTask t = make(op, d, mb, layer);
+    t.lane = lane;
+    t.deps = std::move(deps);
+    t.kind = kind;
+    t.group = g;
+    t.bytes = bytes;
+    return add(std::move(t));
+  }
+  // One bucket: pack its gradients (compute), then issue their all-reduce on the dp lane. Returns the reduce task.
+  void bucket(int layer, Bucket b, double bytes, int group_size, std::vector<uint32_t>& reduces) {
+    if (group_size <= 1 || bytes <= 0) return;
+    const uint32_t pack = compute(StepOp::grad_pack, Dir::bwd, -1, layer, 0, 0, 2 * bytes);
+    p.tasks[pack].bucket = b;
+    const uint32_t r = collective(StepOp::grad_reduce, Dir::bwd, -1, CollKind::all_reduce,
+                                  b == Bucket::dense ? comm::GroupKind::dp_cp : comm::GroupKind::edp, Lane::dp, bytes,
+                                  {pack}, layer);
+    p.tasks[r].bucket = b;
+    reduces.push_back(r);
+  }
+};
+
+void check_config(const StepConfig& c) {
+  const size_t n = c.layers.size();
+  AMPIPE_CHECK(c.micro_batches >= 1, "step plan: {} micro-batches", c.micro_batches);
+  AMPIPE_CHECK(c.recompute.empty() || c.recompute.size() == n, "step plan: {} recompute flags for {} layers",
+               c.recompute.size(), n);
+  AMPIPE_CHECK(c.layer_dense_bytes.empty() || c.layer_dense_bytes.size() == n,
+               "step plan: {} dense buckets for {} layers", c.layer_dense_bytes.size(), n);
+  AMPIPE_CHECK(c.layer_expert_bytes.empty() || c.layer_expert_bytes.size() == n,
+               "step plan: {} expert buckets for {} layers", c.layer_expert_bytes.size(), n);
+  AMPIPE_CHECK(c.sp_tp >= 1, "step plan: sequence-parallel tp {}", c.sp_tp);
+}
+
+}  // namespace
+
+StepPlan build_step_plan(StepConfig c) {
+  check_config(c);
+  StepPlan p;
+  p.config = std::move(c);
+  const StepConfig& k = p.config;
+  Builder b{p};
+  const int n = int(k.layers.size());
+  const double T = double(k.tokens), h = double(k.hidden), V = double(k.head_vocab);
+  const double head_dim = std::min({T, h, V});
+  auto bucket_bytes = [](const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[size_t(i)]; };
+  std::vector<uint32_t> reduces;
+  for (int m = 0; m < k.micro_batches; ++m) {
+    const bool last = m == k.micro_batches - 1;
+    // forward: embedding (read a word and a position row, write x: 12 T h bytes), the layers, the head (LN
+    // reads y and writes xn: 8 T h; the logits written and read by the cross-entropy: 8 T V; GEMM 2 T h V)
+    if (k.model) b.compute(StepOp::embedding, Dir::fwd, m, -1, 0, 0, 12 * T * h);
+    for (int i = 0; i < n; ++i) b.compute(StepOp::layer, Dir::fwd, m, i);
+    if (k.model) {
+      std::vector<uint32_t> deps;
+      if (k.sp_tp > 1)  // this rank's T / tp rows of the last layer's output, fp32, to every tp rank
+        deps.push_back(b.collective(StepOp::sp_gather, Dir::fwd, m, CollKind::all_gather, comm::GroupKind::tp,
+                                    Lane::tp, 4 * T / k.sp_tp * h, {}));
+      p.tasks[b.compute(StepOp::head, Dir::fwd, m, -1, 2 * T * h * V, head_dim, 8 * T * h + 8 * T * V)].deps = deps;
+      // backward of the head: the cross-entropy gradient over the logits (8 T V), the GEMMs dW and dxn (4 T h V),
+      // the LN backward (reads dxn and y, writes dy: 12 T h)
+      b.compute(StepOp::head, Dir::bwd, m, -1, 4 * T * h * V, head_dim, 12 * T * h + 8 * T * V);
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      if (!k.recompute.empty() && k.recompute[size_t(i)]) b.compute(StepOp::recompute, Dir::fwd, m, i);
+      b.compute(StepOp::layer, Dir::bwd, m, i);
+      // The last micro-batch completes layer i's gradients: its buckets reduce under the layers below.
+      if (last) {
+        b.bucket(i, Bucket::dense, bucket_bytes(k.layer_dense_bytes, i), k.dense_group_size, reduces);
+        b.bucket(i, Bucket::expert, bucket_bytes(k.layer_expert_bytes, i), k.expert_group_size, reduces);
+      }
+    }
+    if (k.model) {
+      std::vector<uint32_t> deps;
+      if (k.sp_tp > 1)
+        deps.push_back(b.collective(StepOp::sp_gather, Dir::bwd, m, CollKind::all_gather, comm::GroupKind::tp,
+                                    Lane::tp, 4 * T / k.sp_tp * h, {}));
+      // read the gradient row, add it into a word and a position row: 20 T h
+      p.tasks[b.compute(StepOp::embedding, Dir::bwd, m, -1, 0, 0, 20 * T * h)].deps = deps;
+    }
+  }
+  if (k.model) {
+    b.bucket(-1, Bucket::dense, k.outer_dense_bytes, k.dense_group_size, reduces);
+    // every gradient read, scaled and written, and read again for its square: 12 bytes per parameter
+    p.tasks[b.compute(StepOp::grad_finish, Dir::bwd, -1, -1, 0, 0, 12 * k.params)].deps = reduces;
+    // AdamW reads the parameter, gradient and both moments and writes three of them (28 bytes per parameter); a
+    // bf16 copy reads the fp32 weight and writes 2 bytes
+    b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 28 * k.params + 6 * k.bf16_weights);
+  }
+  return p;
+}
+
+StepPlan build_layers_step_plan(std::vector<Plan> layers, const std::vector<bool>& recompute) {
+  StepConfig c;
+  c.layers = std::move(layers);
+  c.recompute = recompute;
+  c.model = false;
+  return build_step_plan(std::move(c));
+}
+
+}  // namespace ampipe::schedule

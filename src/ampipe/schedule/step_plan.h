@@ -1,0 +1,111 @@
+// The step Plan: one whole training iteration as data (docs/plan.md, "The step Plan"). Where a layer Plan
+// (schedule/plan.h) orders the tasks of one layer, the step Plan orders what a training iteration does around and
+// between them: every micro-batch's embedding, layers (each a layer Plan run in one direction; a recomputed layer's
+// forward replayed right before its backward), LM head and loss, the sequence-parallel all-gathers, the
+// data-parallel gradient reduction bucket by bucket where the trainer issues it, and the optimizer step. The trainer
+// (train/) runs it task by task, schedule::LayerStack runs the layer tasks of it (layer-check, bench-layer and the
+// tests run a layers-only step Plan), the simulator (sim/) costs exactly it, and `ampipe plan --step` prints it.
+// Like the layer Plan, it is built from shapes and flags alone: no MPI, no parameters, no clocks.
+//
+// Order (K micro-batches m, num_layers layers i, as the engine runs them):
+//   for m:  embedding.fwd(m) -> L0.fwd .. L{n-1}.fwd -> [sp_gather.fwd] -> head.fwd(m) -> head.bwd(m)
+//           -> for i = n-1 .. 0: [L{i}.recompute] -> L{i}.bwd -> (m = K-1: grad_pack + grad_reduce of layer i's
+//              dense and expert buckets, issued on the dp lane: they run under the backward of layers i-1 .. 0)
+//           -> [sp_gather.bwd] -> embedding.bwd(m)
+//   grad_pack + grad_reduce of the parameters outside the layers (embedding, final LayerNorm, LM head)
+//   grad_finish (waits for every reduction; scale, sums over tp, sums of squares, loss all-reduce) -> optimizer
+// A reduction over a one-rank group is left out (nothing to reduce). Pipeline stages (send/recv of activations
+// between stages, the 1F1B order of micro-batches) are meant to be new ops and a new builder order here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampipe/comm/layout.h"
+#include "ampipe/schedule/plan.h"
+
+namespace ampipe::schedule {
+
+enum class StepOp : uint8_t {
+  embedding,    // fwd: the micro-batch's token (+ position) embedding; bwd: scatter-add of its gradient
+  layer,        // layer `layer`'s Plan in direction `dir`
+  recompute,    // layer `layer`'s forward again (the same random numbers), right before its backward
+  sp_gather,    // collective, sequence parallel: fwd: the last layer's rows all-gathered over tp for the head; bwd:
+                // the first layer's input-gradient rows, for the embedding
+  head,         // fwd: final LayerNorm, LM head, cross-entropy (and the micro-batch's routing counts); bwd: theirs
+  grad_pack,    // a bucket's gradients copied into the flat reduction buffer
+  grad_reduce,  // collective: the all-reduce (sum) of one bucket over its group
+  grad_finish,  // waits for the reductions; scale by 1/micro-batches, sums over tp, sums of squares, loss sums
+  optimizer,    // clipping, AdamW, the bf16 weight copies refreshed
+};
+const char* step_op_name(StepOp op);
+
+// A gradient bucket: the parameters of one layer (layer >= 0) or those outside the layers (layer -1), dense
+// (reduced over dp x cp) or expert (over the expert-data-parallel group).
+enum class Bucket : uint8_t { dense, expert };
+const char* bucket_name(Bucket b);
+
+struct StepTask {
+  uint32_t id = 0;
+  StepOp op = StepOp::layer;
+  Dir dir = Dir::fwd;
+  int micro_batch = -1;  // -1: once per step
+  int layer = -1;        // layer ops; grad_pack / grad_reduce: the bucket's layer (-1: outside the layers)
+  Bucket bucket = Bucket::dense;  // grad_pack / grad_reduce
+  Lane lane = Lane::compute;
+  std::vector<uint32_t> deps;  // step tasks that must be done first, besides the compute lane's own order
+  // collectives (sp_gather, grad_reduce): kind and group; bytes: what this rank sends
+  CollKind kind = CollKind::all_reduce;
+  comm::GroupKind group = comm::GroupKind::dp_cp;
+  // compute tasks outside the layers: GEMM FLOPs (the engine's head runs them in fp32), the smallest GEMM
+  // dimension, and the bytes of the element-wise work (closed forms in docs/plan.md); layer tasks: 0 (their cost
+  // is their layer Plan's tasks)
+  double gemm_flops = 0, gemm_min_dim = 0;
+  double bytes = 0;
+  bool is_collective() const { return op == StepOp::sp_gather || op == StepOp::grad_reduce; }
+  bool is_layer() const { return op == StepOp::layer || op == StepOp::recompute; }
+  // "mb0.embedding.fwd", "mb0.L1.fwd", "mb0.L1.recompute", "mb1.head.bwd", "grad_reduce.dense.L1",
+  // "grad_reduce.dense.outer", "grad_finish", "optimizer": the one name the runners, the trace and the tests use.
+  std::string name() const;
+};
+
+// What the step Plan is built from: the layers' Plans, the micro-batches, and this rank's sizes of the work
+// outside the layers.
+struct StepConfig {
+  std::vector<Plan> layers;       // layer i's Plan (num_layers = layers.size())
+  int micro_batches = 1;          // K: micro-batches of one iteration on this rank
+  std::vector<bool> recompute;    // per layer (--recompute-granularity full); empty: none
+  bool model = true;              // embedding, head, loss, optimizer; false: the layers alone
+  // per micro-batch on this rank: tokens (T / cp), hidden size, LM-head columns (the vocabulary)
+  int64_t tokens = 0, hidden = 0, head_vocab = 0;
+  int sp_tp = 1;  // sequence parallel: tp (the all-gathers of sp_gather over tp ranks); 1: none
+  // Gradient buckets: bytes per layer (dense, expert) and of the parameters outside the layers (dense only), and
+  // the sizes of the groups they are reduced over (1: not reduced).
+  std::vector<double> layer_dense_bytes, layer_expert_bytes;
+  double outer_dense_bytes = 0;
+  int dense_group_size = 1, expert_group_size = 1;
+  double params = 0;          // parameters this rank holds (grad_finish, optimizer)
+  double bf16_weights = 0;    // of which matrices with a bf16 copy refreshed after the step (0: fp32)
+};
+
+struct StepPlan {
+  StepConfig config;
+  std::vector<StepTask> tasks;  // in issue order
+
+  int num_layers() const { return int(config.layers.size()); }
+  const Plan& layer(int i) const { return config.layers[size_t(i)]; }
+  // The first task with this op, direction, micro-batch and layer; -1 if absent.
+  int index_of(StepOp op, Dir d, int micro_batch, int layer) const;
+  double collective_bytes(StepOp op) const;  // bytes this rank sends in collectives of this op
+};
+
+// The step Plan of c (docs/plan.md); throws ConfigError on sizes that do not fit (a bucket list of another length
+// than the layers).
+StepPlan build_step_plan(StepConfig c);
+
+// The layers alone, one micro-batch (forward of every layer, then the backward in reverse with the replays): the
+// step layer-check, bench-layer and schedule::LayerStack's forward / backward run.
+StepPlan build_layers_step_plan(std::vector<Plan> layers, const std::vector<bool>& recompute = {});
+
+}  // namespace ampipe::schedule

@@ -1,0 +1,133 @@
+// The step Plan (schedule/step_plan.h) without MPI: the order of a whole training iteration's tasks and the bytes
+// they carry, against closed forms and against the parameter tensors the layers really have (model::init_params).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ampipe/model/layer_params.h"
+#include "ampipe/schedule/model_step.h"
+#include "ampipe/schedule/step_plan.h"
+
+using namespace ampipe;
+using namespace ampipe::schedule;
+
+namespace {
+
+ModelShape two_layer_model(int ep, int tp, bool sp) {
+  ModelShape m;
+  model::LayerConfig& l = m.layer;
+  l.seq_length = 64;
+  l.micro_batch_size = 2;
+  l.hidden_size = 32;
+  l.ffn_hidden_size = 64;
+  l.num_attention_heads = 4;
+  l.num_experts = 4;
+  l.moe_router_topk = 2;
+  l.expert_model_parallel_size = ep;
+  l.tensor_model_parallel_size = tp;
+  l.sequence_parallel = sp;
+  m.num_layers = 2;
+  m.vocab = 100;
+  m.dp = 2;
+  m.micro_batches = 2;
+  m.recompute = {true, false};
+  m.vocab_parallel = false;  // as the engine's head
+  return m;
+}
+
+std::vector<std::string> names(const StepPlan& p) {
+  std::vector<std::string> n;
+  for (const StepTask& t : p.tasks) n.push_back(t.name());
+  return n;
+}
+
+// Bytes of a layer's fp32 gradients on tp rank 0, dense or expert, from the tensors the layer is made of.
+double layer_bytes(const model::LayerConfig& l, bool expert) {
+  model::LayerParams p = model::init_params(l, 0, 0);
+  double b = 0;
+  for (auto& [name, t] : p.named())
+    if (model::LayerParams::is_expert(name) == expert) b += 4.0 * double(t.numel());
+  return b;
+}
+
+}  // namespace
+
+TEST(StepPlan, TwoLayersRecomputeDp2OrderAndBuckets) {
+  const ModelShape m = two_layer_model(/*ep=*/1, /*tp=*/1, false);
+  const StepPlan p = build_step_plan(model_step_config(m, 2));
+  // Every micro-batch: embedding, layers forward, head, head backward, layers backward with layer 0's replay before
+  // its backward; the last one issues each layer's buckets right after its backward, then the embedding's.
+  EXPECT_EQ(names(p), (std::vector<std::string>{
+                          "mb0.embedding.fwd", "mb0.L0.fwd", "mb0.L1.fwd", "mb0.head.fwd", "mb0.head.bwd",
+                          "mb0.L1.bwd", "mb0.L0.recompute", "mb0.L0.bwd", "mb0.embedding.bwd",
+                          "mb1.embedding.fwd", "mb1.L0.fwd", "mb1.L1.fwd", "mb1.head.fwd", "mb1.head.bwd",
+                          "mb1.L1.bwd", "grad_pack.dense.L1", "grad_reduce.dense.L1", "grad_pack.expert.L1",
+                          "grad_reduce.expert.L1", "mb1.L0.recompute", "mb1.L0.bwd", "grad_pack.dense.L0",
+                          "grad_reduce.dense.L0", "grad_pack.expert.L0", "grad_reduce.expert.L0",
+                          "mb1.embedding.bwd", "grad_pack.dense.outer", "grad_reduce.dense.outer", "grad_finish",
+                          "optimizer"}));
+  const model::LayerConfig& l = m.layer;
+  const double h = 32, s = 64, T = 128, V = 100, E = 4, F = 64;
+  // closed forms: dense 4h^2 + 4h + E h, expert E (F h + h F) parameters per layer (ep 1, GeLU), 4 bytes each
+  EXPECT_DOUBLE_EQ(4 * (4 * h * h + 4 * h + E * h), layer_bytes(l, false));
+  EXPECT_DOUBLE_EQ(4 * (E * 2 * F * h), layer_bytes(l, true));
+  std::vector<uint32_t> reduces;
+  for (const StepTask& t : p.tasks) {
+    if (t.op == StepOp::grad_reduce) {
+      reduces.push_back(t.id);
+      EXPECT_EQ(t.lane, Lane::dp);
+      EXPECT_EQ(t.kind, CollKind::all_reduce);
+      ASSERT_EQ(t.deps.size(), 1u);
+      EXPECT_EQ(p.tasks[t.deps[0]].op, StepOp::grad_pack);
+      EXPECT_DOUBLE_EQ(p.tasks[t.deps[0]].bytes, 2 * t.bytes);  // the pack reads and writes the bucket
+      const double want = t.layer < 0 ? 4 * (V * h + s * h + 2 * h)
+                                      : layer_bytes(l, t.bucket == Bucket::expert);
+      EXPECT_DOUBLE_EQ(t.bytes, want) << t.name();
+      EXPECT_EQ(t.group, t.bucket == Bucket::dense ? comm::GroupKind::dp_cp : comm::GroupKind::edp);
+    }
+    if (t.op == StepOp::head) {
+      EXPECT_DOUBLE_EQ(t.gemm_flops, (t.dir == Dir::fwd ? 2 : 4) * T * h * V) << t.name();
+    }
+    if (t.op == StepOp::embedding) {
+      EXPECT_DOUBLE_EQ(t.bytes, (t.dir == Dir::fwd ? 12 : 20) * T * h) << t.name();
+    }
+  }
+  EXPECT_EQ(p.tasks[size_t(p.index_of(StepOp::grad_finish, Dir::bwd, -1, -1))].deps, reduces);
+  const double params = 2 * (4 * h * h + 4 * h + E * h + E * 2 * F * h) + V * h + s * h + 2 * h;
+  EXPECT_DOUBLE_EQ(p.tasks[size_t(p.index_of(StepOp::optimizer, Dir::fwd, -1, -1))].bytes, 28 * params);
+  EXPECT_DOUBLE_EQ(p.collective_bytes(StepOp::grad_reduce), 4 * params);
+}
+
+TEST(StepPlan, ExpertBucketsOverAOneRankGroupAndSequenceParallelGathers) {
+  // ep 2 with dp 2: the expert-data-parallel group has one rank, so the expert buckets are not reduced; tp 2 with
+  // sequence parallelism: the head gets every tp rank's rows (all-gather over tp) and so does the embedding's
+  // backward.
+  const ModelShape m = two_layer_model(/*ep=*/2, /*tp=*/2, true);
+  const StepPlan p = build_step_plan(model_step_config(m, 1));
+  const double T = 128, h = 32;
+  int gathers = 0;
+  for (const StepTask& t : p.tasks) {
+    EXPECT_FALSE(t.op == StepOp::grad_reduce && t.bucket == Bucket::expert) << t.name();
+    if (t.op == StepOp::grad_reduce && t.layer >= 0) {
+      EXPECT_DOUBLE_EQ(t.bytes, layer_bytes(m.layer, false));
+    }
+    if (t.op != StepOp::sp_gather) continue;
+    ++gathers;
+    EXPECT_EQ(t.group, comm::GroupKind::tp);
+    EXPECT_EQ(t.kind, CollKind::all_gather);
+    EXPECT_DOUBLE_EQ(t.bytes, 4 * T / 2 * h);  // this rank's T / tp rows, fp32
+    const StepTask& next = p.tasks[t.id + 1];
+    EXPECT_EQ(next.op, t.dir == Dir::fwd ? StepOp::head : StepOp::embedding);
+    EXPECT_EQ(next.deps, std::vector<uint32_t>{t.id});
+  }
+  EXPECT_EQ(gathers, 2 * 2);
+}
+
+TEST(StepPlan, LayersOnly) {
+  const ModelShape m = two_layer_model(1, 1, false);
+  StepConfig c = model_step_config(m, 1);
+  const StepPlan p = build_layers_step_plan(c.layers, {false, true});
+  EXPECT_EQ(names(p), (std::vector<std::string>{"mb0.L0.fwd", "mb0.L1.fwd", "mb0.L1.recompute", "mb0.L1.bwd",
+                                                "mb0.L0.bwd"}));
+}
