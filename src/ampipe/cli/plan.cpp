@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/host_memory.h"
@@ -21,11 +22,10 @@
 namespace ampipe::cli {
 
 void PlanArgs::add_to(CLI::App& app) {
-  layer.add_to(app);
-  app.add_option("--ampipe-degree", ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
-      ->capture_default_str();
-  app.add_option("--num-layers", num_layers, "layers of the stack, for the planned memory")->capture_default_str();
-  app.add_option("--json", json_file, "also write the tasks, the buffers and the summary as JSON to this file");
+  FlagTargets t;
+  t.layer = &layer;
+  t.plan = this;
+  add_flags(app, kPlan, t);
 }
 
 namespace {

@@ -15,7 +15,8 @@ struct PlanArgs {
   int ampipe_degree = 1;
   int num_layers = 1;
   std::string json_file;
-  void add_to(CLI::App& app);
+  bool step = false;  // --step: print the whole training step's Plan
+  void add_to(CLI::App& app);  // the flags of flag_registry.cpp for plan
 };
 
 int run_plan(PlanArgs& args);
