@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "ampipe/train/adamw.h"
+#include "ampipe/train/checkpoint.h"
+#include "ampipe/train/checkpoint_args.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/train_config.h"
 
@@ -193,6 +195,68 @@ TEST(TrainConfig, PipeExpertsWithNothingToPipelineRunsWithoutItAndSaysSo) {
   EXPECT_EQ(no_drop.drop_idle_pipe_experts(), "");
   EXPECT_TRUE(no_drop.layer.use_pipe_experts);
   EXPECT_THAT(message(no_drop, 1), ::testing::HasSubstr("--use-pipe-experts cannot be used with --moe-no-drop"));
+}
+
+// The configuration's keys (train/train_config.h, config_keys): what a checkpoint records (to_json), the model's
+// shape a resume must match, and what --use-checkpoint-args takes, all from the one table.
+TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
+  const std::set<std::string> recorded = {
+      "num_layers", "seq_length", "micro_batch_size", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+      "num_experts", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
+      "no_use_rts", "noisy_gate_policy", "swiglu", "hidden_dropout", "init_method_std", "seed", "bf16",
+      "expert_model_parallel_size", "use_pipe_experts", "pipe_experts_multi_data",
+      "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "moe_model_type", "ampipe_degree",
+      "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",
+      "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "adam_beta1", "adam_beta2",
+      "adam_eps", "clip_grad", "data_path", "tokenizer_type", "tokenizer_model", "split", "max_position_embeddings"};
+  const train::TrainConfig defaults;
+  const nlohmann::json recorded_json = train::to_json(defaults);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : recorded_json.items()) keys.insert(k);
+  EXPECT_EQ(keys, recorded);
+  EXPECT_EQ(train::model_arg_keys(),
+            (std::vector<std::string>{"num_layers", "seq_length", "hidden_size", "ffn_hidden_size",
+                                      "num_attention_heads", "num_experts", "swiglu",
+                                      "untie_embeddings_and_output_weights"}));
+  // Every key the ranks compare includes every recorded one, and each key is written once.
+  const nlohmann::json agree = train::train_config_json(defaults, train::kKeyAgree);
+  std::set<std::string> seen;
+  for (const train::ConfigKey& k : train::config_keys()) {
+    EXPECT_TRUE(seen.insert(k.key).second) << k.key;
+    EXPECT_TRUE(agree.contains(k.key)) << k.key;
+    if (k.model != train::ModelArg::none) {
+      EXPECT_NE(k.set, nullptr) << k.key;
+    }
+  }
+  // --use-checkpoint-args takes the shape and the router's top-k from a checkpoint's config, in that order.
+  train::TrainConfig c;
+  c.layer.hidden_size = 128;
+  c.layer.moe_router_topk = 2;
+  c.layer.expert = model::ExpertKind::gelu;
+  nlohmann::json ckpt = train::to_json(c);
+  ckpt["hidden_size"] = 64;
+  ckpt["swiglu"] = true;
+  ckpt["moe_router_topk"] = 1;
+  ckpt["lr"] = 0.5;  // not a model argument: stays this run's
+  EXPECT_EQ(train::apply_checkpoint_model_args(c, ckpt),
+            (std::vector<std::string>{"--hidden-size 128 -> 64", "--swiglu false -> true", "--moe-router-topk 2 -> 1"}));
+  EXPECT_EQ(c.layer.hidden_size, 64);
+  EXPECT_EQ(c.layer.expert, model::ExpertKind::swiglu);
+  EXPECT_EQ(c.layer.moe_router_topk, 1);
+  EXPECT_EQ(c.lr, defaults.lr);
+}
+
+// The checkpoint marker has one parser (read_checkpoint_info and load_checkpoint agree on its bound).
+TEST(TrainConfig, LatestMarkerIsAnIterationUpToTheBound) {
+  EXPECT_EQ(train::parse_latest_marker("12\n"), 12);
+  EXPECT_EQ(train::parse_latest_marker("0"), 0);
+  EXPECT_EQ(train::parse_latest_marker(std::to_string(train::kMaxCheckpointIteration)),
+            train::kMaxCheckpointIteration);
+  EXPECT_EQ(train::parse_latest_marker(std::to_string(train::kMaxCheckpointIteration + 1)), -1);
+  EXPECT_EQ(train::parse_latest_marker("-1"), -1);
+  EXPECT_EQ(train::parse_latest_marker("12 x"), -1);
+  EXPECT_EQ(train::parse_latest_marker(""), -1);
+  EXPECT_EQ(train::parse_latest_marker("99999999999999999999999"), -1);
 }
 
 TEST(LearningRate, WarmupThenCosineToMinLr) {

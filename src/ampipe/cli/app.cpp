@@ -63,18 +63,9 @@ int main(int argc, char** argv) {
       "preprocess", "train a SentencePiece model on a text (or take one) and write its token file for --data-path");
   pp.add_to(*pp_cmd);
 
-  // Path options: an empty path is an error, not "no file" (`--save ""` used to write nothing and exit 0).
-  const CLI::Validator non_empty(
-      [](std::string& v) { return v.empty() ? std::string("an empty path is not a file or directory") : std::string(); },
-      "PATH");
+  // Every flag, its help group and whether it is a path (an empty one is refused) come from flag_registry.cpp.
   for (CLI::App* sub : app.get_subcommands({}))
-    for (const char* flag : {"--save", "--load", "--data-path", "--trace", "--export", "--json", "--out",
-                             "--sim-profile", "--profile", "--config", "--tokenizer-model", "--tensorboard-dir", "--input", "--output-prefix"})
-      if (CLI::Option* o = sub->get_option_no_throw(flag)) o->check(non_empty);
-  for (CLI::App* sub : app.get_subcommands({})) {
-    group_flags(*sub);
     sub->allow_extras();  // an unknown flag is reported below, with the closest known one
-  }
   // A long flag with one dash (`-hidden-size 32`) would be read as a cluster of short flags (-h: help, exit 0).
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

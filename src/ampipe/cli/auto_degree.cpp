@@ -8,6 +8,7 @@
 #include "ampipe/core/error.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/sim/simulator.h"
+#include "ampipe/train/train_config.h"
 
 namespace ampipe::cli {
 
@@ -51,7 +52,7 @@ DegreeChoice choose_degree(const model::LayerConfig& cfg, int num_layers, const 
     std::string why;
     model::LayerConfig c = cfg;
     try {
-      if (!c.check_pipe_experts(M).empty()) c.use_pipe_experts = false;
+      train::drop_idle_pipe_experts(c, {M});
       why = valid ? valid(M) : "";
     } catch (const ConfigError& e) {
       why = e.what();

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampipe/cli/auto_degree.h"
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
@@ -36,43 +37,17 @@
 #include "ampipe/model/size_check.h"
 #include "ampipe/schedule/layer_stack.h"
 #include "ampipe/sim/simulator.h"
+#include "ampipe/train/train_config.h"
 
 namespace ampipe::cli {
 
-namespace {
-// --poll-us: the communication engine's sleep after a pass that completed nothing (comm::Runtime::set_poll_interval;
-// < 0 keeps the runtime's default). Kept here, not in BenchLayerArgs, so that only this file changes.
-int64_t g_poll_us = -1;
-}  // namespace
-
 void BenchLayerArgs::add_to(CLI::App& app) {
-  layer.add_to(app);
-  comm.add_to(app);
-  memory.add_to(app);
-  app.add_option("--ampipe-degree", degree_text,
-                 "AMPipe degrees to compare, e.g. 1,2,4,8 (default 1,2,4), or auto: the degree the simulator predicts "
-                 "fastest (on --sim-profile, else a self-calibration), run next to degree 1")
-      ->capture_default_str();
-  app.add_option("--sim-profile", sim_profile,
-                 "hardware profile (ampipe calibrate): for --ampipe-degree auto, and to print the simulator's "
-                 "predicted step next to every measured one");
-  app.add_option("--pipe-experts-sweep", pipe_experts_sweep,
-                 "pipe-experts slice counts N to compare, crossed with --ampipe-degree (0 = without pipe-experts), "
-                 "e.g. 0,1,2,4; combinations the pipe-experts rules refuse are skipped and listed")
-      ->delimiter(',');
-  app.add_option("--tp-overlap-sweep", tp_overlap_sweep,
-                 "comma list of 0/1: run every degree without and/or with --ampipe-tp-sp-comm-overlap (tp > 1; "
-                 "degree 1 runs without it)")
-      ->delimiter(',');
-  app.add_option("--num-layers", num_layers, "layers per step")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed repetitions per degree")->capture_default_str();
-  app.add_option("--iters", iters, "timed repetitions per degree")->capture_default_str();
-  app.add_option("--json", json_file, "also write the results as JSON to this file");
-  app.add_option("--trace", trace_file,
-                 "Chrome trace of the last repetition of every degree (each step also gets a 'bench.step degree=M' "
-                 "record, cat 'step', on the compute lane)");
-  app.add_option("--poll-us", g_poll_us,
-                 "engine sleep in microseconds after a polling pass that completed nothing (default: runtime's, 100)");
+  FlagTargets t;
+  t.layer = &layer;
+  t.comm = &comm;
+  t.memory = &memory;
+  t.bench = this;
+  add_flags(app, kBenchLayer, t);
 }
 
 namespace {
@@ -183,10 +158,11 @@ int run_bench_layer(BenchLayerArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
   a.comm.apply();
-  if (g_poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(g_poll_us));
-  const bool auto_degree = a.degree_text == "auto";
+  if (a.poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(a.poll_us));
+  const Degrees given = parse_degree(a.degree_text, Grammar::degree_list);
+  const bool auto_degree = given.is_auto;
   // With auto the choice is made once the groups exist (it may calibrate); degree 1 runs next to it.
-  a.degrees = auto_degree ? std::vector<int>{1} : parse_degree_list(a.degree_text);
+  a.degrees = auto_degree ? std::vector<int>{1} : given.list;
   for (int M : a.degrees) {
     if (M < 1 || cfg.seq_length % M != 0)
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
@@ -261,7 +237,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       c.use_pipe_experts = N > 0;
       c.pipe_experts_multi_data = std::max(N, 1);
       try {
-        if (!c.check_pipe_experts(M).empty()) {
+        if (!train::drop_idle_pipe_experts(c, {M}).empty()) {
           skipped.push_back(fmt::format("degree {} N {}: nothing to pipeline", M, N));
           continue;
         }

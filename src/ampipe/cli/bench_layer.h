@@ -24,7 +24,8 @@ struct BenchLayerArgs {
   int iters = 5;
   std::string json_file;
   std::string trace_file;
-  void add_to(CLI::App& app);
+  int64_t poll_us = -1;  // --poll-us: the engine's sleep after an idle pass (Runtime::set_poll_interval); < 0: default
+  void add_to(CLI::App& app);  // the flags of flag_registry.cpp for bench-layer
 };
 
 int run_bench_layer(BenchLayerArgs& args);

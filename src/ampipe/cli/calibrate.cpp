@@ -47,6 +47,7 @@
 #include <fstream>
 #include <functional>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/cli/simulate.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
@@ -62,8 +63,9 @@
 namespace ampipe::cli {
 
 void CalibrateArgs::add_to(CLI::App& app) {
-  app.add_option("--out", out_file, "profile JSON file to write (for ampipe simulate --profile)")->required();
-  app.add_option("--name", name, "profile name (default: \"calibrated: <CPU model>, <host>\")");
+  FlagTargets t;
+  t.calibrate = this;
+  add_flags(app, kCalibrate, t);
 }
 
 namespace {

@@ -14,7 +14,7 @@ namespace ampipe::cli {
 struct CalibrateArgs {
   std::string out_file;
   std::string name;
-  void add_to(CLI::App& app);
+  void add_to(CLI::App& app);  // the flags of flag_registry.cpp for calibrate
 };
 
 int run_calibrate(CalibrateArgs& args);

@@ -1,59 +1,14 @@
 #include "ampipe/cli/flag_help.h"
 
 #include <algorithm>
-#include <map>
 #include <sstream>
 #include <vector>
+
+#include "ampipe/cli/flag_registry.h"
 
 namespace ampipe::cli {
 
 namespace {
-
-constexpr const char* kModel = "Model";
-constexpr const char* kMoe = "MoE and AMPipe";
-constexpr const char* kParallel = "Parallelism";
-constexpr const char* kTraining = "Training";
-constexpr const char* kLr = "Learning rate";
-constexpr const char* kCheckpoint = "Checkpointing";
-constexpr const char* kData = "Data and evaluation";
-constexpr const char* kLogging = "Logging and output";
-constexpr const char* kRefused = "Megatron flags this engine refuses (each says why)";
-constexpr const char* kNotRun = "MindSpeed features parsed but refused (not run by this engine; with --ampipe-degree > 1 "
-                                "also incompatible)";
-
-const std::map<std::string, const char*>& group_of() {
-  static const std::map<std::string, const char*> m = [] {
-    std::map<std::string, const char*> g;
-    auto put = [&](const char* group, std::initializer_list<const char*> flags) {
-      for (const char* f : flags) g[f] = group;
-    };
-    put(kModel, {"--num-layers", "--seq-length", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
-                 "--swiglu", "--hidden-dropout", "--attention-dropout", "--init-method-std",
-                 "--untie-embeddings-and-output-weights", "--max-position-embeddings", "--use-flash-attn", "--bf16",
-                 "--seed", "--vocab-size"});
-    put(kMoe, {"--num-experts", "--moe-router-topk", "--moe-train-capacity-factor", "--moe-min-capacity",
-               "--moe-no-drop", "--no-use-rts", "--noisy-gate-policy", "--moe-aux-loss-coeff", "--moe-model-type",
-               "--ampipe-degree", "--sim-profile", "--use-pipe-experts", "--pipe-experts-multi-stream",
-               "--pipe-experts-multi-data"});
-    put(kParallel, {"--expert-model-parallel-size", "--tensor-model-parallel-size", "--context-parallel-size",
-                    "--context-parallel-algo", "--sequence-parallel", "--ampipe-tp-sp-comm-overlap",
-                    "--distributed-backend", "--check-collectives", "--comm-timeout", "--world-size", "--nodes"});
-    put(kTraining, {"--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-                    "--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples",
-                    "--exit-interval", "--exit-signal-handler", "--skip-train", "--weight-decay", "--adam-beta1", "--adam-beta2",
-                    "--adam-eps", "--clip-grad", "--config"});
-    put(kLr, {"--lr", "--min-lr", "--lr-warmup-iters", "--lr-decay-style", "--lr-decay-iters"});
-    put(kCheckpoint, {"--save", "--load", "--save-interval", "--no-load-optim", "--finetune", "--use-checkpoint-args"});
-    put(kData, {"--data-path", "--tokenizer-type", "--tokenizer-model", "--input", "--output-prefix", "--split", "--valid-fraction", "--eval-interval", "--eval-iters"});
-    put(kLogging, {"--log-interval", "--trace", "--loss-plot", "--trace-iteration", "--json", "--tensorboard-dir",
-                   "--tensorboard-log-interval", "--moe-per-layer-logging"});
-    put(kNotRun, {"--use-ascend-mc2", "--overlap-grad-reduce", "--overlap-param-gather", "--use-nanopipe",
-                  "--recompute-in-bubble", "--recompute-in-advance", "--adaptive-recompute-device-swap",
-                  "--adaptive-recompute-device-size", "--adaptive-memory-optimization", "--add-bias-linear"});
-    return g;
-  }();
-  return m;
-}
 
 class GroupedFormatter : public CLI::Formatter {
  public:
@@ -70,8 +25,7 @@ class GroupedFormatter : public CLI::Formatter {
  private:
   std::string ordered_groups(const CLI::App* app, CLI::AppFormatMode mode) const {
     std::vector<std::string> groups = app->get_groups();
-    static const std::vector<std::string> order = {"Options",   kModel, kMoe,  kParallel, kTraining, kLr,
-                                                   kCheckpoint, kData,  kLogging, kNotRun, kRefused};
+    const std::vector<std::string>& order = help_group_order();
     auto rank = [&](const std::string& g) {
       const auto it = std::find(order.begin(), order.end(), g);
       return it == order.end() ? order.size() : size_t(it - order.begin());
@@ -95,8 +49,7 @@ class GroupedFormatter : public CLI::Formatter {
 void group_flags(CLI::App& sub) {
   for (CLI::Option* o : sub.get_options()) {
     if (o->get_lnames().empty()) continue;
-    const auto it = group_of().find("--" + o->get_lnames().front());
-    if (it != group_of().end()) o->group(it->second);
+    if (const char* group = flag_group("--" + o->get_lnames().front())) o->group(group);
   }
 }
 

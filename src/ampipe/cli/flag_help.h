@@ -9,7 +9,8 @@
 
 namespace ampipe::cli {
 
-// Puts every known flag of `sub` into its group (a flag it does not know stays where it is).
+// Puts every known flag of `sub` into its group of the registry (flag_registry.h; a flag it does not know stays
+// where it is). add_flags sets the groups itself; this is for options made elsewhere.
 void group_flags(CLI::App& sub);
 // A help formatter that prints the groups in the order above.
 std::shared_ptr<CLI::Formatter> grouped_formatter();

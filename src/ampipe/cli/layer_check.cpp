@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
@@ -37,15 +38,12 @@
 namespace ampipe::cli {
 
 void LayerCheckArgs::add_to(CLI::App& app) {
-  layer.add_to(app);
-  comm.add_to(app);
-  memory.add_to(app);
-  app.add_option("--ampipe-degree", ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
-      ->capture_default_str();
-  app.add_option("--global-batch-size", global_batch_size,
-                 "sequences in the global batch (default: micro-batch size x data-parallel ranks)");
-  app.add_option("--export", export_dir, "write params/inputs/outputs/grads safetensors into this directory");
-  app.add_option("--trace", trace_file, "write a Chrome trace (Perfetto) of the step to this file");
+  FlagTargets t;
+  t.layer = &layer;
+  t.comm = &comm;
+  t.memory = &memory;
+  t.layer_check = this;
+  add_flags(app, kLayerCheck, t);
 }
 
 namespace {

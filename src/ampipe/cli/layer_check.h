@@ -17,7 +17,7 @@ struct LayerCheckArgs {
   int64_t global_batch_size = 0;
   std::string export_dir;
   std::string trace_file;
-  void add_to(CLI::App& app);
+  void add_to(CLI::App& app);  // the flags of flag_registry.cpp for layer-check
 };
 
 int run_layer_check(LayerCheckArgs& args);

@@ -1,4 +1,5 @@
 // Flags that describe one MoE layer (Megatron / MindSpeed names), shared by layer-check, bench-layer, plan and train.
+// The flags themselves (names, help, defaults' display) are declared in flag_registry.cpp; these are their fields.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,7 +20,6 @@ struct LayerFlags {
   double moe_aux_loss_coeff = 0.01;
   std::vector<std::string> notices;  // said once at start-up by rank 0 (flags that are accepted but adjusted)
 
-  void add_to(CLI::App& app);
   // Converts the parsed strings and validates (throws ConfigError naming the flag).
   model::LayerConfig finish();
   // After the subcommand's own checks of its AMPipe degrees: the pipe-experts rules for every degree it runs
@@ -30,12 +30,11 @@ struct LayerFlags {
   // divisible by --ampipe-degree M").
   // Also the size of the Plans of a stack of `num_layers` layers (model::check_plan_size).
   static void check_degree(const model::LayerConfig& c, int M, int64_t num_layers = 1);
-  // The layer flags as JSON (the "config" object of bench-layer's and plan's --json).
+  // The layer flags as JSON (the "config" object of bench-layer's and plan's --json): the train::config_keys() with
+  // train::kKeyLayer.
   nlohmann::json to_json(const model::LayerConfig& c) const;
 };
 
-// --ampipe-degree as a comma list of positive integers (duplicates dropped, order kept); ConfigError otherwise.
-std::vector<int> parse_degree_list(const std::string& text);
 // The degrees of `candidates` that divide the sequence length s (what `auto` considers).
 std::vector<int> auto_degree_candidates(int64_t s, const std::vector<int>& candidates);
 
@@ -55,7 +54,6 @@ struct CommFlags {
   // A wait longer than this is a timeout whatever --comm-timeout says (a week: the deadline arithmetic of the
   // steady clock stays far from overflow).
   static constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
-  void add_to(CLI::App& app);
   // Checks --comm-timeout (finite, > 0; values above kMaxTimeoutS are clamped to it) and sets both on the runtime.
   void apply() const;
 };

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <deque>
 #include <string>
-#include <vector>
+
+#include "ampipe/cli/flag_registry.h"
 
 namespace ampipe::cli {
 
@@ -16,24 +18,18 @@ struct RefusedFlags {
   static constexpr const char* kTokenizerReason =
       "this engine reads plain text byte by byte (V = 256), pre-tokenized llm.c token files (--data-path), or "
       "SentencePiece models (--tokenizer-type SentencePieceTokenizer --tokenizer-model FILE; ampipe preprocess)";
+  // The flags, their reasons and the values they accept are the registry's (flag_registry.cpp, refused());
+  // add_flags puts one Entry here for each flag the subcommand takes.
   struct Entry {
-    const char* flag = nullptr;
-    const char* accepted = nullptr;  // the one value accepted (nullptr: none)
-    const char* reason = nullptr;
-    std::string value;     // as parsed
-    bool is_switch = false;
-    bool on = false;       // for switches
+    const FlagSpec* spec = nullptr;
+    std::string value;  // as parsed
+    bool on = false;    // for switches
     CLI::Option* opt = nullptr;
   };
-  std::vector<Entry> entries;
+  std::deque<Entry> entries;  // the options hold references into it: a deque keeps them when it grows
 
-  // Adds every refused flag to `app` in the option group `group`.
-  void add_to(CLI::App& app, const std::string& group);
   // Throws ConfigError for the first refused flag given (on the command line or by --config).
   void check() const;
-  // Takes `flag` off `app` and out of check(), for a command that gives it a meaning of its own (`ampipe simulate`
-  // costs --position-embedding-type rope, which `train` refuses).
-  void release(CLI::App& app, const std::string& flag);
 };
 
 }  // namespace ampipe::cli

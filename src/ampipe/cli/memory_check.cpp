@@ -10,13 +10,6 @@
 
 namespace ampipe::cli {
 
-void MemoryFlags::add_to(CLI::App& app) {
-  app.add_option("--memory-limit", memory_limit,
-                 "peak memory this rank may use, e.g. 8G or 512M (binary suffixes); default: the host's available "
-                 "memory (MemAvailable or the cgroup limit, shared by the ranks on the host); 0: no check")
-      ->capture_default_str();
-}
-
 int64_t MemoryFlags::limit_bytes() const {
   if (memory_limit == "auto") return -1;
   return core::parse_bytes("--memory-limit", memory_limit);

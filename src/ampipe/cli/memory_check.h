@@ -13,7 +13,6 @@ namespace ampipe::cli {
 
 struct MemoryFlags {
   std::string memory_limit = "auto";  // auto: the host's available memory; 0: no check; else a byte count ("8G")
-  void add_to(CLI::App& app);
   // -1: the host's available memory; 0: no check; > 0: the limit in bytes. Throws ConfigError for bad text.
   int64_t limit_bytes() const;
 };

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/host_memory.h"
@@ -23,18 +24,10 @@
 namespace ampipe::cli {
 
 void PlanArgs::add_to(CLI::App& app) {
-  layer.add_to(app);
-  app.add_option("--ampipe-degree", ampipe_degree, "AMPipe degree M: chunks the sequence is cut into")
-      ->capture_default_str();
-  app.add_option("--num-layers", num_layers, "layers of the stack, for the planned memory")->capture_default_str();
-  app.add_option("--json", json_file, "also write the tasks, the buffers and the summary as JSON to this file");
-  app.add_flag("--step", step, "print the whole training step's Plan (every micro-batch's layers, embedding, head, "
-                               "the gradient buckets, the optimizer) instead of one layer's");
-  app.add_option("--global-batch-size", global_batch_size,
-                 "with --step: sequences per iteration (default: one micro-batch per data-parallel rank)");
-  app.add_option("--world-size", world_size, "with --step: devices (data-parallel size = world / (tp x cp))")
-      ->capture_default_str();
-  app.add_option("--vocab-size", vocab_size, "with --step: vocabulary of the LM head")->capture_default_str();
+  FlagTargets t;
+  t.layer = &layer;
+  t.plan = this;
+  add_flags(app, kPlan, t);
 }
 
 namespace {
@@ -283,12 +276,18 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
              "V={} | {} step tasks\n\n",
              a.num_layers, a.num_layers == 1 ? "" : "s", m.micro_batches, m.micro_batches == 1 ? "" : "es", G, m.dp,
              a.ampipe_degree, a.vocab_size, p.tasks.size());
-  size_t wname = 4;
-  for (const schedule::StepTask& t : p.tasks) wname = std::max(wname, t.name().size());
-  fmt::print("{:>4}  {:<{}}  {:<7}  {:<8}  {}\n", "id", "task", wname, "lane", "deps", "work");
-  for (const schedule::StepTask& t : p.tasks) {
+  auto deps_of = [](const schedule::StepTask& t) {
     std::string deps;
     for (uint32_t d : t.deps) deps += (deps.empty() ? "" : ",") + std::to_string(d);
+    return deps.empty() ? std::string("-") : deps;
+  };
+  size_t wname = 4, wdeps = 4;
+  for (const schedule::StepTask& t : p.tasks) {
+    wname = std::max(wname, t.name().size());
+    wdeps = std::max(wdeps, deps_of(t).size());
+  }
+  fmt::print("{:>4}  {:<{}}  {:<7}  {:<{}}  {}\n", "id", "task", wname, "lane", "deps", wdeps, "work");
+  for (const schedule::StepTask& t : p.tasks) {
     std::string work;
     if (t.is_layer()) {
       double f = 0;
@@ -306,8 +305,8 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
     else
       work = t.gemm_flops > 0 ? fmt::format("{} GEMM, {} element-wise", si(t.gemm_flops, "F"), core::format_bytes(t.bytes))
                               : fmt::format("{} element-wise", core::format_bytes(t.bytes));
-    fmt::print("{:>4}  {:<{}}  {:<7}  {:<8}  {}\n", t.id, t.name(), wname, comm::lane_name(t.lane),
-               deps.empty() ? "-" : deps, work);
+    fmt::print("{:>4}  {:<{}}  {:<7}  {:<{}}  {}\n", t.id, t.name(), wname, comm::lane_name(t.lane), deps_of(t),
+               wdeps, work);
   }
   fmt::print("\ngradient buckets: {} all-reduce{} on the dp lane, {} in all; each layer's issued right after its "
              "backward in the last micro-batch (docs/plan.md, \"The step Plan\")\n",

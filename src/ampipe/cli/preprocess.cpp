@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/text_data.h"
@@ -14,24 +15,14 @@
 namespace ampipe::cli {
 
 namespace {
-// The smallest vocabulary a trained model can have: its 256 byte pieces, <unk>, <s>, </s> and at least one more.
-constexpr int64_t kMinVocab = 260;
+constexpr int64_t kMinVocab = PreprocessArgs::kMinVocab;
 }  // namespace
 
 void PreprocessArgs::add_to(CLI::App& a) {
   app = &a;
-  a.add_option("--input", input, "plain-text file to tokenize (UTF-8)")->required();
-  a.add_option("--output-prefix", output_prefix,
-               "writes PREFIX.bin (llm.c token file for train --data-path); without --tokenizer-model also "
-               "PREFIX.model and PREFIX.vocab")
-      ->required();
-  a.add_option("--tokenizer-model", tokenizer_model, "a SentencePiece model to tokenize with (default: train one)");
-  a.add_option("--vocab-size", vocab_size,
-               fmt::format("pieces of the SentencePiece model trained on --input, in [{}, {}]", kMinVocab,
-                           train::kTokenFileMaxVocab))
-      ->capture_default_str();
-  a.add_flag("--check-roundtrip", check_roundtrip, "decode the ids again and fail unless the text comes back exactly")
-      ->group("");  // hidden: for the tests
+  FlagTargets t;
+  t.preprocess = this;
+  add_flags(a, kPreprocess, t);
 }
 
 int run_preprocess(PreprocessArgs& args) {

@@ -12,11 +12,13 @@
 namespace ampipe::cli {
 
 struct PreprocessArgs {
+  // The smallest vocabulary a trained model can have: its 256 byte pieces, <unk>, <s>, </s> and at least one more.
+  static constexpr int64_t kMinVocab = 260;
   std::string input, output_prefix, tokenizer_model;
   int64_t vocab_size = 8000;
   bool check_roundtrip = false;
   CLI::App* app = nullptr;
-  void add_to(CLI::App& app);
+  void add_to(CLI::App& app);  // the flags of flag_registry.cpp for preprocess
 };
 
 int run_preprocess(PreprocessArgs& args);

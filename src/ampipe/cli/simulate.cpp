@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/schedule/model_step.h"
@@ -67,33 +68,12 @@ void check_output_path(const std::string& flag, const std::string& path) {
 }
 
 void SimulateArgs::add_to(CLI::App& app) {
-  train.add_to(app);
-  // train refuses rope (its model has learned positions only); simulate costs it, for Megatron's launch scripts
-  train.refused.release(app, "--position-embedding-type");
-  app.add_option("--position-embedding-type", position_embedding,
-                 "learned_absolute (the engine's: s x h parameters, reduced with the dense gradients) or rope "
-                 "(Megatron's rotary embeddings: no parameters, an element-wise rotation of q and k per layer)")
-      ->capture_default_str();
-  // The train flag --ampipe-degree takes one degree; here it takes a list (--config's "ampipe_degree" still works).
-  app.remove_option(app.get_option("--ampipe-degree"));
-  app.add_option("--ampipe-degree", degrees,
-                 "AMPipe degrees to predict: a comma list (1,2,4,8) or auto (every degree of 1,2,4,8,16 dividing "
-                 "--seq-length); the fastest is chosen")
-      ->capture_default_str();
-  app.get_option("--trace")->description("write the predicted timeline of the chosen degree (one micro-batch and the "
-                                         "gradient all-reduce) as a Chrome trace to this file");
-  app.add_option("--profile", profile_file, "hardware profile JSON (ampipe calibrate, or profiles/*.json)")
-      ->required();
-  app.add_option("--compute-efficiency", compute_efficiency,
-                 "a factor on every compute rate of the profile (GEMM, attention, element-wise): one constant for "
-                 "what the profile does not capture, e.g. set from one measured configuration (docs/simulator.md §8)")
-      ->capture_default_str();
-  app.add_option("--world-size", world_size, "devices to simulate (default: the MPI world size)");
-  app.add_option("--nodes", nodes,
-                 "nodes the devices sit on (default: world size / the profile's devices_per_node, at least 1)");
-  app.add_option("--vocab-size", vocab_size,
-                 "vocabulary V for the LM head and Megatron's count (default 256: the bundled corpus's bytes)");
-  app.add_option("--json", json_file, "also write the predictions as JSON to this file");
+  // Every flag of `ampipe train` except its --ampipe-degree (one degree or auto; here a list or auto, and
+  // --config's "ampipe_degree" sets this one), its --sim-profile and its refusal of --position-embedding-type
+  // (simulate costs rope); then simulate's own (flag_registry.cpp).
+  FlagTargets t;
+  t.simulate = this;
+  train.add_to(app, kSimulate, t);
 }
 
 namespace {
@@ -368,8 +348,9 @@ int run_simulate(SimulateArgs& a) {
     base.layer.ampipe_tp_sp_comm_overlap = false;  // needs a degree > 1: checked per degree below
     base.validate(W);
   }
-  const std::vector<int> degrees = a.degrees == "auto" ? auto_degree_candidates(cfg.layer.seq_length, {1, 2, 4, 8, 16})
-                                                        : parse_degree_list(a.degrees);
+  const Degrees given = parse_degree(a.degrees, Grammar::degree_list);
+  const std::vector<int> degrees =
+      given.is_auto ? auto_degree_candidates(cfg.layer.seq_length, {1, 2, 4, 8, 16}) : given.list;
   std::vector<int> valid;
   std::vector<std::string> skipped;  // "degree M: reason"
   for (int M : degrees) {

@@ -11,7 +11,7 @@
 namespace ampipe::cli {
 
 struct SimulateArgs {
-  TrainFlags train;             // every flag of `ampipe train` (its --ampipe-degree is replaced, see add_to)
+  TrainFlags train;             // the flags of `ampipe train` (its --ampipe-degree and --sim-profile: see add_to)
   std::string degrees = "auto"; // --ampipe-degree LIST|auto
   int world_size = 0;           // 0: the MPI world size
   int nodes = 0;                // 0: world size / the profile's devices_per_node (at least 1)

@@ -126,8 +126,7 @@ int run_train(TrainFlags& flags) {
       return std::string();
     });
     cfg.ampipe_degree = choice.degree;
-    if (cfg.layer.use_pipe_experts && !cfg.layer.check_pipe_experts(choice.degree).empty())
-      cfg.layer.use_pipe_experts = false;
+    train::drop_idle_pipe_experts(cfg.layer, {choice.degree});  // validate accepted the degree
     cfg.validate(world);
     if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
   }

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "ampipe/cli/flag_registry.h"
 #include "ampipe/cli/layer_flags.h"
 #include "ampipe/cli/memory_check.h"
 #include "ampipe/cli/megatron_flags.h"
@@ -20,7 +21,7 @@ struct TrainFlags {
   MemoryFlags memory;  // --memory-limit
   train::TrainConfig cfg;
   std::string config_file;
-  std::string ampipe_degree;  // --ampipe-degree as given: an integer, or `auto`
+  std::string ampipe_degree = "1";  // --ampipe-degree as given: an integer, or `auto`
   bool auto_degree = false;   // --ampipe-degree auto: run_train asks the simulator (auto_degree.h)
   std::string sim_profile;    // --sim-profile FILE for it
   bool recompute_activations = false;  // Megatron's --recompute-activations: --recompute-granularity selective
@@ -28,8 +29,11 @@ struct TrainFlags {
   int64_t tensorboard_log_interval = 0;  // Megatron's flag: accepted; --log-interval governs TensorBoard (a note)
   bool exit_signal_handler = true;  // Megatron's --exit-signal-handler: accepted; this engine always does it
   CLI::App* app = nullptr;
+  Sub sub = kTrain;  // the subcommand whose flags these are (simulate takes train's)
 
-  void add_to(CLI::App& app);
+  // The flags of `sub` (flag_registry.cpp); `extra`: the targets of that subcommand's own flags.
+  void add_to(CLI::App& app, Sub sub = kTrain, FlagTargets extra = {});
+  FlagTargets targets(FlagTargets extra = {});
   // Applies --config (options not given on the command line), converts the layer flags. Validation of the whole
   // configuration is TrainConfig::validate. Throws ConfigError naming the flag or file.
   train::TrainConfig finish();

@@ -12,6 +12,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/safetensors.h"
+#include "ampipe/train/checkpoint_args.h"
 
 namespace ampipe::train {
 
@@ -216,15 +217,8 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   if (!fs::exists(marker, ec))
     throw ConfigError(fmt::format("--load {}: no checkpoint there ({} is missing)", dir, kLatestMarker));
   const std::string mtext = read_text(marker, kLatestMarker);
-  int64_t iteration = -1;
-  try {
-    size_t pos = 0;
-    iteration = std::stoll(mtext, &pos);
-    if (mtext.find_first_not_of(" \n\r\t", pos) != std::string::npos || iteration < 0) iteration = -1;
-  } catch (const std::exception&) {
-    iteration = -1;
-  }
-  if (iteration < 0 || iteration > kMaxCheckpointIteration)
+  const int64_t iteration = parse_latest_marker(mtext);
+  if (iteration < 0)
     throw ConfigError(fmt::format("--load {}: {} is corrupt (expected an iteration number in [0, {}])", marker,
                                   kLatestMarker, kMaxCheckpointIteration));
   const std::string sub = dir + "/" + checkpoint_subdir(iteration);
@@ -273,8 +267,7 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   const nlohmann::json mine = to_json(cfg);
   const nlohmann::json theirs =
       mj.contains("config") && mj["config"].is_object() ? mj["config"] : nlohmann::json::object();
-  for (const char* key : {"num_layers", "seq_length", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                          "num_experts", "swiglu", "untie_embeddings_and_output_weights"}) {
+  for (const std::string& key : model_arg_keys()) {
     if (!theirs.contains(key) || theirs[key] != mine[key]) {
       std::string flag = std::string("--") + key;
       for (char& c : flag)

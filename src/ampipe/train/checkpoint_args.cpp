@@ -44,15 +44,10 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool 
   const std::optional<std::string> mtext = read_file(marker);
   if (!mtext) return fail(fmt::format("--load {}: no checkpoint there ({} is missing)", dir, kLatestMarker));
   CheckpointInfo info;
-  try {
-    size_t used = 0;
-    info.iteration = std::stoll(*mtext, &used);
-    if (info.iteration < 0 || mtext->find_first_not_of(" \n\r\t", used) != std::string::npos) info.iteration = -1;
-  } catch (const std::exception&) {
-    info.iteration = -1;
-  }
+  info.iteration = parse_latest_marker(*mtext);
   if (info.iteration < 0)
-    return fail(fmt::format("--load {}: {} is corrupt (expected an iteration number)", marker, kLatestMarker));
+    return fail(fmt::format("--load {}: {} is corrupt (expected an iteration number in [0, {}])", marker,
+                            kLatestMarker, kMaxCheckpointIteration));
   const std::string meta = dir + "/" + checkpoint_subdir(info.iteration) + "/metadata.json";
   const std::optional<std::string> mj = read_file(meta);
   if (!mj)
@@ -67,40 +62,44 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool 
   return info;
 }
 
+int64_t parse_latest_marker(const std::string& text) {
+  int64_t iteration = -1;
+  try {
+    size_t used = 0;
+    iteration = std::stoll(text, &used);
+    if (text.find_first_not_of(" \n\r\t", used) != std::string::npos) iteration = -1;
+  } catch (const std::exception&) {
+    iteration = -1;
+  }
+  return iteration < 0 || iteration > kMaxCheckpointIteration ? -1 : iteration;
+}
+
 const std::vector<std::string>& model_arg_keys() {
-  static const std::vector<std::string> keys = {"num_layers",      "seq_length",          "hidden_size",
-                                                "ffn_hidden_size", "num_attention_heads", "num_experts",
-                                                "swiglu",          "untie_embeddings_and_output_weights"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const ConfigKey& c : config_keys())
+      if (c.model == ModelArg::shape) k.push_back(c.key);
+    return k;
+  }();
   return keys;
 }
 
 std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohmann::json& ckpt) {
   std::vector<std::string> changed;
   const nlohmann::json mine = to_json(c);
-  std::vector<std::string> keys = model_arg_keys();
-  keys.push_back("moe_router_topk");
-  keys.push_back("max_position_embeddings");
-  model::LayerConfig& l = c.layer;
-  for (const std::string& k : keys) {
-    if (!ckpt.contains(k) || ckpt[k] == mine[k]) continue;
-    const nlohmann::json& v = ckpt[k];
-    try {
-      if (k == "num_layers") c.num_layers = v.get<int>();
-      else if (k == "seq_length") l.seq_length = v.get<int64_t>();
-      else if (k == "hidden_size") l.hidden_size = v.get<int64_t>();
-      else if (k == "ffn_hidden_size") l.ffn_hidden_size = v.get<int64_t>();
-      else if (k == "num_attention_heads") l.num_attention_heads = v.get<int64_t>();
-      else if (k == "num_experts") l.num_experts = v.get<int64_t>();
-      else if (k == "moe_router_topk") l.moe_router_topk = v.get<int>();
-      else if (k == "swiglu") l.expert = v.get<bool>() ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
-      else if (k == "untie_embeddings_and_output_weights") c.untie_embeddings_and_output_weights = v.get<bool>();
-      else if (k == "max_position_embeddings") c.max_position_embeddings = v.get<int64_t>();
-    } catch (const nlohmann::json::exception&) {
-      throw ConfigError(fmt::format("--use-checkpoint-args: the checkpoint's {} is {}, not a value of that flag",
-                                    flag_of(k), v.dump()));
+  for (const ModelArg role : {ModelArg::shape, ModelArg::taken})
+    for (const ConfigKey& key : config_keys()) {
+      const std::string k = key.key;
+      if (key.model != role || !ckpt.contains(k) || ckpt[k] == mine[k]) continue;
+      const nlohmann::json& v = ckpt[k];
+      try {
+        key.set(c, v);
+      } catch (const nlohmann::json::exception&) {
+        throw ConfigError(fmt::format("--use-checkpoint-args: the checkpoint's {} is {}, not a value of that flag",
+                                      flag_of(k), v.dump()));
+      }
+      changed.push_back(fmt::format("{} {} -> {}", flag_of(k), mine[k].dump(), v.dump()));
     }
-    changed.push_back(fmt::format("{} {} -> {}", flag_of(k), mine[k].dump(), v.dump()));
-  }
   return changed;
 }
 

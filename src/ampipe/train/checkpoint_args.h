@@ -24,10 +24,16 @@ struct CheckpointInfo {
 // load_checkpoint's words) if `required`, else nullopt (load_checkpoint then reports what is wrong).
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required);
 
-// The flags that make the model's shape (what load_checkpoint requires to match), as config keys.
+// The iteration that the marker file (kLatestMarker) `text` names, or -1 when it is not an iteration number in
+// [0, kMaxCheckpointIteration]. The one parser of the marker (read_checkpoint_info and load_checkpoint).
+int64_t parse_latest_marker(const std::string& text);
+
+// The flags that make the model's shape (what load_checkpoint requires to match), as config keys: the keys of
+// config_keys() (train_config.h) with ModelArg::shape, in that order.
 const std::vector<std::string>& model_arg_keys();
 
-// --use-checkpoint-args: the model flags of `ckpt` (model_arg_keys, and the router's top-k) replace this run's.
+// --use-checkpoint-args: the model flags of `ckpt` (model_arg_keys, then the keys with ModelArg::taken: the router's
+// top-k and --max-position-embeddings) replace this run's.
 // Returns one line per flag that changed ("--hidden-size 128 -> 64").
 std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohmann::json& ckpt);
 

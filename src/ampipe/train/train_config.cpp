@@ -1,6 +1,7 @@
 #include "ampipe/train/train_config.h"
 
 #include <cmath>
+#include <type_traits>
 #include <utility>
 
 #include "ampipe/core/error.h"
@@ -175,14 +176,11 @@ void TrainConfig::validate(int world) const {
 
 std::string TrainConfig::drop_idle_pipe_experts() {
   if (!layer.use_pipe_experts || use_ascend_mc2 || ampipe_degree < 1) return "";  // validate refuses those
-  std::string notice;
   try {
-    notice = layer.check_pipe_experts(ampipe_degree);
+    return train::drop_idle_pipe_experts(layer, {ampipe_degree});
   } catch (const ConfigError&) {
     return "";  // validate throws it, in its order of rules
   }
-  if (!notice.empty()) layer.use_pipe_experts = false;
-  return notice;
 }
 
 std::vector<bool> TrainConfig::recompute_layers() const {
@@ -194,57 +192,147 @@ std::vector<bool> TrainConfig::recompute_layers() const {
   return on;
 }
 
-nlohmann::json to_json(const TrainConfig& c) {
-  const model::LayerConfig& l = c.layer;
-  nlohmann::json j;
-  j["num_layers"] = c.num_layers;
-  j["seq_length"] = l.seq_length;
-  j["micro_batch_size"] = l.micro_batch_size;
-  j["hidden_size"] = l.hidden_size;
-  j["ffn_hidden_size"] = l.ffn_hidden_size;
-  j["num_attention_heads"] = l.num_attention_heads;
-  j["num_experts"] = l.num_experts;
-  j["moe_router_topk"] = l.moe_router_topk;
-  j["moe_train_capacity_factor"] = l.moe_train_capacity_factor;
-  j["moe_min_capacity"] = l.moe_min_capacity;
-  j["moe_no_drop"] = l.moe_no_drop;
-  j["no_use_rts"] = !l.use_rts;  // the keys are flags: metadata.json's config is usable as --config
-  j["noisy_gate_policy"] = l.noisy_gate_policy == model::NoisyGatePolicy::jitter    ? "Jitter"
-                           : l.noisy_gate_policy == model::NoisyGatePolicy::rsample ? "RSample"
-                                                                                    : "None";
-  j["swiglu"] = l.expert == model::ExpertKind::swiglu;
-  j["hidden_dropout"] = l.hidden_dropout;
-  j["init_method_std"] = l.init_method_std;
-  j["seed"] = l.seed;
-  j["bf16"] = l.bf16;
-  j["expert_model_parallel_size"] = l.expert_model_parallel_size;
-  j["use_pipe_experts"] = l.use_pipe_experts;
-  j["pipe_experts_multi_data"] = l.pipe_experts_multi_data;
-  j["untie_embeddings_and_output_weights"] = c.untie_embeddings_and_output_weights;
-  j["moe_aux_loss_coeff"] = c.moe_aux_loss_coeff;
-  j["moe_model_type"] = c.moe_model_type;
-  j["ampipe_degree"] = c.ampipe_degree;
-  j["recompute_granularity"] = c.recompute_granularity;
-  j["recompute_method"] = c.recompute_method;
-  j["recompute_num_layers"] = c.recompute_num_layers;
-  j["global_batch_size"] = c.global_batch_size;
-  j["train_iters"] = c.train_iters;
-  j["lr"] = c.lr;
-  j["min_lr"] = c.min_lr;
-  j["lr_warmup_iters"] = c.lr_warmup_iters;
-  j["lr_decay_style"] = c.lr_decay_style;
-  j["lr_decay_iters"] = c.lr_decay_iters;
-  j["weight_decay"] = c.weight_decay;
-  j["adam_beta1"] = c.adam_beta1;
-  j["adam_beta2"] = c.adam_beta2;
-  j["adam_eps"] = c.adam_eps;
-  j["clip_grad"] = c.clip_grad;
-  j["data_path"] = c.data_path;
-  j["tokenizer_type"] = c.tokenizer_type;
-  j["tokenizer_model"] = c.tokenizer_model;
-  j["split"] = split_str(data_split(c));  // --valid-fraction f is the split 1-f,f,0
-  j["max_position_embeddings"] = c.max_position_embeddings;
+namespace {
+
+// A key that is a field: read and written as it is. `field` is an lvalue of `c` (TrainConfig) or `l` (its layer).
+#define AMPIPE_FIELD(name, uses, model_arg, field)                                          \
+  ConfigKey {                                                                               \
+    #name, uses, model_arg,                                                                 \
+        [](const TrainConfig& c) -> nlohmann::json {                                        \
+          [[maybe_unused]] const model::LayerConfig& l = c.layer;                           \
+          return field;                                                                     \
+        },                                                                                  \
+        [](TrainConfig& c, const nlohmann::json& v) {                                       \
+          [[maybe_unused]] model::LayerConfig& l = c.layer;                                 \
+          field = v.get<std::decay_t<decltype(field)>>();                                   \
+        }                                                                                   \
+  }
+
+constexpr unsigned kL = kKeyLayer, kC = kKeyCheckpoint, kA = kKeyAgree;
+constexpr ModelArg kNo = ModelArg::none, kShape = ModelArg::shape, kTaken = ModelArg::taken;
+
+std::vector<ConfigKey> make_config_keys() {
+  return {
+      AMPIPE_FIELD(num_layers, kC | kA, kShape, c.num_layers),
+      AMPIPE_FIELD(seq_length, kL | kC | kA, kShape, l.seq_length),
+      AMPIPE_FIELD(micro_batch_size, kL | kC | kA, kNo, l.micro_batch_size),
+      AMPIPE_FIELD(hidden_size, kL | kC | kA, kShape, l.hidden_size),
+      AMPIPE_FIELD(ffn_hidden_size, kL | kC | kA, kShape, l.ffn_hidden_size),
+      AMPIPE_FIELD(num_attention_heads, kL | kC | kA, kShape, l.num_attention_heads),
+      AMPIPE_FIELD(num_experts, kL | kC | kA, kShape, l.num_experts),
+      AMPIPE_FIELD(moe_router_topk, kL | kC | kA, kTaken, l.moe_router_topk),
+      AMPIPE_FIELD(moe_train_capacity_factor, kL | kC | kA, kNo, l.moe_train_capacity_factor),
+      AMPIPE_FIELD(moe_min_capacity, kL | kC | kA, kNo, l.moe_min_capacity),
+      AMPIPE_FIELD(moe_no_drop, kL | kC | kA, kNo, l.moe_no_drop),
+      // the keys are flags: metadata.json's config is usable as --config
+      ConfigKey{"no_use_rts", kC | kA, kNo, [](const TrainConfig& c) -> nlohmann::json { return !c.layer.use_rts; }},
+      ConfigKey{"noisy_gate_policy", kL | kC | kA, kNo,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  const model::NoisyGatePolicy p = c.layer.noisy_gate_policy;
+                  return p == model::NoisyGatePolicy::jitter ? "Jitter"
+                         : p == model::NoisyGatePolicy::rsample ? "RSample"
+                                                                : "None";
+                }},
+      ConfigKey{"swiglu", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json { return c.layer.expert == model::ExpertKind::swiglu; },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.expert = v.get<bool>() ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
+                }},
+      AMPIPE_FIELD(hidden_dropout, kC | kA, kNo, l.hidden_dropout),
+      AMPIPE_FIELD(init_method_std, kC | kA, kNo, l.init_method_std),
+      AMPIPE_FIELD(seed, kC | kA, kNo, l.seed),
+      AMPIPE_FIELD(bf16, kL | kC | kA, kNo, l.bf16),
+      AMPIPE_FIELD(expert_model_parallel_size, kL | kC | kA, kNo, l.expert_model_parallel_size),
+      AMPIPE_FIELD(use_pipe_experts, kL | kC | kA, kNo, l.use_pipe_experts),
+      AMPIPE_FIELD(pipe_experts_multi_data, kL | kC | kA, kNo, l.pipe_experts_multi_data),
+      AMPIPE_FIELD(pipe_experts_multi_stream, kA, kNo, l.pipe_experts_multi_stream),
+      AMPIPE_FIELD(layernorm_epsilon, kA, kNo, l.layernorm_epsilon),
+      AMPIPE_FIELD(tensor_model_parallel_size, kL | kA, kNo, l.tensor_model_parallel_size),
+      AMPIPE_FIELD(sequence_parallel, kL | kA, kNo, l.sequence_parallel),
+      AMPIPE_FIELD(ampipe_tp_sp_comm_overlap, kL | kA, kNo, l.ampipe_tp_sp_comm_overlap),
+      AMPIPE_FIELD(context_parallel_size, kL | kA, kNo, l.context_parallel_size),
+      AMPIPE_FIELD(context_parallel_algo, kL | kA, kNo, l.context_parallel_algo),
+      AMPIPE_FIELD(untie_embeddings_and_output_weights, kC | kA, kShape, c.untie_embeddings_and_output_weights),
+      AMPIPE_FIELD(moe_aux_loss_coeff, kC | kA, kNo, c.moe_aux_loss_coeff),
+      AMPIPE_FIELD(moe_model_type, kC | kA, kNo, c.moe_model_type),
+      AMPIPE_FIELD(use_flash_attn, kA, kNo, c.use_flash_attn),
+      AMPIPE_FIELD(add_bias_linear, kA, kNo, c.add_bias_linear),
+      AMPIPE_FIELD(ampipe_degree, kC | kA, kNo, c.ampipe_degree),
+      AMPIPE_FIELD(use_ascend_mc2, kA, kNo, c.use_ascend_mc2),
+      AMPIPE_FIELD(overlap_grad_reduce, kA, kNo, c.overlap_grad_reduce),
+      AMPIPE_FIELD(overlap_param_gather, kA, kNo, c.overlap_param_gather),
+      AMPIPE_FIELD(use_nanopipe, kA, kNo, c.use_nanopipe),
+      AMPIPE_FIELD(recompute_in_bubble, kA, kNo, c.recompute_in_bubble),
+      AMPIPE_FIELD(recompute_in_advance, kA, kNo, c.recompute_in_advance),
+      AMPIPE_FIELD(adaptive_recompute_device_swap, kA, kNo, c.adaptive_recompute_device_swap),
+      AMPIPE_FIELD(adaptive_recompute_device_size, kA, kNo, c.adaptive_recompute_device_size),
+      AMPIPE_FIELD(adaptive_memory_optimization, kA, kNo, c.adaptive_memory_optimization),
+      AMPIPE_FIELD(recompute_granularity, kC | kA, kNo, c.recompute_granularity),
+      AMPIPE_FIELD(recompute_method, kC | kA, kNo, c.recompute_method),
+      AMPIPE_FIELD(recompute_num_layers, kC | kA, kNo, c.recompute_num_layers),
+      AMPIPE_FIELD(global_batch_size, kC | kA, kNo, c.global_batch_size),
+      AMPIPE_FIELD(train_iters, kC | kA, kNo, c.train_iters),
+      AMPIPE_FIELD(exit_interval, kA, kNo, c.exit_interval),
+      AMPIPE_FIELD(lr, kC | kA, kNo, c.lr),
+      AMPIPE_FIELD(min_lr, kC | kA, kNo, c.min_lr),
+      AMPIPE_FIELD(lr_warmup_iters, kC | kA, kNo, c.lr_warmup_iters),
+      AMPIPE_FIELD(lr_decay_style, kC | kA, kNo, c.lr_decay_style),
+      AMPIPE_FIELD(lr_decay_iters, kC | kA, kNo, c.lr_decay_iters),
+      AMPIPE_FIELD(weight_decay, kC | kA, kNo, c.weight_decay),
+      AMPIPE_FIELD(adam_beta1, kC | kA, kNo, c.adam_beta1),
+      AMPIPE_FIELD(adam_beta2, kC | kA, kNo, c.adam_beta2),
+      AMPIPE_FIELD(adam_eps, kC | kA, kNo, c.adam_eps),
+      AMPIPE_FIELD(clip_grad, kC | kA, kNo, c.clip_grad),
+      AMPIPE_FIELD(data_path, kC | kA, kNo, c.data_path),
+      AMPIPE_FIELD(tokenizer_type, kC | kA, kNo, c.tokenizer_type),
+      AMPIPE_FIELD(tokenizer_model, kC | kA, kNo, c.tokenizer_model),
+      AMPIPE_FIELD(vocab_size, kA, kNo, c.vocab_size),
+      // --valid-fraction f is the split 1-f,f,0
+      ConfigKey{"split", kC | kA, kNo, [](const TrainConfig& c) -> nlohmann::json { return split_str(data_split(c)); }},
+      AMPIPE_FIELD(eval_interval, kA, kNo, c.eval_interval),
+      AMPIPE_FIELD(eval_iters, kA, kNo, c.eval_iters),
+      AMPIPE_FIELD(save, kA, kNo, c.save),
+      AMPIPE_FIELD(load, kA, kNo, c.load),
+      AMPIPE_FIELD(save_interval, kA, kNo, c.save_interval),
+      AMPIPE_FIELD(log_interval, kA, kNo, c.log_interval),
+      AMPIPE_FIELD(trace, kA, kNo, c.trace),
+      AMPIPE_FIELD(loss_plot, kA, kNo, c.loss_plot),
+      AMPIPE_FIELD(trace_iteration, kA, kNo, c.trace_iteration),
+      AMPIPE_FIELD(max_position_embeddings, kC | kA, kTaken, c.max_position_embeddings),
+      AMPIPE_FIELD(train_samples, kA, kNo, c.train_samples),
+      AMPIPE_FIELD(attention_dropout, kA, kNo, c.attention_dropout),
+      AMPIPE_FIELD(distributed_backend, kA, kNo, c.distributed_backend),
+      AMPIPE_FIELD(no_load_optim, kA, kNo, c.no_load_optim),
+      AMPIPE_FIELD(finetune, kA, kNo, c.finetune),
+      AMPIPE_FIELD(use_checkpoint_args, kA, kNo, c.use_checkpoint_args),
+      AMPIPE_FIELD(skip_train, kA, kNo, c.skip_train),
+  };
+}
+
+#undef AMPIPE_FIELD
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = make_config_keys();
+  return keys;
+}
+
+nlohmann::json train_config_json(const TrainConfig& c, unsigned uses) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const ConfigKey& k : config_keys())
+    if ((k.uses & uses) != 0) j[k.key] = k.get(c);
   return j;
+}
+
+nlohmann::json to_json(const TrainConfig& c) { return train_config_json(c, kKeyCheckpoint); }
+
+std::string drop_idle_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees) {
+  std::string notice;
+  for (int M : degrees)
+    if (std::string n = c.check_pipe_experts(M); !n.empty()) notice = std::move(n);
+  if (!notice.empty()) c.use_pipe_experts = false;
+  return notice;
 }
 
 }  // namespace ampipe::train

@@ -116,7 +116,39 @@ struct TrainConfig {
   }
 };
 
-// JSON with the flag names as keys (underscores): every field above.
+// The configuration's keys: one entry per setting, named as its flag with underscores (the --config key), with
+// where it is written and how it is read back. The one list behind to_json (a checkpoint's metadata.json "config"
+// and the resume notes), the rank-agreement JSON of `ampipe train` (cli/train_agreement.cpp), the "config" object
+// of bench-layer's and plan's --json (cli::LayerFlags::to_json) and the checkpoint's model arguments
+// (checkpoint_args.h). The flags themselves (spellings, help, grammar) are cli/flag_registry.cpp's.
+enum ConfigKeyUse : unsigned {
+  kKeyLayer = 1,       // the layer's settings (cli::LayerFlags::to_json)
+  kKeyCheckpoint = 2,  // to_json: checkpoint metadata, resume notes, --config of a later run
+  kKeyAgree = 4,       // every rank must agree on it (train_config_json(c, kKeyAgree))
+};
+enum class ModelArg {
+  none,
+  shape,  // the model's shape: load_checkpoint requires it to match; --use-checkpoint-args takes it
+  taken,  // --use-checkpoint-args takes it too, but a checkpoint may differ (the router's top-k, positions)
+};
+struct ConfigKey {
+  const char* key;
+  unsigned uses;  // ConfigKeyUse bits
+  ModelArg model = ModelArg::none;
+  nlohmann::json (*get)(const TrainConfig&) = nullptr;
+  void (*set)(TrainConfig&, const nlohmann::json&) = nullptr;  // nullptr: derived from other settings
+};
+const std::vector<ConfigKey>& config_keys();
+// The keys of `c` with any of the `uses` bits, as JSON.
+nlohmann::json train_config_json(const TrainConfig& c, unsigned uses);
+
+// JSON with the flag names as keys (underscores): train_config_json(c, kKeyCheckpoint).
 nlohmann::json to_json(const TrainConfig& c);
+
+// pipe-experts with nothing to pipeline (model::LayerConfig::check_pipe_experts's notice, which does not depend on
+// the degree) at any of `degrees`: turns `c.use_pipe_experts` off and returns the notice; "" otherwise. Throws the
+// pipe-experts rules' ConfigError. The one place the feature is switched off (TrainConfig::drop_idle_pipe_experts,
+// cli's layer flags, --ampipe-degree auto and bench-layer's sweep call it).
+std::string drop_idle_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees);
 
 }  // namespace ampipe::train

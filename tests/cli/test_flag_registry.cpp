@@ -1,0 +1,179 @@
+// The flag registry (cli/flag_registry.h): every flag has a help group, its --config key names it and round-trips,
+// the subcommands' options are the registry's, and --ampipe-degree has one parser for its three grammars.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "ampipe/cli/bench_layer.h"
+#include "ampipe/cli/calibrate.h"
+#include "ampipe/cli/config_keys.h"
+#include "ampipe/cli/flag_registry.h"
+#include "ampipe/cli/layer_check.h"
+#include "ampipe/cli/plan.h"
+#include "ampipe/cli/preprocess.h"
+#include "ampipe/cli/simulate.h"
+#include "ampipe/cli/train_flags.h"
+#include "ampipe/core/error.h"
+#include "ampipe/train/train_config.h"
+
+using namespace ampipe;
+using namespace ampipe::cli;
+
+namespace {
+
+constexpr Sub kSubs[] = {kLayerCheck, kBenchLayer, kTrain, kPlan, kCalibrate, kSimulate, kPreprocess};
+
+bool is_group(const std::string& g) {
+  const auto& order = help_group_order();
+  return g == kGroupHidden || std::find(order.begin(), order.end(), g) != order.end();
+}
+
+}  // namespace
+
+TEST(FlagRegistry, EveryFlagHasOneHelpGroupAndOneEntryPerSubcommand) {
+  std::set<std::pair<std::string, unsigned>> seen;
+  for (const FlagSpec& s : flag_registry()) {
+    SCOPED_TRACE(s.name);
+    ASSERT_EQ(s.name.rfind("--", 0), 0u);
+    EXPECT_NE(s.subs, 0u);
+    EXPECT_FALSE(s.help.empty());
+    EXPECT_TRUE(is_group(s.group)) << "group \"" << s.group << "\" is not one of --help's";
+    if (s.refused == nullptr) {  // (train refuses --position-embedding-type, which simulate takes)
+      EXPECT_EQ(std::string(flag_group(s.name)), s.group) << "one flag, one group in every subcommand";
+    }
+    EXPECT_EQ(s.field == nullptr, s.refused != nullptr);
+    for (Sub sub : kSubs)
+      if (s.subs & sub) {
+        EXPECT_TRUE(seen.insert({s.name, sub}).second) << "twice in " << sub_name(sub);
+      }
+  }
+}
+
+TEST(FlagRegistry, EverySubcommandsOptionsAreTheRegistrysAndGrouped) {
+  LayerCheckArgs lc;
+  BenchLayerArgs bl;
+  TrainFlags tr;
+  PlanArgs pl;
+  CalibrateArgs ca;
+  SimulateArgs si;
+  PreprocessArgs pp;
+  CLI::App apps[7];
+  lc.add_to(apps[0]);
+  bl.add_to(apps[1]);
+  tr.add_to(apps[2]);
+  pl.add_to(apps[3]);
+  ca.add_to(apps[4]);
+  si.add_to(apps[5]);
+  pp.add_to(apps[6]);
+  for (int i = 0; i < 7; ++i) {
+    const Sub sub = kSubs[i];
+    SCOPED_TRACE(sub_name(sub));
+    size_t n = 0;
+    for (const CLI::Option* o : apps[i].get_options()) {
+      if (o->get_lnames().empty() || o->get_lnames().front() == "help") continue;
+      const std::string name = "--" + o->get_lnames().front();
+      const FlagSpec* s = find_flag(sub, name);
+      ASSERT_NE(s, nullptr) << name << " is not in the registry";
+      EXPECT_EQ(o->get_group(), s->group) << name;
+      EXPECT_TRUE(is_group(o->get_group())) << name;
+      ++n;
+    }
+    EXPECT_EQ(n, flags_of(sub).size());
+  }
+}
+
+TEST(FlagRegistry, SubcommandsTakeTheirOwnFlags) {
+  EXPECT_EQ(find_flag(kSimulate, "--sim-profile"), nullptr);  // simulate has --profile
+  EXPECT_NE(find_flag(kSimulate, "--profile"), nullptr);
+  EXPECT_NE(find_flag(kTrain, "--sim-profile"), nullptr);
+  EXPECT_NE(find_flag(kBenchLayer, "--sim-profile"), nullptr);
+  const FlagSpec* step = find_flag(kPlan, "--step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->grammar, Grammar::on_off);
+  EXPECT_EQ(step->subs, unsigned(kPlan));
+  // train refuses rope; simulate costs it
+  EXPECT_NE(find_flag(kTrain, "--position-embedding-type")->refused, nullptr);
+  EXPECT_EQ(find_flag(kSimulate, "--position-embedding-type")->refused, nullptr);
+  EXPECT_EQ(find_flag(kTrain, "--ampipe-degree")->grammar, Grammar::degree_auto);
+  EXPECT_EQ(find_flag(kSimulate, "--ampipe-degree")->grammar, Grammar::degree_list);
+  EXPECT_EQ(find_flag(kBenchLayer, "--ampipe-degree")->grammar, Grammar::degree_list);
+  EXPECT_EQ(find_flag(kPlan, "--ampipe-degree")->grammar, Grammar::degree);
+  EXPECT_EQ(find_flag(kLayerCheck, "--ampipe-degree")->grammar, Grammar::degree);
+}
+
+TEST(FlagRegistry, ConfigKeysNameTheirFlags) {
+  for (Sub sub : {kTrain, kSimulate})
+    for (const FlagSpec* s : flags_of(sub)) {
+      const std::string key = s->config_key();
+      if (key.empty()) continue;  // --config
+      EXPECT_EQ(config_key_flag(key), s->name);
+      EXPECT_EQ(find_flag(sub, config_key_flag(key)), s);
+    }
+  // Every key of the training configuration is a train flag, so a checkpoint's metadata.json "config" and the
+  // rank agreement name flags; two are set by the engine, not by a flag.
+  const std::set<std::string> not_flags = {"layernorm_epsilon", "vocab_size"};
+  for (const train::ConfigKey& k : train::config_keys()) {
+    SCOPED_TRACE(k.key);
+    if (not_flags.count(k.key)) {
+      EXPECT_EQ(k.uses & train::kKeyCheckpoint, 0u);
+      continue;
+    }
+    const FlagSpec* s = find_flag(kTrain, config_key_flag(k.key));
+    ASSERT_NE(s, nullptr) << "no flag --" << k.key;
+    EXPECT_EQ(s->config_key(), k.key);
+  }
+}
+
+namespace {
+
+// `ampipe train` flags parsed and finished, as run_train does before validate.
+train::TrainConfig parse_train(const std::string& args) {
+  CLI::App app;
+  TrainFlags f;
+  f.add_to(app);
+  app.parse(args, false);
+  return f.finish();
+}
+
+}  // namespace
+
+TEST(FlagRegistry, ConfigKeysRoundTripThroughConfig) {
+  const train::TrainConfig a = parse_train(
+      "--hidden-size 64 --num-experts 8 --moe-router-topk 1 --swiglu --no-use-rts --noisy-gate-policy Jitter "
+      "--lr 0.01 --split 90,5,5 --recompute-granularity full --recompute-method block --train-iters 50 "
+      "--seed 18446744073709551615 --use-flash-attn --ampipe-degree 2 --bf16 --eval-iters 3 --save /tmp/x "
+      "--max-position-embeddings 256 --tensor-model-parallel-size 2 --sequence-parallel");
+  // A checkpoint's metadata.json "config" (to_json) as --config, nothing else given: the same configuration. (The
+  // rank agreement's other keys name flags too, ConfigKeysNameTheirFlags; some of them say one thing two ways,
+  // --train-iters and --train-samples, so they are not one --config file.)
+  const std::string path = testing::TempDir() + "ampipe_config_round_trip.json";
+  std::ofstream(path) << train::to_json(a).dump(2);
+  const train::TrainConfig b = parse_train("--config " + path);
+  EXPECT_EQ(train::to_json(b), train::to_json(a));
+  EXPECT_EQ(b.layer.seed, a.layer.seed);
+  EXPECT_EQ(b.layer.expert, model::ExpertKind::swiglu);
+  EXPECT_FALSE(b.layer.use_rts);
+  std::remove(path.c_str());
+}
+
+TEST(FlagRegistry, DegreeGrammars) {
+  EXPECT_TRUE(parse_degree("auto", Grammar::degree_auto).is_auto);
+  EXPECT_TRUE(parse_degree("auto", Grammar::degree_list).is_auto);
+  EXPECT_EQ(parse_degree("4", Grammar::degree).list, std::vector<int>{4});
+  EXPECT_EQ(parse_degree("0", Grammar::degree).list, std::vector<int>{0});  // the range is the layer's rule
+  EXPECT_EQ(parse_degree("2", Grammar::degree_auto).list, std::vector<int>{2});
+  EXPECT_EQ(parse_degree("1,2,2,4", Grammar::degree_list).list, (std::vector<int>{1, 2, 4}));
+  EXPECT_THROW(parse_degree("auto", Grammar::degree), ConfigError);
+  EXPECT_THROW(parse_degree("1,2", Grammar::degree), ConfigError);
+  EXPECT_THROW(parse_degree("1,", Grammar::degree_list), ConfigError);
+  EXPECT_THROW(parse_degree("0,2", Grammar::degree_list), ConfigError);
+  try {
+    parse_degree("two", Grammar::degree_auto);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--ampipe-degree two is invalid: give an integer or auto");
+  }
+}
