@@ -1,5 +1,5 @@
 // Lanes: where a task or an operation runs. The compute lane is the rank's main thread; the communication lanes
-// (ep, tp, cp, dp) are ordered queues served by the communication engine thread (engine.cpp). Every group has one
+// (ep, tp, cp, dp, etp) are ordered queues served by the communication engine thread (engine.cpp). Every group has one
 // duplicated MPI communicator per communication lane, so operations on different lanes never mix messages.
 #pragma once
 

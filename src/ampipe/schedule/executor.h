@@ -2,12 +2,16 @@
 // thread through Layer::run; a communication task is issued on its lane as soon as the compute task before it in
 // the Plan has run, carrying its producers as `after` events, and compute waits on an Event only where a task
 // depends on it. No barrier or global synchronisation inside a layer step. The executor knows no stage by name: a
-// collective is whatever its CollectiveSpec says (kind, group, buffers), run through comm/ on the task's lane.
+// collective is whatever its CollectiveSpec says (kind, group, buffers), run through a comm::Backend on the task's
+// lane (comm/backend.h): the executor holds no communication code of its own.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
+#include "ampipe/comm/backend.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/event.h"
 #include "ampipe/comm/group.h"
@@ -34,26 +38,18 @@ class Executor {
   const ExecStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
-  // Issues one collective task on its group and lane, reading and writing the layer's buffers (also used by
-  // bench-layer to time the communication alone). A collective over a one-rank group is a local copy: made at once
-  // when its `after` events are complete, else deferred (the returned Event completes when run() makes the copy,
-  // at the latest before the first compute task that depends on it), so it never blocks the compute lane early.
+  // Issues one collective task on its group and lane through the group's comm::Backend, reading and writing the
+  // layer's buffers (also used by bench-layer to time the communication alone): a process group's MpiBackend, or
+  // for a one-rank group (or no groups) the LocalBackend, whose copies are made here on the compute thread.
   comm::Event issue(const Task& t, model::Layer& layer, std::vector<comm::Event> after, const std::string& tag);
 
  private:
-  struct Deferred {  // a one-rank collective waiting for producers on other lanes
-    CollectiveSpec spec;
-    Tensor send, recv;
-    std::vector<comm::Event> after;
-    std::shared_ptr<comm::EventState> state;
-    std::string tag;
-  };
-  void finish(Deferred& d);  // waits for its `after` events, makes the copy, completes its event
-  void poll_deferred();                  // finishes every deferred copy whose producers are done
+  comm::Backend& backend_for(comm::GroupKind g);
 
   const comm::Groups* groups_;
-  std::vector<comm::Event> done_;  // per task id
-  std::vector<Deferred> deferred_;
+  comm::LocalBackend local_;
+  std::map<comm::GroupKind, std::unique_ptr<comm::MpiBackend>> mpi_;  // made on first use, per group
+  std::vector<comm::Event> done_;  // per task id of the Plan being run
   ExecStats stats_;
 };
 

@@ -10,17 +10,6 @@
 
 namespace ampipe::schedule {
 
-const char* coll_kind_name(CollKind k) {
-  switch (k) {
-    case CollKind::all_to_all: return "all_to_all";
-    case CollKind::all_gather: return "all_gather";
-    case CollKind::reduce_scatter: return "reduce_scatter";
-    case CollKind::all_reduce: return "all_reduce";
-    case CollKind::send_recv: return "send_recv";
-  }
-  return "?";
-}
-
 namespace {
 // The stage-to-lane table, in Stage order.
 constexpr std::array<Lane, model::kNumStages> kLane = {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "ampipe/comm/backend.h"
 #include "ampipe/comm/lane.h"
 #include "ampipe/comm/layout.h"
 #include "ampipe/model/buffers.h"
@@ -39,8 +40,8 @@ using model::Buf;
 using model::Dir;
 using model::Stage;
 
-enum class CollKind : uint8_t { all_to_all, all_gather, reduce_scatter, all_reduce, send_recv };
-const char* coll_kind_name(CollKind k);
+using comm::CollKind;  // what a collective does: comm/backend.h
+using comm::coll_kind_name;
 
 // What a communication task moves: `send` of this rank to `recv`, over `group`.
 struct CollectiveSpec {
