@@ -154,15 +154,14 @@ double lane_hidden(double exposed, double alone) { return alone > 0 ? 1.0 - expo
 
 }  // namespace
 
-int run_bench_layer(BenchLayerArgs& a) {
-  model::LayerConfig cfg = a.layer.finish();
-  comm::Runtime& rt = comm::Runtime::current();
-  a.comm.apply();
-  if (a.poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(a.poll_us));
+namespace {
+
+// The flags that need no ranks: the degrees (with auto the choice is made once the groups exist, it may calibrate;
+// degree 1 runs next to it), the sweeps, the repetitions. Returns whether --ampipe-degree is auto.
+bool check_bench_args(BenchLayerArgs& a, model::LayerConfig& cfg, comm::Runtime& rt) {
   const Degrees given = parse_degree(a.degree_text, Grammar::degree_list);
-  const bool auto_degree = given.is_auto;
   // With auto the choice is made once the groups exist (it may calibrate); degree 1 runs next to it.
-  a.degrees = auto_degree ? std::vector<int>{1} : given.list;
+  a.degrees = given.is_auto ? std::vector<int>{1} : given.list;
   for (int M : a.degrees) {
     if (M < 1 || cfg.seq_length % M != 0)
       throw ConfigError(fmt::format("--ampipe-degree {} is invalid for --seq-length {}: the degree must be >= 1 and "
@@ -186,37 +185,14 @@ int run_bench_layer(BenchLayerArgs& a) {
   if (a.iters < 1 || a.warmup < 0)
     throw ConfigError(fmt::format("--iters {} / --warmup {} are invalid: need iters >= 1, warmup >= 0", a.iters,
                                   a.warmup));
-  // world = tp x cp x dp (Layout::make refuses a world not divisible by tp x cp, in one line)
-  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), cfg.cp(), cfg.expert_model_parallel_size);
-  (void)a.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
-  comm::Groups groups = rt.make_groups(layout);
-  {
-    nlohmann::json agree = a.layer.to_json(cfg);
-    agree["seed"] = cfg.seed;
-    agree["hidden_dropout"] = cfg.hidden_dropout;
-    agree["ampipe_degree"] = a.degree_text;
-    agree["pipe_experts_sweep"] = a.pipe_experts_sweep;
-    agree["tp_overlap_sweep"] = a.tp_overlap_sweep;
-    agree["num_layers"] = a.num_layers;
-    agree["iters"] = a.iters;
-    agree["warmup"] = a.warmup;
-    check_ranks_agree(agree, groups.world);
-  }
-  check_output_file("--trace", a.trace_file, groups.world);
-  check_output_file("--json", a.json_file, groups.world);
-  const comm::Layout::Coord me = layout.coord(rt.rank());
-  if (auto_degree) {
-    const DegreeChoice choice = choose_degree(cfg, a.num_layers, groups, a.sim_profile, nullptr);
-    if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
-    if (choice.degree != 1) a.degrees.push_back(choice.degree);
-  }
+  return given.is_auto;
+}
 
-
-  // One stack (one copy of the parameters, gradients and bf16 weights), re-planned for each degree before its
-  // repetition: re-planning is outside the timed step, and the arena only grows while the first round runs.
-  // Configurations: every degree, crossed with --pipe-experts-sweep when given (else the layer flags' setting).
+// The configurations: every degree, crossed with --pipe-experts-sweep when given (else the layer flags' setting)
+// and --tp-overlap-sweep; those that cannot run are skipped with their reason.
+std::vector<ConfigResult> bench_configs(const BenchLayerArgs& a, const model::LayerConfig& cfg,
+                                        std::vector<std::string>& skipped) {
   std::vector<ConfigResult> res;
-  std::vector<std::string> skipped;
   const std::vector<int> overlaps =
       a.tp_overlap_sweep.empty() ? std::vector<int>{cfg.ampipe_tp_sp_comm_overlap ? 1 : 0} : a.tp_overlap_sweep;
   for (int M : a.degrees) {
@@ -253,51 +229,36 @@ int run_bench_layer(BenchLayerArgs& a) {
     }
   }
   if (res.empty()) throw ConfigError("--pipe-experts-sweep: no combination with --ampipe-degree is valid");
-  {
-    // This rank's peak memory before the stack is built: one stack re-planned for every configuration, its arena
-    // sized for the largest, so the largest estimate (schedule/memory_estimate.h), plus x and dy.
-    schedule::MemoryEstimate mem;
-    for (const ConfigResult& r : res) {
-      model::LayerConfig c = cfg;
-      c.use_pipe_experts = r.pipe_n > 0;
-      c.pipe_experts_multi_data = std::max(r.pipe_n, 1);
-      c.ampipe_tp_sp_comm_overlap = r.tp_overlap > 0;
-      schedule::MemoryEstimate e = schedule::estimate_layer_stack(c, a.num_layers, r.degree);
-      if (e.total() > mem.total()) mem = std::move(e);
-    }
-    mem.add("input and upstream gradient",
-            model::checked_elements("the [s, b, h] input and upstream gradient",
-                                    {{nullptr, 2 * 4}, {"--seq-length", cfg.seq_length},
-                                     {"--micro-batch-size", cfg.micro_batch_size}, {"--hidden-size", cfg.hidden_size}},
-                                    1));
-    const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
-    mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
-    check_memory_fits(mem, rss_now, a.memory, groups.world);
+  return res;
+}
+
+// This rank's peak memory before the stack is built: one stack re-planned for every configuration, its arena sized
+// for the largest, so the largest estimate (schedule/memory_estimate.h), plus x and dy; refused when it does not fit.
+void check_bench_memory(const BenchLayerArgs& a, const model::LayerConfig& cfg, const std::vector<ConfigResult>& res,
+                        const comm::Groups& groups) {
+  schedule::MemoryEstimate mem;
+  for (const ConfigResult& r : res) {
+    model::LayerConfig c = cfg;
+    c.use_pipe_experts = r.pipe_n > 0;
+    c.pipe_experts_multi_data = std::max(r.pipe_n, 1);
+    c.ampipe_tp_sp_comm_overlap = r.tp_overlap > 0;
+    schedule::MemoryEstimate e = schedule::estimate_layer_stack(c, a.num_layers, r.degree);
+    if (e.total() > mem.total()) mem = std::move(e);
   }
-  // Context and sequence parallel: this rank's rows, s / cp (/ tp with SP) of them (the layout differs by degree,
-  // but any rows will do for timing: each rank draws its own share of the micro-batch's numbers).
-  const int64_t tp_rows = cfg.sp() ? cfg.tp() : 1;
-  const Shape act{cfg.seq_length / cfg.cp() / tp_rows, cfg.micro_batch_size, cfg.hidden_size};
-  Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
-  const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
-  const int64_t base = (int64_t(me.cp) * tp_rows + (cfg.sp() ? me.tp : 0)) * x.numel();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
-    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
-  }
-  const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
-  model::LayerConfig first = cfg;
-  first.ampipe_tp_sp_comm_overlap = res[0].tp_overlap > 0;
-  schedule::LayerStack st(first, a.num_layers, res[0].degree, me.ep, &groups);
-  if (!a.sim_profile.empty()) {  // the prediction of the very Plans that run (sim/simulator.h)
-    const sim::Profile prof = sim::load_profile(a.sim_profile, "--sim-profile");
-    for (ConfigResult& r : res) {
-      st.replan(r.degree, r.pipe_n, r.tp_overlap);
-      std::vector<schedule::Plan> plans;
-      for (int i = 0; i < st.num_layers(); ++i) plans.push_back(st.plan(i));
-      r.predicted_s = sim::simulate(plans, prof).step_s;
-    }
-  }
+  mem.add("input and upstream gradient",
+          model::checked_elements("the [s, b, h] input and upstream gradient",
+                                  {{nullptr, 2 * 4}, {"--seq-length", cfg.seq_length},
+                                   {"--micro-batch-size", cfg.micro_batch_size}, {"--hidden-size", cfg.hidden_size}},
+                                  1));
+  const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
+  mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
+  check_memory_fits(mem, rss_now, a.memory, groups.world);
+}
+
+// The timed repetitions, configurations interleaved within each; the --trace file gets the last repetition of
+// every configuration.
+void time_configs(const BenchLayerArgs& a, std::vector<ConfigResult>& res, schedule::LayerStack& st, const Tensor& x,
+                  const Tensor& dy, uint64_t token_base, comm::Groups& groups) {
   const bool tracing = !a.trace_file.empty();
   // Every timed step is traced (its wait records give each lane's exposed time); the --trace file gets the last
   // repetition of every configuration, kept aside here and recorded again before it is written.
@@ -355,15 +316,19 @@ int run_bench_layer(BenchLayerArgs& a) {
     comm::Trace::write_chrome_trace(a.trace_file);
   }
 
+}
+
+// The table (and --json) from rank 0: every rank ran the same configurations; rank 0's timings stand for the step.
+void report_bench(const BenchLayerArgs& a, const model::LayerConfig& cfg, const std::vector<ConfigResult>& res,
+                  const std::vector<std::string>& skipped, const comm::Layout& layout, int world) {
   // Report from rank 0 (every rank ran the same configurations; rank 0's timings stand for the step).
-  if (rt.rank() != 0) return 0;
   const double base_step = median(res[0].step_s);
   nlohmann::json out = nlohmann::json::array();
   const bool tp = cfg.tp() > 1, cp = cfg.cp() > 1, ep = layout.ep > 1;
   fmt::print("ampipe bench-layer: s={} b={} h={} F={} heads={} E={} top-{} {} layers={} | ranks={} {}{}ep={} | "
              "{} warm-up + {} timed repetitions, interleaved\n",
              cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_attention_heads,
-             cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, rt.size(),
+             cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, world,
              tp ? fmt::format("tp={}{} ", cfg.tp(), cfg.sp() ? " (sequence parallel)" : "") : "",
              cp ? fmt::format("cp={} ", cfg.cp()) : "", layout.ep, a.warmup, a.iters);
   for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
@@ -429,12 +394,77 @@ int run_bench_layer(BenchLayerArgs& a) {
   if (!a.json_file.empty()) {
     nlohmann::json config = a.layer.to_json(cfg);
     config["num_layers"] = a.num_layers;
-    config["ranks"] = rt.size();
+    config["ranks"] = world;
     nlohmann::json doc{{"config", config}, {"results", out}};
     std::ofstream f(a.json_file);
     if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
     f << doc.dump(2) << "\n";
   }
+}
+
+}  // namespace
+
+int run_bench_layer(BenchLayerArgs& a) {
+  model::LayerConfig cfg = a.layer.finish();
+  comm::Runtime& rt = comm::Runtime::current();
+  a.comm.apply();
+  if (a.poll_us >= 0) rt.set_poll_interval(std::chrono::microseconds(a.poll_us));
+  const bool auto_degree = check_bench_args(a, cfg, rt);
+  // world = tp x cp x dp (Layout::make refuses a world not divisible by tp x cp, in one line)
+  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), cfg.cp(), cfg.expert_model_parallel_size);
+  (void)a.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
+  comm::Groups groups = rt.make_groups(layout);
+  {
+    nlohmann::json agree = a.layer.to_json(cfg);
+    agree["seed"] = cfg.seed;
+    agree["hidden_dropout"] = cfg.hidden_dropout;
+    agree["ampipe_degree"] = a.degree_text;
+    agree["pipe_experts_sweep"] = a.pipe_experts_sweep;
+    agree["tp_overlap_sweep"] = a.tp_overlap_sweep;
+    agree["num_layers"] = a.num_layers;
+    agree["iters"] = a.iters;
+    agree["warmup"] = a.warmup;
+    check_ranks_agree(agree, groups.world);
+  }
+  check_output_file("--trace", a.trace_file, groups.world);
+  check_output_file("--json", a.json_file, groups.world);
+  const comm::Layout::Coord me = layout.coord(rt.rank());
+  if (auto_degree) {
+    const DegreeChoice choice = choose_degree(cfg, a.num_layers, groups, a.sim_profile, nullptr);
+    if (rt.rank() == 0) fmt::print("{}\n", choice.describe());
+    if (choice.degree != 1) a.degrees.push_back(choice.degree);
+  }
+  // One stack (one copy of the parameters, gradients and bf16 weights), re-planned for each configuration before
+  // its repetition: re-planning is outside the timed step, and the arena only grows while the first round runs.
+  std::vector<std::string> skipped;
+  std::vector<ConfigResult> res = bench_configs(a, cfg, skipped);
+  check_bench_memory(a, cfg, res, groups);
+  // Context and sequence parallel: this rank's rows, s / cp (/ tp with SP) of them (the layout differs by degree,
+  // but any rows will do for timing: each rank draws its own share of the micro-batch's numbers).
+  const int64_t tp_rows = cfg.sp() ? cfg.tp() : 1;
+  const Shape act{cfg.seq_length / cfg.cp() / tp_rows, cfg.micro_batch_size, cfg.hidden_size};
+  Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
+  const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
+  const int64_t base = (int64_t(me.cp) * tp_rows + (cfg.sp() ? me.tp : 0)) * x.numel();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
+    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
+  }
+  const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
+  model::LayerConfig first = cfg;
+  first.ampipe_tp_sp_comm_overlap = res[0].tp_overlap > 0;
+  schedule::LayerStack st(first, a.num_layers, res[0].degree, me.ep, &groups);
+  if (!a.sim_profile.empty()) {  // the prediction of the very Plans that run (sim/simulator.h)
+    const sim::Profile prof = sim::load_profile(a.sim_profile, "--sim-profile");
+    for (ConfigResult& r : res) {
+      st.replan(r.degree, r.pipe_n, r.tp_overlap);
+      std::vector<schedule::Plan> plans;
+      for (int i = 0; i < st.num_layers(); ++i) plans.push_back(st.plan(i));
+      r.predicted_s = sim::simulate(plans, prof).step_s;
+    }
+  }
+  time_configs(a, res, st, x, dy, token_base, groups);
+  if (rt.rank() == 0) report_bench(a, cfg, res, skipped, layout, rt.size());
   return 0;
 }
 

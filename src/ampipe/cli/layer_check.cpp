@@ -88,6 +88,31 @@ double norm(const Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+  // This rank's peak memory before anything is allocated: the layer (schedule/memory_estimate.h), and the inputs,
+  // upstream gradients, outputs and input gradients of its K micro-batches ([s, b, h] each, kept for the export
+  // and the summary); with --export also the gathered [s, G, h] batches (x, dy, y, dx and the gather buffers).
+void check_layer_check_memory(const LayerCheckArgs& a, const model::LayerConfig& cfg, int M, int64_t K, int64_t G,
+                              const comm::Groups& groups) {
+  const int64_t b = cfg.micro_batch_size;
+  schedule::MemoryEstimate mem = schedule::estimate_layer_stack(cfg, 1, M);
+  const model::SizeFactor s{"--seq-length", cfg.seq_length}, h{"--hidden-size", cfg.hidden_size};
+  mem.add("micro-batch inputs and outputs",
+          model::checked_elements("the micro-batches' [s, b, h] tensors",
+                                  {{nullptr, 4 * 4}, {"the micro-batches per rank (--global-batch-size)", K}, s,
+                                   {"--micro-batch-size", b}, h},
+                                  1));
+  if (!a.export_dir.empty())
+    mem.add("export (gathered batches)",
+            model::checked_elements("the exported [s, G, h] tensors", {{nullptr, 6 * 4}, {"--global-batch-size", G}, s, h}, 1));
+  const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
+  mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
+  check_memory_fits(mem, rss_now, a.memory, groups.world);
+}
+
+}  // namespace
+
 int run_layer_check(LayerCheckArgs& a) {
   model::LayerConfig cfg = a.layer.finish();
   comm::Runtime& rt = comm::Runtime::current();
@@ -121,25 +146,7 @@ int run_layer_check(LayerCheckArgs& a) {
   const comm::Layout::Coord me = layout.coord(rt.rank());
   const int64_t K = G / (b * dp);
   comm::Trace::set_enabled(!a.trace_file.empty());
-  {
-    // This rank's peak memory before anything is allocated: the layer (schedule/memory_estimate.h), and the inputs,
-    // upstream gradients, outputs and input gradients of its K micro-batches ([s, b, h] each, kept for the export
-    // and the summary); with --export also the gathered [s, G, h] batches (x, dy, y, dx and the gather buffers).
-    schedule::MemoryEstimate mem = schedule::estimate_layer_stack(cfg, 1, M);
-    const model::SizeFactor s{"--seq-length", cfg.seq_length}, h{"--hidden-size", cfg.hidden_size};
-    mem.add("micro-batch inputs and outputs",
-            model::checked_elements("the micro-batches' [s, b, h] tensors",
-                                    {{nullptr, 4 * 4}, {"the micro-batches per rank (--global-batch-size)", K}, s,
-                                     {"--micro-batch-size", b}, h},
-                                    1));
-    if (!a.export_dir.empty())
-      mem.add("export (gathered batches)",
-              model::checked_elements("the exported [s, G, h] tensors", {{nullptr, 6 * 4}, {"--global-batch-size", G}, s, h}, 1));
-    const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
-    mem.parts.insert(mem.parts.begin(), {"process now (code, MPI)", rss_now});
-    check_memory_fits(mem, rss_now, a.memory, groups.world);
-  }
-
+  check_layer_check_memory(a, cfg, M, K, G, groups);
   schedule::LayerStack stack(cfg, 1, M, me.ep, &groups, cfg.layer_index);
   model::LayerParams& params = stack.params(0);
   model::LayerParams& grads = stack.grads(0);

@@ -46,6 +46,175 @@ int report_stop(const train::TrainResult& res, const train::TrainConfig& cfg, bo
 
 }  // namespace
 
+namespace {
+
+// The data, before any collective (a bad file fails identically on every rank); sets cfg.vocab_size, and caps
+// --eval-iters to what the validation split holds (a note), refusing a split below one global batch.
+std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, TrainFlags& flags, int world,
+                                                    train::Corpus& corpus) {
+  const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
+  std::unique_ptr<train::SentencePieceTokenizer> tokenizer;
+  if (!cfg.tokenizer_model.empty())
+    tokenizer = std::make_unique<train::SentencePieceTokenizer>(cfg.tokenizer_model, "--tokenizer-model");
+  corpus = train::load_corpus(cfg.data_path, tokenizer.get());
+  cfg.vocab_size = corpus.vocab_size;
+  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, train::data_split(cfg),
+                                                      cfg.layer.seed, source + ", " + corpus.format);
+  // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
+  // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
+  const int64_t G = cfg.global_batch(world);
+  const bool evaluates = cfg.eval_interval > 0 || cfg.skip_train;
+  if (evaluates && cfg.eval_iters * G > data->valid_samples()) {
+    const int64_t fit = data->valid_samples() / G;
+    if (fit < 1)
+      throw ConfigError(fmt::format("--eval-iters {}: the validation split holds {} sequences, fewer than one global "
+                                    "batch of {}: give it more of the data (--split or --valid-fraction) or pass "
+                                    "--eval-interval 0",
+                                    cfg.eval_iters, data->valid_samples(), G));
+    flags.layer.notices.push_back(fmt::format("--eval-iters {} needs {} validation sequences, the validation split "
+                                              "holds {}: evaluating on {} global batches",
+                                              cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
+    cfg.eval_iters = fit;
+  }
+  if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0)
+    flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
+                                              "batch of {}: no test evaluation",
+                                              train::split_str(train::data_split(cfg)), data->test_samples(), G));
+  return data;
+}
+
+// Rank 0's lines before the first iteration: the model and layout, what AMPipe and cp guarantee, the data, the
+// memory estimate, the checkpoint this run starts from.
+struct RunInfo {
+  const train::TrainConfig& cfg;
+  const comm::Layout& layout;
+  const train::TextData& data;
+  const schedule::MemoryEstimate& mem;
+  int64_t rss_now = 0, start = 0, n_params = 0, ckpt_iteration = 0;
+  int world = 1;
+};
+
+void print_header(const RunInfo& r) {
+  const train::TrainConfig& cfg = r.cfg;
+  const model::LayerConfig& l = cfg.layer;
+  const train::TextData* data = &r.data;
+  const schedule::MemoryEstimate& mem = r.mem;
+  const int64_t G = cfg.global_batch(r.world), rss_now = r.rss_now, start = r.start;
+  std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
+  if (l.cp() > 1) tp += fmt::format("cp={} ({}) ", l.cp(), l.context_parallel_algo);
+  fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
+             "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
+             cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
+             l.moe_router_topk, cfg.vocab_size, double(r.n_params) / 1e6, l.bf16 ? "bf16" : "fp32", r.world, tp,
+             r.layout.ep, r.layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
+             l.seq_length, l.micro_batch_size);
+  if (cfg.ampipe_degree > 1)
+    fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
+               l.moe_no_drop
+                   ? "equals degree 1 up to summation order: --moe-no-drop drops no token"
+                   : fmt::format("equals degree 1 only while no token is dropped: each chunk of s/M positions routes "
+                                 "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
+                                 "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
+                                 l.moe_train_capacity_factor));
+  if (l.cp() > 1)
+    fmt::print("  context parallelism {} {}\n", l.cp(),
+               l.moe_no_drop
+                   ? "equals cp 1 up to summation order: --moe-no-drop drops no token"
+                   : fmt::format("equals cp 1 only while no token is dropped: each cp rank routes its own s/cp = {} "
+                                 "positions (chunk by chunk) with its own capacity, so its drops may differ from cp "
+                                 "1's; --moe-no-drop makes it exact",
+                                 l.seq_length / l.cp()));
+  fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
+             data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
+             data->valid_samples(), data->test_samples());
+  fmt::print("  memory: estimated peak {} per rank\n", mem.describe());
+  if (!cfg.recompute_granularity.empty()) {  // the same estimate without recomputation, for comparison
+    train::TrainConfig keep = cfg;
+    keep.recompute_granularity.clear();
+    keep.recompute_method.clear();
+    keep.layer.recompute_attention = false;
+    schedule::MemoryEstimate without = train::estimate_train_memory(keep, data->train_samples());
+    without.parts.insert(without.parts.begin(), {"process now (code, MPI, data)", rss_now});
+    fmt::print("  recomputation ({}): estimated peak {} per rank, {} without\n", cfg.recompute_granularity,
+               core::format_bytes(double(mem.total())), core::format_bytes(double(without.total())));
+  }
+  if (cfg.finetune)
+    fmt::print("  finetuning the model of {} (iteration {}): a fresh optimizer, from iteration 0\n", cfg.load,
+               r.ckpt_iteration);
+  else if (!cfg.load.empty())
+    fmt::print("  resumed from {} at iteration {}{}\n", cfg.load, start,
+               cfg.no_load_optim ? " (the model only: a fresh optimizer, --no-load-optim)" : "");
+  std::fflush(stdout);
+}
+
+// Rank 0's summary after the run: losses, speed, and where an iteration's time went.
+void print_summary(const train::TrainResult& res, const train::TrainConfig& cfg, const comm::Layout& layout,
+                   bool multi_host, int64_t start, int world) {
+  const model::LayerConfig& l = cfg.layer;
+  const int64_t G = cfg.global_batch(world);
+  if (res.iterations.empty()) {  // --skip-train, or the checkpoint is already at --train-iters
+    fmt::print("ampipe train: done: no iteration trained ({}; the model of iteration {})",
+               cfg.skip_train ? "--skip-train" : fmt::format("--train-iters {} reached", cfg.train_iters), start);
+    if (!res.evals.empty())
+      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    if (!res.tests.empty())
+      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
+    fmt::print("\n");
+    std::fflush(stdout);
+  }
+  if (!res.iterations.empty()) {
+    const auto& its = res.iterations;
+    // The first and the last 10 iterations; a run shorter than 20 compares its first and its second half, so the
+    // two windows never overlap (one iteration: no comparison).
+    const size_t n = its.size(), w = n >= 20 ? 10 : n / 2;
+    double first = 0, last = 0;
+    for (size_t i = 0; i < w; ++i) {
+      first += its[i].lm_loss / double(w);
+      last += its[n - w + i].lm_loss / double(w);
+    }
+    // Speed over the iterations after the first (which creates the oneDNN primitives).
+    const size_t from = n > 1 ? 1 : 0;
+    double iter = 0, layers = 0, head = 0, optim = 0, reduce = 0, flops = 0, a2a = 0, a2a_exp = 0, exposed = 0;
+    for (size_t i = from; i < n; ++i) {
+      iter += its[i].iter_ms;
+      layers += its[i].layers_ms;
+      head += its[i].head_ms;
+      optim += its[i].optim_ms;
+      reduce += its[i].reduce_ms;
+      flops += its[i].flops;
+      a2a += its[i].a2a_ms;
+      a2a_exp += its[i].a2a_exposed_ms;
+      exposed += its[i].exposed_comm_ms;
+    }
+    const double k = double(n - from);
+    const double other = iter - layers - head - optim;
+    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | ", res.start_iteration + 1, its.back().iteration,
+               res.wall_s);
+    if (w > 0)
+      fmt::print("lm loss {:.3f} -> {:.3f} (mean of the first / last {} iterations)", first, last, w);
+    else
+      fmt::print("lm loss {:.3f} (one iteration)", its.back().lm_loss);
+    if (!res.evals.empty())
+      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
+    if (!res.tests.empty())
+      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
+    fmt::print("\n  speed: {:.1f} ms/iteration, {:.0f} tokens/s, {:.4f} TFLOP/s per rank | exposed comm {:.2f} ms/iter",
+               iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
+    if (layout.ep > 1) fmt::print(" (all-to-all {:.2f})", a2a_exp / k);
+    if (layout.ep > 1 && multi_host && a2a > 0)
+      fmt::print(", all-to-all {:.2f} ms/iter on the EP lane of which {:.1f}% hidden", a2a / k,
+                 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
+    fmt::print("\n  time per iteration: layer steps {:.1f} ms ({:.1f}%), embedding + LM head + loss {:.1f} ms ({:.1f}%), "
+               "gradient all-reduce {:.1f} ms + norm, clip, AdamW {:.1f} ms ({:.1f}% together), other {:.1f} ms ({:.1f}%) | loop overhead over the "
+               "model's compute (layers + head): {:.1f}%\n",
+               layers / k, 100 * layers / iter, head / k, 100 * head / iter, reduce / k, (optim - reduce) / k, 100 * optim / iter, other / k,
+               100 * other / iter, 100 * (iter - layers - head) / (layers + head));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
 int run_train(TrainFlags& flags) {
   // SIGTERM / SIGINT from here on finish the current iteration on every rank and save (train/stop_signal.h).
   const train::StopSignalGuard stop_guard;
@@ -68,37 +237,8 @@ int run_train(TrainFlags& flags) {
                                          line));
   flags.comm.apply();
 
-  // Data before any collective: a bad file fails identically on every rank.
-  const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
-  std::unique_ptr<train::SentencePieceTokenizer> tokenizer;
-  if (!cfg.tokenizer_model.empty())
-    tokenizer = std::make_unique<train::SentencePieceTokenizer>(cfg.tokenizer_model, "--tokenizer-model");
-  const train::Corpus corpus = train::load_corpus(cfg.data_path, tokenizer.get());
-  cfg.vocab_size = corpus.vocab_size;
-  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, train::data_split(cfg),
-                                                      cfg.layer.seed, source + ", " + corpus.format);
-  {
-    // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
-    // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
-    const int64_t G = cfg.global_batch(rt.size());
-    const bool evaluates = cfg.eval_interval > 0 || cfg.skip_train;
-    if (evaluates && cfg.eval_iters * G > data->valid_samples()) {
-      const int64_t fit = data->valid_samples() / G;
-      if (fit < 1)
-        throw ConfigError(fmt::format("--eval-iters {}: the validation split holds {} sequences, fewer than one global "
-                                      "batch of {}: give it more of the data (--split or --valid-fraction) or pass "
-                                      "--eval-interval 0",
-                                      cfg.eval_iters, data->valid_samples(), G));
-      flags.layer.notices.push_back(fmt::format("--eval-iters {} needs {} validation sequences, the validation split "
-                                                "holds {}: evaluating on {} global batches",
-                                                cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
-      cfg.eval_iters = fit;
-    }
-    if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0)
-      flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
-                                                "batch of {}: no test evaluation",
-                                                train::split_str(train::data_split(cfg)), data->test_samples(), G));
-  }
+  train::Corpus corpus;
+  const std::shared_ptr<const train::TextData> data = prepare_data(cfg, flags, rt.size(), corpus);
   if (rt.rank() == 0)
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
@@ -157,56 +297,17 @@ int run_train(TrainFlags& flags) {
     for (const std::string& n : resume_notes) fmt::print(stderr, "ampipe: note: {}\n", n);
   const bool rank0 = rt.rank() == 0;
   const model::LayerConfig& l = cfg.layer;
-  const int64_t G = cfg.global_batch(rt.size());
   int64_t n_params = 0;
   for (auto& p : trainer.model().params())
     n_params += p.param.numel() * (p.expert ? l.expert_model_parallel_size : 1) * (p.tp_sharded(l) ? l.tp() : 1);
   if (rank0) {
-    std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
-    if (l.cp() > 1) tp += fmt::format("cp={} ({}) ", l.cp(), l.context_parallel_algo);
-    fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
-               "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
-               cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
-               l.moe_router_topk, cfg.vocab_size, double(n_params) / 1e6, l.bf16 ? "bf16" : "fp32", rt.size(), tp,
-               layout.ep, layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
-               l.seq_length, l.micro_batch_size);
-    if (cfg.ampipe_degree > 1)
-      fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
-                 l.moe_no_drop
-                     ? "equals degree 1 up to summation order: --moe-no-drop drops no token"
-                     : fmt::format("equals degree 1 only while no token is dropped: each chunk of s/M positions routes "
-                                   "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
-                                   "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
-                                   l.moe_train_capacity_factor));
-    if (l.cp() > 1)
-      fmt::print("  context parallelism {} {}\n", l.cp(),
-                 l.moe_no_drop
-                     ? "equals cp 1 up to summation order: --moe-no-drop drops no token"
-                     : fmt::format("equals cp 1 only while no token is dropped: each cp rank routes its own s/cp = {} "
-                                   "positions (chunk by chunk) with its own capacity, so its drops may differ from cp "
-                                   "1's; --moe-no-drop makes it exact",
-                                   l.seq_length / l.cp()));
-    fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
-               data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
-               data->valid_samples(), data->test_samples());
-    fmt::print("  memory: estimated peak {} per rank\n", mem.describe());
-    if (!cfg.recompute_granularity.empty()) {  // the same estimate without recomputation, for comparison
-      train::TrainConfig keep = cfg;
-      keep.recompute_granularity.clear();
-      keep.recompute_method.clear();
-      keep.layer.recompute_attention = false;
-      schedule::MemoryEstimate without = train::estimate_train_memory(keep, data->train_samples());
-      without.parts.insert(without.parts.begin(), {"process now (code, MPI, data)", rss_now});
-      fmt::print("  recomputation ({}): estimated peak {} per rank, {} without\n", cfg.recompute_granularity,
-                 core::format_bytes(double(mem.total())), core::format_bytes(double(without.total())));
-    }
-    if (cfg.finetune)
-      fmt::print("  finetuning the model of {} (iteration {}): a fresh optimizer, from iteration 0\n", cfg.load,
-                 ckpt ? ckpt->iteration : 0);
-    else if (!cfg.load.empty())
-      fmt::print("  resumed from {} at iteration {}{}\n", cfg.load, start,
-                 cfg.no_load_optim ? " (the model only: a fresh optimizer, --no-load-optim)" : "");
-    std::fflush(stdout);
+    RunInfo info{cfg, layout, *data, mem};
+    info.rss_now = rss_now;
+    info.start = start;
+    info.n_params = n_params;
+    info.ckpt_iteration = ckpt ? ckpt->iteration : 0;
+    info.world = rt.size();
+    print_header(info);
   }
   const train::TrainResult res = trainer.train([](const std::string& line) {
     std::fputs((line + "\n").c_str(), stdout);
@@ -216,65 +317,7 @@ int run_train(TrainFlags& flags) {
   if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
   if (rank0 && !cfg.loss_plot.empty())
     fmt::print("ampipe train: loss curves written to {}: {}\n", cfg.loss_plot, train::write_loss_plot(cfg.loss_plot, res));
-  if (rank0 && res.iterations.empty()) {  // --skip-train, or the checkpoint is already at --train-iters
-    fmt::print("ampipe train: done: no iteration trained ({}; the model of iteration {})",
-               cfg.skip_train ? "--skip-train" : fmt::format("--train-iters {} reached", cfg.train_iters), start);
-    if (!res.evals.empty())
-      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
-    if (!res.tests.empty())
-      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
-    fmt::print("\n");
-    std::fflush(stdout);
-  }
-  if (rank0 && !res.iterations.empty()) {
-    const auto& its = res.iterations;
-    // The first and the last 10 iterations; a run shorter than 20 compares its first and its second half, so the
-    // two windows never overlap (one iteration: no comparison).
-    const size_t n = its.size(), w = n >= 20 ? 10 : n / 2;
-    double first = 0, last = 0;
-    for (size_t i = 0; i < w; ++i) {
-      first += its[i].lm_loss / double(w);
-      last += its[n - w + i].lm_loss / double(w);
-    }
-    // Speed over the iterations after the first (which creates the oneDNN primitives).
-    const size_t from = n > 1 ? 1 : 0;
-    double iter = 0, layers = 0, head = 0, optim = 0, reduce = 0, flops = 0, a2a = 0, a2a_exp = 0, exposed = 0;
-    for (size_t i = from; i < n; ++i) {
-      iter += its[i].iter_ms;
-      layers += its[i].layers_ms;
-      head += its[i].head_ms;
-      optim += its[i].optim_ms;
-      reduce += its[i].reduce_ms;
-      flops += its[i].flops;
-      a2a += its[i].a2a_ms;
-      a2a_exp += its[i].a2a_exposed_ms;
-      exposed += its[i].exposed_comm_ms;
-    }
-    const double k = double(n - from);
-    const double other = iter - layers - head - optim;
-    fmt::print("ampipe train: done: iterations {}..{} in {:.1f} s | ", res.start_iteration + 1, its.back().iteration,
-               res.wall_s);
-    if (w > 0)
-      fmt::print("lm loss {:.3f} -> {:.3f} (mean of the first / last {} iterations)", first, last, w);
-    else
-      fmt::print("lm loss {:.3f} (one iteration)", its.back().lm_loss);
-    if (!res.evals.empty())
-      fmt::print(" | validation loss {:.3f} (ppl {:.2f})", res.evals.back().lm_loss, std::exp(res.evals.back().lm_loss));
-    if (!res.tests.empty())
-      fmt::print(" | test loss {:.3f} (ppl {:.2f})", res.tests.back().lm_loss, std::exp(res.tests.back().lm_loss));
-    fmt::print("\n  speed: {:.1f} ms/iteration, {:.0f} tokens/s, {:.4f} TFLOP/s per rank | exposed comm {:.2f} ms/iter",
-               iter / k, double(G * l.seq_length) / (iter / k / 1e3), flops / (iter / 1e3) / 1e12, exposed / k);
-    if (layout.ep > 1) fmt::print(" (all-to-all {:.2f})", a2a_exp / k);
-    if (layout.ep > 1 && multi_host && a2a > 0)
-      fmt::print(", all-to-all {:.2f} ms/iter on the EP lane of which {:.1f}% hidden", a2a / k,
-                 100 * std::clamp(1 - a2a_exp / a2a, 0.0, 1.0));
-    fmt::print("\n  time per iteration: layer steps {:.1f} ms ({:.1f}%), embedding + LM head + loss {:.1f} ms ({:.1f}%), "
-               "gradient all-reduce {:.1f} ms + norm, clip, AdamW {:.1f} ms ({:.1f}% together), other {:.1f} ms ({:.1f}%) | loop overhead over the "
-               "model's compute (layers + head): {:.1f}%\n",
-               layers / k, 100 * layers / iter, head / k, 100 * head / iter, reduce / k, (optim - reduce) / k, 100 * optim / iter, other / k,
-               100 * other / iter, 100 * (iter - layers - head) / (layers + head));
-    std::fflush(stdout);
-  }
+  if (rank0) print_summary(res, cfg, layout, multi_host, start, rt.size());
   return 0;
 }
 

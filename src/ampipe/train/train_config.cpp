@@ -20,16 +20,31 @@ struct Incompatible {
 
 }  // namespace
 
-void TrainConfig::validate(int world) const {
-  layer.validate();
-  const int M = ampipe_degree, tp = layer.tensor_model_parallel_size, cp = layer.context_parallel_size;
-  const int64_t s = layer.seq_length;
-  if (num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", num_layers));
-  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1 (1 = AMPipe off)", M));
-  if (tp < 1)
-    throw ConfigError(fmt::format("--tensor-model-parallel-size {} is invalid: it must be >= 1", tp));
-  if (cp < 1) throw ConfigError(fmt::format("--context-parallel-size {} is invalid: it must be >= 1", cp));
+// The MindSpeed features that do not combine with AMPipe (seed constraint 2), and why; none runs in this engine.
+std::vector<Incompatible> incompatible_features(const TrainConfig& c) {
+  return {
+      {"--use-ascend-mc2", c.use_ascend_mc2,
+       "MC2 fuses the tensor-parallel collectives into the matmuls that AMPipe cuts into chunks"},
+      {"--overlap-grad-reduce", c.overlap_grad_reduce,
+       "its gradient-reduce hooks fire in the layer order that AMPipe's chunked backward changes"},
+      {"--overlap-param-gather", c.overlap_param_gather,
+       "its parameter all-gather overlaps the forward that AMPipe reorders"},
+      {"--use-nanopipe", c.use_nanopipe, "nanopipe pipelines the same block at a different granularity"},
+      {"--recompute-in-bubble", c.recompute_in_bubble, "ripipe recomputation needs the unchunked layer"},
+      {"--recompute-in-advance", c.recompute_in_advance, "ripipe recomputation needs the unchunked layer"},
+      {"--adaptive-recompute-device-swap", c.adaptive_recompute_device_swap,
+       "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
+      {"--adaptive-recompute-device-size", c.adaptive_recompute_device_size >= 0,
+       "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
+      {"--adaptive-memory-optimization", c.adaptive_memory_optimization,
+       "adaptive memory optimization is not compatible with ampipe"},
+      {"--add-bias-linear", c.add_bias_linear, "ampipe does not support bias linear layers"},
+  };
+}
 
+// The seed's AMPipe constraints (its 限制条件), part of validate.
+void TrainConfig::validate_ampipe() const {
+  const int M = ampipe_degree;
   // Seed constraint 1: AMPipe needs the DeepSpeed-MoE layer and flash attention.
   if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
     throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
@@ -43,24 +58,8 @@ void TrainConfig::validate(int world) const {
                                   M));
 
   // Seed constraint 2: features that do not combine with AMPipe.
-  const Incompatible incompatible[] = {
-      {"--use-ascend-mc2", use_ascend_mc2,
-       "MC2 fuses the tensor-parallel collectives into the matmuls that AMPipe cuts into chunks"},
-      {"--overlap-grad-reduce", overlap_grad_reduce,
-       "its gradient-reduce hooks fire in the layer order that AMPipe's chunked backward changes"},
-      {"--overlap-param-gather", overlap_param_gather,
-       "its parameter all-gather overlaps the forward that AMPipe reorders"},
-      {"--use-nanopipe", use_nanopipe, "nanopipe pipelines the same block at a different granularity"},
-      {"--recompute-in-bubble", recompute_in_bubble, "ripipe recomputation needs the unchunked layer"},
-      {"--recompute-in-advance", recompute_in_advance, "ripipe recomputation needs the unchunked layer"},
-      {"--adaptive-recompute-device-swap", adaptive_recompute_device_swap,
-       "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
-      {"--adaptive-recompute-device-size", adaptive_recompute_device_size >= 0,
-       "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
-      {"--adaptive-memory-optimization", adaptive_memory_optimization,
-       "adaptive memory optimization is not compatible with ampipe"},
-      {"--add-bias-linear", add_bias_linear, "ampipe does not support bias linear layers"},
-  };
+  const std::vector<Incompatible> incompatible = incompatible_features(*this);
+
   if (M > 1)
     for (const Incompatible& f : incompatible)
       if (f.on)
@@ -68,10 +67,10 @@ void TrainConfig::validate(int world) const {
                                       f.reason));
 
   // Seed constraint 3: every chunk has the same rows on every TP / CP rank.
-  if (s % M != 0)
+  if (layer.seq_length % M != 0)
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --ampipe-degree {}: every chunk must have the "
                                   "same number of rows",
-                                  s, M));
+                                  layer.seq_length, M));
   layer.check_tensor_parallel(M);  // with --sequence-parallel every chunk has the same rows on every TP rank
   // Context parallelism: the sequence divisible by 2 x cp x M (and x tp with SP), in check_tensor_parallel.
 
@@ -81,6 +80,18 @@ void TrainConfig::validate(int world) const {
   if (layer.use_pipe_experts && use_ascend_mc2)
     throw ConfigError("--use-pipe-experts cannot be used with --use-ascend-mc2: mc2 is not compatible with pipe-experts");
   (void)layer.check_pipe_experts(M);
+}
+
+void TrainConfig::validate(int world) const {
+  layer.validate();
+  const int M = ampipe_degree, tp = layer.tensor_model_parallel_size, cp = layer.context_parallel_size;
+  if (num_layers < 1) throw ConfigError(fmt::format("--num-layers {} is invalid: it must be >= 1", num_layers));
+  if (M < 1) throw ConfigError(fmt::format("--ampipe-degree {} is invalid: it must be >= 1 (1 = AMPipe off)", M));
+  if (tp < 1)
+    throw ConfigError(fmt::format("--tensor-model-parallel-size {} is invalid: it must be >= 1", tp));
+  if (cp < 1) throw ConfigError(fmt::format("--context-parallel-size {} is invalid: it must be >= 1", cp));
+
+  validate_ampipe();
 
   // The layout: world = tp x cp x dp, and EP inside dp x cp.
   if (world % (tp * cp) != 0)
@@ -114,7 +125,7 @@ void TrainConfig::validate(int world) const {
   };
   if (moe_model_type == "megatron_moe")
     not_yet("--moe-model-type megatron_moe (the only MoE layer here is DeepSpeed-MoE's; pass deepspeed_moe)");
-  for (const Incompatible& f : incompatible)
+  for (const Incompatible& f : incompatible_features(*this))
     if (f.on) not_yet(f.flag);
 
   // Training values.

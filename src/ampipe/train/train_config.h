@@ -104,6 +104,7 @@ struct TrainConfig {
 
   // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
   void validate(int world) const;
+  void validate_ampipe() const;  // the seed's four AMPipe constraints (part of validate)
   // pipe-experts with nothing to pipeline (model::LayerConfig::check_pipe_experts's notice: one local expert and
   // --pipe-experts-multi-data 1) runs without it: turns layer.use_pipe_experts off and returns the notice, for rank 0
   // to print. Returns "" otherwise, also when the pipe-experts rules fail (validate reports those).
