@@ -1,5 +1,7 @@
 #include "ampipe/train/adamw.h"
 
+#include "ampipe/kernels/adamw.h"
+
 #include <cmath>
 #include <numbers>
 
@@ -25,23 +27,18 @@ AdamW::AdamW(const std::vector<NamedParam>& params) {
 void AdamW::step(std::vector<NamedParam>& params, double lr, double weight_decay, double beta1, double beta2,
                  double eps, float clip_coef) {
   ++t_;
-  const float b1 = float(beta1), b2 = float(beta2);
+  kernels::AdamWScalars sc;
+  sc.b1 = float(beta1);
+  sc.b2 = float(beta2);
   const float bc1 = float(1.0 - std::pow(beta1, double(t_))), bc2 = float(1.0 - std::pow(beta2, double(t_)));
-  const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2), e = float(eps);
+  sc.step_size = float(lr) / bc1;
+  sc.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  sc.eps = float(eps);
+  sc.clip_coef = clip_coef;
   for (size_t i = 0; i < params.size(); ++i) {
     NamedParam& np = params[i];
-    float* __restrict__ p = np.param.data<float>();
-    const float* __restrict__ g = np.grad.data<float>();
-    float* __restrict__ m = m_[i].data<float>();
-    float* __restrict__ v = v_[i].data<float>();
-    const float decay = np.decay ? float(1.0 - lr * weight_decay) : 1.0f;
-    const int64_t n = np.param.numel();
-    for (int64_t k = 0; k < n; ++k) {
-      const float gk = g[k] * clip_coef;
-      m[k] = b1 * m[k] + (1.0f - b1) * gk;
-      v[k] = b2 * v[k] + (1.0f - b2) * gk * gk;
-      p[k] = p[k] * decay - step_size * m[k] / (std::sqrt(v[k]) * inv_sqrt_bc2 + e);
-    }
+    sc.decay = np.decay ? float(1.0 - lr * weight_decay) : 1.0f;
+    kernels::adamw_update(np.param, np.grad, m_[i], v_[i], sc);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/cross_entropy.h"
+#include "ampipe/kernels/embedding.h"
 #include "ampipe/kernels/gemm.h"
 #include "ampipe/kernels/layernorm.h"
 #include "ampipe/model/context_parallel.h"
@@ -116,19 +117,7 @@ void GptModel::take_rows(std::span<const int32_t> tokens, std::span<const int32_
 }
 
 // x0[t] = wte[token[t]] + wpe[pos[t / b]]   ([s, b] layout: local token t sits at local row t / b)
-void GptModel::embed() {
-  const float* e = wte_.data<float>();
-  const float* pe = wpe_.data<float>();
-  float* x = x0_.data<float>();
-  for (int64_t t = 0; t < Tl_; ++t) {
-    const int32_t tok = tokens_[size_t(t)];
-    AMPIPE_CHECK(tok >= 0 && tok < V_, "token {} at {} outside [0, {})", tok, t, V_);
-    const float* er = e + int64_t(tok) * h_;
-    const float* pr = pe + pos_[size_t(t / b_)] * h_;
-    float* xr = x + t * h_;
-    for (int64_t j = 0; j < h_; ++j) xr[j] = er[j] + pr[j];
-  }
-}
+void GptModel::embed() { kernels::embedding_forward(wte_, wpe_, tokens_, pos_, b_, x0_); }
 
 Tensor GptModel::to_layers(const Tensor& full, Tensor& local) {
   if (!cfg_.layer.sp()) return full;
@@ -214,18 +203,7 @@ void GptModel::head_backward(float loss_scale, float d_aux) {
 void GptModel::embedding_backward() {
   const auto t0 = Clock::now();
   if (!cfg_.layer.sp()) dx0_ = stack_.input_grad();  // sequence parallel: sp_gather(bwd) set it
-  const float* g = dx0_.data<float>();
-  float* de = dwte_.data<float>();
-  float* dp = dwpe_.data<float>();
-  for (int64_t t = 0; t < Tl_; ++t) {
-    const float* gr = g + t * h_;
-    float* er = de + int64_t(tokens_[size_t(t)]) * h_;
-    float* pr = dp + pos_[size_t(t / b_)] * h_;
-    for (int64_t j = 0; j < h_; ++j) {
-      er[j] += gr[j];
-      pr[j] += gr[j];
-    }
-  }
+  kernels::embedding_backward(dx0_, tokens_, pos_, b_, dwte_, dwpe_);
   last_flops_ = stack_.flops() + 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_);
   times_.head_us += us_since(t0);
   trace_since("embedding.bwd", t0);

@@ -1,0 +1,44 @@
+#include "ampipe/kernels/embedding.h"
+
+#include "ampipe/core/error.h"
+
+namespace ampipe::kernels {
+
+void embedding_forward(const Tensor& wte, const Tensor& wpe, std::span<const int32_t> tokens,
+                       std::span<const int64_t> pos, int64_t b, Tensor& x) {
+  const int64_t T = int64_t(tokens.size()), V = wte.size(0), h = wte.size(1);
+  AMPIPE_CHECK(x.numel() == T * h && int64_t(pos.size()) * b == T, "embedding_forward: x {} elements, {} tokens, "
+               "{} positions x b {}", x.numel(), T, pos.size(), b);
+  const float* e = wte.data<float>();
+  const float* pe = wpe.data<float>();
+  float* xp = x.data<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t tok = tokens[size_t(t)];
+    AMPIPE_CHECK(tok >= 0 && tok < V, "token {} at {} outside [0, {})", tok, t, V);
+    const float* er = e + int64_t(tok) * h;
+    const float* pr = pe + pos[size_t(t / b)] * h;
+    float* xr = xp + t * h;
+    for (int64_t j = 0; j < h; ++j) xr[j] = er[j] + pr[j];
+  }
+}
+
+void embedding_backward(const Tensor& dx, std::span<const int32_t> tokens, std::span<const int64_t> pos, int64_t b,
+                        Tensor& dwte_accum, Tensor& dwpe_accum) {
+  const int64_t T = int64_t(tokens.size()), h = dwte_accum.size(1);
+  AMPIPE_CHECK(dx.numel() == T * h && int64_t(pos.size()) * b == T, "embedding_backward: dx {} elements, {} tokens, "
+               "{} positions x b {}", dx.numel(), T, pos.size(), b);
+  const float* g = dx.data<float>();
+  float* de = dwte_accum.data<float>();
+  float* dp = dwpe_accum.data<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* gr = g + t * h;
+    float* er = de + int64_t(tokens[size_t(t)]) * h;
+    float* pr = dp + pos[size_t(t / b)] * h;
+    for (int64_t j = 0; j < h; ++j) {
+      er[j] += gr[j];
+      pr[j] += gr[j];
+    }
+  }
+}
+
+}  // namespace ampipe::kernels
