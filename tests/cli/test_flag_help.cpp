@@ -23,6 +23,22 @@ TEST(FlagHelp, ClosestFlagOrNone) {
   EXPECT_EQ(closest_flag(app, "--seq-lenght=64"), "--seq-length");  // the value after '=' is not compared
   EXPECT_EQ(closest_flag(app, "--hidden-dropuot"), "--hidden-dropout");
   EXPECT_EQ(closest_flag(app, "--zzzzzz"), "");                    // nothing close: no suggestion
+  EXPECT_EQ(closest_flag(app, "--seq-len"), "--seq-length");        // a prefix
+}
+
+TEST(FlagHelp, NoOppositeAndNothingFar) {
+  CLI::App app;
+  int x = 0;
+  app.add_option("--add-bias-linear", x);
+  app.add_option("--use-rts", x);
+  app.add_option("--sequence-parallel", x);
+  app.add_option("--num-layers", x);
+  EXPECT_EQ(closest_flag(app, "--disable-bias-linear"), "");
+  EXPECT_EQ(closest_flag(app, "--no-add-bias-linear"), "");
+  EXPECT_EQ(closest_flag(app, "--no-use-rts"), "");
+  EXPECT_EQ(closest_flag(app, "--no-sequence-parallel"), "");
+  EXPECT_EQ(closest_flag(app, "--num-workers"), "");  // 4 edits: too far
+  EXPECT_EQ(closest_flag(app, "--sequence-paralel"), "--sequence-parallel");
 }
 
 TEST(FlagHelp, GroupsFollowMegatron) {

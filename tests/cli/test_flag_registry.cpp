@@ -44,7 +44,11 @@ TEST(FlagRegistry, EveryFlagHasOneHelpGroupAndOneEntryPerSubcommand) {
     if (s.refused == nullptr) {  // (train refuses --position-embedding-type, which simulate takes)
       EXPECT_EQ(std::string(flag_group(s.name)), s.group) << "one flag, one group in every subcommand";
     }
-    EXPECT_EQ(s.field == nullptr, s.refused != nullptr);
+    EXPECT_EQ(s.field == nullptr, s.refused != nullptr || s.noop != nullptr);
+    EXPECT_FALSE(s.refused != nullptr && s.noop != nullptr) << "refused or accepted, not both";
+    if (s.noop != nullptr) {
+      EXPECT_EQ(s.group, kGroupNoEffect);
+    }
     for (Sub sub : kSubs)
       if (s.subs & sub) {
         EXPECT_TRUE(seen.insert({s.name, sub}).second) << "twice in " << sub_name(sub);
@@ -139,6 +143,48 @@ train::TrainConfig parse_train(const std::string& args) {
 }
 
 }  // namespace
+
+TEST(FlagRegistry, NoEffectFlagsAreOneNote) {
+  CLI::App app;
+  TrainFlags f;
+  f.add_to(app);
+  app.parse("--no-masked-softmax-fusion --num-workers 2 --transformer-impl local --distributed-backend nccl "
+            "--spec local",
+            false);
+  const train::TrainConfig c = f.finish();
+  EXPECT_EQ(c.distributed_backend, "mpi");
+  ASSERT_EQ(f.layer.notices.size(), 1u);
+  EXPECT_EQ(f.layer.notices[0],
+            "no effect on this engine: --no-masked-softmax-fusion (GPU kernel fusion), --transformer-impl local (GPU "
+            "kernel choice), --num-workers 2 (dataloader workers), --distributed-backend nccl (this engine "
+            "communicates over MPI)");
+  EXPECT_EQ(find_flag(kSimulate, "--num-workers")->noop, find_flag(kTrain, "--num-workers")->noop);
+  EXPECT_EQ(find_flag(kTrain, "--no-save-optim"), nullptr);  // the optimizer state is saved here
+}
+
+TEST(FlagRegistry, NoEffectFlagsKeepMegatronsGrammar) {
+  for (const char* args : {"--num-workers two", "--transformer-impl te", "--timing-log-level 3",
+                           "--initial-loss-scale x"}) {
+    SCOPED_TRACE(args);
+    CLI::App app;
+    TrainFlags f;
+    f.add_to(app);
+    EXPECT_THROW(app.parse(args, false), CLI::ValidationError);
+  }
+  CLI::App app;
+  TrainFlags f;
+  f.add_to(app);
+  app.parse("--spec mindspeed_llm.tasks.models.spec.qwen3_spec layer_spec", false);
+  try {
+    f.finish();
+    ADD_FAILURE() << "--spec with a module was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--spec mindspeed_llm.tasks.models.spec.qwen3_spec layer_spec is not "
+                                         "supported"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(FlagRegistry, ConfigKeysRoundTripThroughConfig) {
   const train::TrainConfig a = parse_train(

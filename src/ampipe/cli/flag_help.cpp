@@ -1,6 +1,7 @@
 #include "ampipe/cli/flag_help.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <vector>
 
@@ -67,16 +68,42 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+namespace {
+
+// `name` ("--no-use-rts") without its leading switch words: "rts".
+std::string toggle_stem(const std::string& name) {
+  std::string stem = name.substr(2);
+  for (bool again = true; again;) {
+    again = false;
+    for (const char* w : {"no-", "disable-", "enable-", "add-", "use-"}) {
+      const std::string word = w;
+      if (stem.size() > word.size() && stem.compare(0, word.size(), word) == 0) {
+        stem = stem.substr(word.size());
+        again = true;
+      }
+    }
+  }
+  return stem;
+}
+
+}  // namespace
+
 std::string closest_flag(const CLI::App& app, const std::string& flag) {
   const std::string name = flag.substr(0, flag.find('='));
+  if (name.size() < 3) return "";
+  const std::string stem = toggle_stem(name);
+  const size_t limit = std::max<size_t>(2, name.size() / 4);
   std::string best;
-  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
+  size_t best_d = SIZE_MAX;
   for (const CLI::Option* o : app.get_options())
     for (const std::string& l : o->get_lnames()) {
-      const size_t d = edit_distance(name, "--" + l);
-      if (d < best_d) {
+      const std::string candidate = "--" + l;
+      if (candidate == name || toggle_stem(candidate) == stem) continue;  // itself, or its opposite
+      const size_t d = edit_distance(name, candidate);
+      const bool prefix = name.size() >= 7 && candidate.compare(0, name.size(), name) == 0;
+      if ((d <= limit || prefix) && d < best_d) {
         best_d = d;
-        best = "--" + l;
+        best = candidate;
       }
     }
   return best;

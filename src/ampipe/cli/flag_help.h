@@ -15,7 +15,9 @@ void group_flags(CLI::App& sub);
 // A help formatter that prints the groups in the order above.
 std::shared_ptr<CLI::Formatter> grouped_formatter();
 // The long flag of `app` closest to `flag` by edit distance (its "--name" before any '='), or "" when none is
-// within max(2, length / 3) edits.
+// within max(2, length / 4) edits. A flag is never offered its opposite: a candidate that is `flag` with a leading
+// no-, disable-, enable-, add- or use- added, dropped or exchanged (--disable-bias-linear is not --add-bias-linear).
+// A candidate that `flag` is a prefix of (--seq-len: --seq-length) counts as within reach.
 std::string closest_flag(const CLI::App& app, const std::string& flag);
 // Edit distance (insertions, deletions, substitutions), for closest_flag.
 size_t edit_distance(const std::string& a, const std::string& b);

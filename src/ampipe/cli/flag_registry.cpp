@@ -54,6 +54,83 @@ FlagSpec refused(const char* name, Grammar grammar, const char* reason, const ch
   return s;
 }
 
+// Megatron / MindSpeed flags `ampipe train` (and simulate) accept with no effect on this engine: parsed with their
+// grammar (and `choices`, "a|b"), named by one start-up note with `why` (RefusedFlags::noop_note).
+FlagSpec noop(const char* name, Grammar grammar, const char* why, const char* choices = nullptr) {
+  std::string help = std::string("no effect: ") + why;
+  if (choices != nullptr) {
+    std::string c = choices;
+    std::replace(c.begin(), c.end(), '|', ',');
+    help += " (Megatron's values: " + c + ")";
+  }
+  FlagSpec s = flag(name, kTrainSubs, kGroupNoEffect, grammar, help, nullptr);
+  s.noop = why;
+  s.choices = choices;
+  return s;
+}
+
+// The Megatron-LM / MindSpeed / MindSpeed-LLM flags with no effect here, with Megatron's value grammar
+// (megatron/training/arguments.py, mindspeed/arguments.py). Those whose meaning would change the result are refused
+// instead (add_train_output_flags); --no-save-optim is not here: this engine saves the optimizer state.
+void add_noop_flags(std::vector<FlagSpec>& v) {
+  constexpr const char* kFusion = "GPU kernel fusion";
+  constexpr const char* kKernel = "GPU kernel choice";
+  constexpr const char* kCuda = "NCCL/CUDA only";
+  constexpr const char* kOverlap = "GPU/NPU communication overlap";
+  constexpr const char* kLoader = "dataloader workers";
+  constexpr const char* kTimers = "timers/logging detail";
+  constexpr const char* kCkpt = "checkpoint format details";
+  constexpr const char* kFp16 = "fp16 loss scaling only; --fp16 is refused";
+  for (const char* f : {"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion", "--no-bias-dropout-fusion",
+                        "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion", "--use-fused-swiglu",
+                        "--use-fused-rmsnorm", "--use-fused-rotary-pos-emb", "--no-persist-layer-norm"})
+    v.push_back(noop(f, G::on_off, kFusion));
+  v.push_back(noop("--jit-compile", G::on_off, "NPU kernel compilation"));
+  v.push_back(noop("--transformer-impl", G::text, kKernel, "local|transformer_engine"));
+  v.push_back(noop("--attention-backend", G::text, kKernel, "flash|fused|unfused|local|auto"));
+  v.push_back(noop("--use-mcore-models", G::on_off, "Megatron's model implementation choice"));
+  v.push_back(noop("--use-legacy-models", G::on_off, "Megatron's model implementation choice"));
+  v.push_back(noop("--attention-softmax-in-fp32", G::on_off, "the attention softmax is always fp32 here"));
+  v.push_back(noop("--disable-bias-linear", G::on_off, "the linear layers have no biases here"));
+  v.push_back(noop("--no-async-tensor-model-parallel-allreduce", G::on_off, "deprecated; Megatron ignores it too"));
+  v.push_back(noop("--use-cpu-initialization", G::on_off,
+                   "weights are always initialised on the CPU, whole, then sharded over tp"));
+  v.push_back(noop("--empty-unused-memory-level", G::integer, kCuda, "0|1|2"));
+  v.push_back(
+      noop("--distributed-timeout-minutes", G::integer, "NCCL/CUDA only; the wait limit here is --comm-timeout"));
+  v.push_back(noop("--reuse-fp32-param", G::on_off, "NPU memory saving of the distributed optimizer"));
+  v.push_back(noop("--moe-permutation-async-comm", G::on_off, kOverlap));
+  v.push_back(noop("--use-cp-send-recv-overlap", G::on_off, kOverlap));
+  v.push_back(noop("--manual-gc", G::on_off, "Python garbage collection"));
+  v.push_back(noop("--manual-gc-interval", G::integer, "Python garbage collection"));
+  v.push_back(noop("--num-workers", G::integer, kLoader));
+  v.push_back(noop("--num-dataset-builder-threads", G::integer, kLoader));
+  v.push_back(noop("--no-create-attention-mask-in-dataloader", G::on_off,
+                   "dataloader detail: the attention is causal in its kernel"));
+  v.push_back(noop("--no-mmap-bin-files", G::on_off, "dataloader detail"));
+  v.push_back(noop("--data-cache-path", G::text, "dataloader index cache"));
+  for (const char* f : {"--log-throughput", "--no-barrier-with-level-1-timing", "--log-timers-to-tensorboard",
+                        "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard",
+                        "--log-world-size-to-tensorboard", "--no-log-loss-scale-to-tensorboard", "--log-params-norm",
+                        "--log-num-zeros-in-grad"})
+    v.push_back(noop(f, G::on_off, kTimers));
+  v.push_back(noop("--timing-log-level", G::integer, kTimers, "0|1|2"));
+  v.push_back(noop("--timing-log-option", G::text, kTimers, "max|minmax|all"));
+  v.push_back(noop("--tensorboard-queue-size", G::integer, kTimers));
+  v.push_back(noop("--ckpt-format", G::text, kCkpt, "torch|torch_dist|zarr|torch_dcp|fsdp_dtensor"));
+  v.push_back(noop("--no-shared-storage", G::on_off, kCkpt));
+  // No random state is restored from a checkpoint: all random numbers come from this run's --seed (checkpoint.h).
+  v.push_back(noop("--no-load-rng", G::on_off, "no random state is loaded here: this run's --seed keys them all"));
+  v.push_back(noop("--no-save-rng", G::on_off, "no random state is loaded here: this run's --seed keys them all"));
+  for (const char* f : {"--initial-loss-scale", "--min-loss-scale", "--loss-scale-window"})
+    v.push_back(noop(f, G::number, kFp16));
+  v.push_back(noop("--hysteresis", G::integer, kFp16));
+  // Megatron without the check trains on; this engine stops on every rank at a NaN or Inf loss or gradient norm
+  // (docs/training.md): a run without NaN is the same, and a run with one does not go on silently.
+  v.push_back(noop("--no-check-for-nan-in-loss-and-grad", G::on_off,
+                   "ignored: this engine always stops on a NaN loss or gradient"));
+}
+
 // The layer (LayerFlags), shared by every subcommand that builds a layer, and the runtime flags.
 void add_layer_flags(std::vector<FlagSpec>& v) {
   const unsigned L = kLayerSubs;
@@ -213,7 +290,7 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
                    "dropout on the attention probabilities: only 0 (the fused attention has none)",
                    AT(train->cfg.attention_dropout), kDef));
   v.push_back(flag("--distributed-backend", T, kGroupParallel, G::text,
-                   "mpi only: this engine communicates over MPI (nccl and gloo are refused)",
+                   "mpi: this engine communicates over MPI (Megatron's nccl and gloo are accepted with a note)",
                    AT(train->cfg.distributed_backend), kDef));
   // simulate takes a list instead (its entry below); train's is kept as given for the rank agreement
   v.push_back(flag("--ampipe-degree", kTrain, kGroupMoe, G::degree_auto,
@@ -378,6 +455,8 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--group-query-attention", G::on_off, kNoGqa));
   v.push_back(refused("--num-query-groups", G::text, kNoGqa));
   v.push_back(refused("--moe-grouped-gemm", G::on_off, "the experts run as one GEMM each; there is no grouped GEMM"));
+  v.push_back(refused("--spec", G::text_list,
+                      "a layer spec picks the block's modules; this engine builds its own GPT-MoE block", "local"));
 }
 
 // simulate's own flags (after the train flags, which it takes too), calibrate and preprocess.
@@ -442,6 +521,7 @@ std::vector<FlagSpec> make_registry() {
   add_train_model_flags(v);
   add_train_schedule_flags(v);
   add_train_output_flags(v);
+  add_noop_flags(v);
   add_tool_flags(v);
   return v;
 }
@@ -464,6 +544,29 @@ CLI::Validator non_empty_path() {
         return v.empty() ? std::string("an empty path is not a file or directory") : std::string();
       },
       "PATH");
+}
+
+// A no-op's value: its grammar (an integer, a number) and Megatron's choices.
+CLI::Validator noop_validator(const FlagSpec& s) {
+  const Grammar grammar = s.grammar;
+  const std::string choices = s.choices ? s.choices : "";
+  return CLI::Validator(
+      [grammar, choices](std::string& v) {
+        size_t used = 0;
+        try {
+          if (grammar == Grammar::integer) (void)std::stoll(v, &used);
+          if (grammar == Grammar::number) (void)std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if ((grammar == Grammar::integer || grammar == Grammar::number) && (v.empty() || used != v.size()))
+          return v + (grammar == Grammar::integer ? " is not an integer" : " is not a number");
+        if (choices.empty() || ("|" + choices + "|").find("|" + v + "|") != std::string::npos) return std::string();
+        std::string list = choices;
+        std::replace(list.begin(), list.end(), '|', ',');
+        return v + " is not one of " + list;
+      },
+      grammar == Grammar::integer ? "INT" : grammar == Grammar::number ? "FLOAT" : "TEXT");
 }
 
 CLI::Option* add_option(CLI::App& app, const FlagSpec& s, const FlagRef& ref) {
@@ -532,7 +635,7 @@ const char* sub_name(Sub sub) {
 const std::vector<std::string>& help_group_order() {
   static const std::vector<std::string> order = {kGroupOptions,  kGroupModel,  kGroupMoe,        kGroupParallel,
                                                  kGroupTraining, kGroupLr,     kGroupCheckpoint, kGroupData,
-                                                 kGroupLogging,  kGroupNotRun, kGroupRefused};
+                                                 kGroupLogging,  kGroupNotRun, kGroupNoEffect, kGroupRefused};
   return order;
 }
 
@@ -567,11 +670,19 @@ const char* flag_group(const std::string& flag) {
 void add_flags(CLI::App& app, Sub sub, const FlagTargets& t) {
   for (const FlagSpec* s : flags_of(sub)) {
     CLI::Option* o = nullptr;
-    if (s->refused != nullptr) {
+    if (s->refused != nullptr || s->noop != nullptr) {
       RefusedFlags::Entry& e = t.train->refused.entries.emplace_back();
       e.spec = s;
-      o = s->grammar == Grammar::on_off ? app.add_flag(s->name, e.on, s->help)
-                                        : app.add_option(s->name, e.value, s->help);
+      if (s->grammar == Grammar::on_off) {
+        o = app.add_flag(s->name, e.on, s->help);
+      } else if (s->grammar == Grammar::text_list) {  // Megatron's nargs='*'
+        o = app.add_option(s->name, e.values, s->help)
+                ->expected(0, CLI::detail::expected_max_vector_size)
+                ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      } else {
+        o = app.add_option(s->name, e.value, s->help);
+        if (s->noop != nullptr) o->check(noop_validator(*s));
+      }
       e.opt = o;
     } else {
       o = add_option(app, *s, s->field(t));

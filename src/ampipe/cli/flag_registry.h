@@ -1,8 +1,10 @@
 // Every flag of the `ampipe` binary, defined once (flag_registry.cpp): its name, the field it sets, its help group
 // and text, its value grammar, whether it is a path (an empty one is refused), its --config key, which subcommands
-// take it, and for Megatron's refused flags the reason. From this table come each subcommand's CLI11 options
-// (add_flags), the help groups (flag_help.cpp), the --config keys (train_flags.cpp) and the settings the ranks of
-// `ampipe train` compare (train_agreement.cpp, with train::config_keys() for the training configuration's).
+// take it, for Megatron's refused flags the reason, and for the Megatron / MindSpeed flags accepted with no effect
+// (GPU kernel fusion, NCCL/CUDA settings, dataloader workers, ...) why they have none. From this table come each
+// subcommand's CLI11 options (add_flags), the help groups (flag_help.cpp), the --config keys (train_flags.cpp) and the
+// settings the ranks of `ampipe train` compare (train_agreement.cpp, with train::config_keys() for the training
+// configuration's).
 // A flag declared anywhere else is a test failure (tests/cli/flags_in_registry.sh).
 #pragma once
 
@@ -51,6 +53,8 @@ inline constexpr const char* kGroupData = "Data and evaluation";
 inline constexpr const char* kGroupLogging = "Logging and output";
 inline constexpr const char* kGroupNotRun =
     "MindSpeed features parsed but refused (not run by this engine; with --ampipe-degree > 1 also incompatible)";
+inline constexpr const char* kGroupNoEffect =
+    "Megatron / MindSpeed flags accepted with no effect on this engine (a start-up note names them)";
 inline constexpr const char* kGroupRefused = "Megatron flags this engine refuses (each says why)";
 inline constexpr const char* kGroupHidden = "";  // not in --help (for the tests)
 const std::vector<std::string>& help_group_order();
@@ -63,6 +67,7 @@ enum class Grammar {
   text,         // a string (parsed later by its user where it has more structure, e.g. --memory-limit)
   on_off,       // a switch: no value
   int_list,     // a comma list of integers (the sweeps)
+  text_list,    // several values, as Megatron's nargs (--spec a b): space-separated, or one comma list in --config
   degree,       // --ampipe-degree M: one integer
   degree_auto,  // --ampipe-degree M or auto
   degree_list,  // --ampipe-degree 1,2,4 or auto
@@ -100,10 +105,15 @@ struct FlagSpec {
   std::string group;
   Grammar grammar = Grammar::text;
   std::string help;
-  FlagRef (*field)(const FlagTargets&) = nullptr;  // null for refused flags (RefusedFlags holds their values)
+  FlagRef (*field)(const FlagTargets&) = nullptr;  // null for refused and no-op flags (RefusedFlags holds their
+                                                   // values)
   unsigned attrs = 0;
   const char* refused = nullptr;   // Megatron's flags parsed only to be refused: the reason
   const char* accepted = nullptr;  // ... and the one value accepted (nullptr: none)
+  const char* noop = nullptr;      // Megatron / MindSpeed flags accepted with no effect: why ("GPU kernel fusion");
+                                   // the start-up note names each one given with it (RefusedFlags::noop_note)
+  const char* choices = nullptr;   // a no-op's values Megatron accepts, "|"-separated ("local|transformer_engine");
+                                   // nullptr: any value of its grammar
 
   // The --config key (and JSON key): the flag without "--", dashes as underscores; "" with kNoConfig.
   std::string config_key() const;

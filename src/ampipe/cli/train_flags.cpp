@@ -136,6 +136,15 @@ train::TrainConfig TrainFlags::finish() {
     }
   }
   refused.check();
+  {  // the flags accepted with no effect: one note (rank 0 prints layer.notices after validate)
+    std::vector<std::string> extra;
+    if (cfg.distributed_backend == "nccl" || cfg.distributed_backend == "gloo") {  // Megatron's choices
+      extra.push_back(fmt::format("--distributed-backend {} (this engine communicates over MPI)",
+                                  cfg.distributed_backend));
+      cfg.distributed_backend = "mpi";
+    }
+    if (std::string note = refused.noop_note(extra); !note.empty()) layer.notices.push_back(note);
+  }
   if (!cfg.tokenizer_type.empty() && cfg.tokenizer_type != "SentencePieceTokenizer")
     throw ConfigError(fmt::format("--tokenizer-type {} is not supported: {}", cfg.tokenizer_type,
                                   RefusedFlags::kTokenizerReason));

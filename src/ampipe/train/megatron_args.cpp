@@ -20,9 +20,9 @@ void validate_megatron_args(const TrainConfig& c) {
                                   "dropout on the attention probabilities (pass 0; --hidden-dropout applies after "
                                   "the attention and after the MoE)",
                                   c.attention_dropout));
-  if (c.distributed_backend != "mpi")
+  if (c.distributed_backend != "mpi")  // (the flags turn Megatron's nccl and gloo into mpi, with a note)
     throw ConfigError(fmt::format("--distributed-backend {} is not supported: this engine communicates over MPI only "
-                                  "(pass mpi, or leave the flag out)",
+                                  "(pass mpi, Megatron's nccl or gloo, or leave the flag out)",
                                   c.distributed_backend));
   if (c.train_samples < 0)
     throw ConfigError(fmt::format("--train-samples {} is invalid: it must be >= 1", c.train_samples));

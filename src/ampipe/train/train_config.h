@@ -96,7 +96,7 @@ struct TrainConfig {
   int64_t train_samples = 0;            // > 0: train_iters = train_samples / global batch (resolve_train_samples)
   std::string split;                    // "969,30,1": train / valid / test weights; empty: from valid_fraction
   double attention_dropout = 0;         // this engine has none: only 0 is accepted
-  std::string distributed_backend = "mpi";  // mpi only (nccl and gloo are refused with one line)
+  std::string distributed_backend = "mpi";  // mpi only (Megatron's nccl and gloo become mpi, with a note)
   bool no_load_optim = false;        // --load: the model only, a fresh optimizer (the iteration continues)
   bool finetune = false;             // --load: the model only, a fresh optimizer, from iteration 0 and sample 0
   bool use_checkpoint_args = false;  // --load: the model flags come from the checkpoint (train/checkpoint_args.h)
