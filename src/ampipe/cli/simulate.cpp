@@ -238,7 +238,7 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
 }
 
 void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
-                bool rope, const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
+                const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
                 const Prediction& best, const Prediction& ref) {
   const model::LayerConfig& l = cfg.layer;
   nlohmann::json configs = nlohmann::json::array();
@@ -291,7 +291,6 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"dp_allreduce_bytes", ref.dp_allreduce_bytes},
                        {"dp_allreduce_s", ref.dp_allreduce_s},
                        {"megatron_flops", ref.megatron_flops}}}};
-  (void)rope;
   std::ofstream f(a.json_file);
   f << doc.dump(2) << "\n";
   if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
@@ -389,7 +388,7 @@ int run_simulate(SimulateArgs& a) {
   if (!cfg.trace.empty()) sim::write_chrome_trace(best->sim, cfg.trace);
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   print_predictions(cfg, lay, prof, rope, skipped, preds, *best, *ref);
-  if (!a.json_file.empty()) write_json(a, cfg, lay, prof, rope, skipped, preds, *best, *ref);
+  if (!a.json_file.empty()) write_json(a, cfg, lay, prof, skipped, preds, *best, *ref);
   return 0;
 }
 

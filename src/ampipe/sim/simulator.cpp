@@ -95,17 +95,24 @@ double collective_seconds(CollKind kind, double bytes, int g, const LinkClass& l
   return s;
 }
 
-int group_size(GroupKind g, const Plan& plan, const SimOptions& o) {
+namespace {
+// The size of group g with an EP group of `ep` ranks.
+int group_size_with_ep(GroupKind g, int ep, const SimOptions& o) {
   switch (g) {
-    case GroupKind::ep: return int(std::max<int64_t>(1, plan.dims.ep));
+    case GroupKind::ep: return std::max(1, ep);
     case GroupKind::tp: return o.tp_size;
     case GroupKind::cp: return o.cp_size;
     case GroupKind::dp: return o.dp_size;
     case GroupKind::dp_cp: return o.dp_size * o.cp_size;
-    case GroupKind::edp: return std::max(1, o.dp_size * o.cp_size / int(std::max<int64_t>(1, plan.dims.ep)));
+    case GroupKind::edp: return std::max(1, o.dp_size * o.cp_size / std::max(1, ep));
     case GroupKind::world: return o.tp_size * o.cp_size * o.dp_size;
   }
   return 1;
+}
+}  // namespace
+
+int group_size(GroupKind g, const Plan& plan, const SimOptions& o) {
+  return group_size_with_ep(g, int(plan.dims.ep), o);
 }
 
 bool group_spans_nodes(GroupKind g, const SimOptions& o) {
@@ -148,9 +155,8 @@ double cost_seconds(const Task& t, const Plan& plan, const Profile& profile, con
 
 namespace {
 
-// One task of the step being simulated (or the data-parallel all-reduce, task == nullptr).
+// One task of the step being simulated: a layer Plan's task or a step task.
 struct Item {
-  const Task* task = nullptr;
   std::string name;
   Lane lane = Lane::compute;
   bool coll = false;
@@ -182,15 +188,7 @@ double step_task_seconds(const schedule::StepTask& t, const Profile& profile, co
   return s + per(t.bytes, profile.elementwise_gbps * 1e9, profile, "elementwise_gbps");
 }
 
-int step_group_size(GroupKind g, const SimOptions& o) {
-  switch (g) {
-    case GroupKind::ep: return std::max(1, o.ep_size);
-    case GroupKind::edp: return std::max(1, o.dp_size * o.cp_size / std::max(1, o.ep_size));
-    default: break;
-  }
-  Plan none;
-  return group_size(g, none, o);
-}
+int step_group_size(GroupKind g, const SimOptions& o) { return group_size_with_ep(g, o.ep_size, o); }
 
 namespace {
 
@@ -205,7 +203,6 @@ struct Phase {
 Item plan_item(const Task& t, const Plan& plan, const Profile& profile, const SimOptions& opts,
                const std::string& prefix) {
   Item it;
-  it.task = &t;
   it.name = prefix + t.name();
   it.lane = t.lane;
   it.coll = t.is_collective();

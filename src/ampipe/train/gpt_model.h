@@ -130,7 +130,6 @@ class GptModel {
   Tensor y_;                     // [s, b, h] the last layer's output, every row of this cp rank
   Tensor x_local_, dy_local_;    // sequence parallel: [s/t, b, h] this tp rank's rows of x0_ and dy_
   Tensor dx0_;                   // [s, b, h] the embedding's output gradient (the layers' input gradient)
-  float d_aux_ = 0;              // the aux loss's upstream gradient of the micro-batch in flight
   Tensor gathered_, y_full_, dx_full_;  // sequence parallel: [s, b, h] all-gather target (rank order), cp-local order
   StepTimes times_;
   double last_flops_ = 0;
