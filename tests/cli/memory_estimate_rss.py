@@ -26,7 +26,7 @@ def parse(text):
 
 def main():
     ampipe = sys.argv[1]
-    cmd = [ampipe, "train", "--num-layers", "2", "--seq-length", "128", "--micro-batch-size", "4",
+    cmd = [ampipe, "train", "--num-experts", "4", "--num-layers", "2", "--seq-length", "128", "--micro-batch-size", "4",
            "--hidden-size", "256", "--ffn-hidden-size", "1024", "--num-attention-heads", "4", "--num-experts", "8",
            "--train-iters", "3", "--lr-warmup-iters", "0", "--eval-interval", "0", "--log-interval", "1"]
     run = subprocess.run(cmd, capture_output=True, text=True)

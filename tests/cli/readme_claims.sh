@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: readme_claims.sh MPIRUN... -- AMPIPE
-# The README's main job (2 ranks, --ampipe-degree 2 --use-flash-attn --expert-model-parallel-size 2, the default
-# model) for a few iterations: with --moe-no-drop, degree 2 logs the losses of degree 1 (fp32, only the summation
+# The README's main job (2 ranks, --ampipe-degree 2 --use-flash-attn --expert-model-parallel-size 2, its model)
+# for a few iterations: with --moe-no-drop, degree 2 logs the losses of degree 1 (fp32, only the summation
 # order inside the chunked layers differs: 2e-5 relative on the 7-digit log values) and no token drop; at the
 # default capacity factor the log reports a non-zero drop share.
 set -u
@@ -11,7 +11,10 @@ shift
 bin=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-job=(train --use-flash-attn --expert-model-parallel-size 2 --train-iters 4 --log-interval 1 --eval-interval 0)
+# the main job's model (scripts/run.sh), with hidden dropout on: it is keyed by position, so degrees agree with it
+job=(train --num-layers 2 --hidden-size 128 --ffn-hidden-size 256 --num-attention-heads 4 --seq-length 128
+     --micro-batch-size 4 --num-experts 4 --moe-train-capacity-factor 1.25 --moe-aux-loss-coeff 0.01
+     --use-flash-attn --expert-model-parallel-size 2 --train-iters 4 --log-interval 1 --eval-interval 0)
 for M in 1 2; do
   "${mpirun[@]}" -np 2 "$bin" "${job[@]}" --ampipe-degree "$M" --moe-no-drop >"$dir/m$M" 2>&1 ||
     { cat "$dir/m$M"; exit 1; }

@@ -48,7 +48,7 @@ case $case_ in
   train | text)
     data=$dir/corpus.bin
     [ "$case_" = text ] && data=$dir/corpus.txt
-    run "$bin" train --tokenizer-type SentencePieceTokenizer --tokenizer-model "$dir/corpus.model" --data-path "$data" \
+    run "$bin" train --num-experts 4 --tokenizer-type SentencePieceTokenizer --tokenizer-model "$dir/corpus.model" --data-path "$data" \
       --num-layers 1 --hidden-size 64 --train-iters 200 --log-interval 1 --eval-interval 0
     grep -q " V=2048 " "$out" || { echo "the vocabulary is not 2000 pieces padded to 2048"; exit 1; }
     count=$(od -An -t d4 -j 8 -N 4 "$dir/corpus.bin" | tr -d ' ')
@@ -67,7 +67,7 @@ case $case_ in
     run "$bin" preprocess --input "$dir/corpus.txt" --output-prefix "$dir/small" --vocab-size 500
     exec "$(dirname "$0")/expect_error.sh" \
       "--data-path .*corpus.bin: token [0-9]+ has id [0-9]+, outside --tokenizer-model .*small.model's vocabulary of 500 pieces" \
-      "$bin" train --tokenizer-type SentencePieceTokenizer --tokenizer-model "$dir/small.model" \
+      "$bin" train --num-experts 4 --tokenizer-type SentencePieceTokenizer --tokenizer-model "$dir/small.model" \
       --data-path "$dir/corpus.bin"
     ;;
   *) echo "unknown case $case_"; exit 2 ;;

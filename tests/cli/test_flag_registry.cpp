@@ -223,3 +223,52 @@ TEST(FlagRegistry, DegreeGrammars) {
     EXPECT_STREQ(e.what(), "--ampipe-degree two is invalid: give an integer or auto");
   }
 }
+
+// Flags left out take Megatron-LM's defaults (megatron/training/arguments.py and TransformerConfig), and
+// MindSpeed's for its deepspeed_moe capacity; the values are written out here, not read from the code.
+TEST(FlagRegistry, LeftOutFlagsTakeMegatronsDefaults) {
+  {  // (simulate takes these flags and fields too)
+    CLI::App app;
+    TrainFlags f;
+    f.add_to(app);
+    app.parse("--hidden-size 96", false);
+    const train::TrainConfig c = f.finish();
+    EXPECT_EQ(c.layer.ffn_hidden_size, 4 * 96);  // 4h
+    EXPECT_TRUE(c.dense);                        // no --num-experts: a dense GPT (validate refuses it, last)
+    EXPECT_EQ(c.layer.hidden_dropout, 0.1);
+    EXPECT_EQ(c.layer.moe_train_capacity_factor, 1.0);
+    EXPECT_EQ(c.layer.moe_min_capacity, 4);
+    EXPECT_EQ(c.layer.moe_router_topk, 2);
+    EXPECT_EQ(c.layer.init_method_std, 0.02);
+    EXPECT_EQ(c.layer.seed, 1234u);
+    EXPECT_EQ(c.moe_aux_loss_coeff, 0.0);
+    EXPECT_EQ(c.min_lr, 0.0);
+    EXPECT_EQ(c.lr_warmup_iters, 0);
+    EXPECT_EQ(c.lr_decay_style, "linear");
+    EXPECT_EQ(c.weight_decay, 0.01);
+    EXPECT_EQ(c.adam_beta1, 0.9);
+    EXPECT_EQ(c.adam_beta2, 0.999);
+    EXPECT_EQ(c.adam_eps, 1e-8);
+    EXPECT_EQ(c.clip_grad, 1.0);
+    EXPECT_EQ(c.eval_interval, 1000);
+    EXPECT_EQ(c.eval_iters, 100);
+    EXPECT_EQ(c.log_interval, 100);
+    EXPECT_EQ(c.split, "969,30,1");
+    EXPECT_EQ(c.valid_fraction, 0.0);
+  }
+  // With --swiglu: int(4h * 2/3 / 64) * 64 (Megatron's rule): h 1024 -> 2688, h 96 -> 256, h 64 -> 128.
+  for (const auto& [h, F] : {std::pair<int, int64_t>{1024, 2688}, {96, 256}, {64, 128}}) {
+    CLI::App app;
+    TrainFlags f;
+    f.add_to(app);
+    app.parse(fmt::format("--swiglu --hidden-size {} --num-experts 4", h), false);
+    const train::TrainConfig c = f.finish();
+    EXPECT_EQ(c.layer.ffn_hidden_size, F) << "h " << h;
+    EXPECT_FALSE(c.dense);
+  }
+  CLI::App app;
+  TrainFlags f;
+  f.add_to(app);
+  app.parse("--swiglu --hidden-size 16", false);
+  EXPECT_THROW(f.finish(), ConfigError);  // the rule gives 0: --ffn-hidden-size must be given
+}

@@ -7,7 +7,7 @@ bin=$1
 case_name=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-small=(--hidden-size 64 --num-layers 1 --eval-iters 1 --log-interval 1)
+small=(--num-experts 4 --hidden-size 64 --num-layers 1 --eval-iters 1 --log-interval 1)
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$dir/out"; exit 1; }
 run() { "$bin" train "$@" >"$dir/out" 2>&1; }
 expect() { grep -Eq -- "$1" "$dir/out" || fail "output does not match /$1/"; echo "ok: /$1/"; }

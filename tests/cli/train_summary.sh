@@ -8,7 +8,7 @@ bin=$1
 iters=$2
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bin" train --num-layers 1 --hidden-size 64 --train-iters "$iters" --log-interval 1 --eval-interval 0 >"$out" 2>&1 ||
+"$bin" train --num-experts 4 --num-layers 1 --hidden-size 64 --train-iters "$iters" --log-interval 1 --eval-interval 0 >"$out" 2>&1 ||
   { cat "$out"; exit 1; }
 w=$(( iters >= 20 ? 10 : iters / 2 ))
 summary=$(grep -Eo "lm loss [0-9.]+ -> [0-9.]+ \(mean of the first / last [0-9]+ iterations\)" "$out")

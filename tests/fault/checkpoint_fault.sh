@@ -9,7 +9,7 @@ case=$2
 regex=$3
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-shape=(--seq-length 32 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 2 --micro-batch-size 2
+shape=(--num-experts 4 --seq-length 32 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 2 --micro-batch-size 2
        --eval-interval 0 --log-interval 100)
 "$ampipe" train "${shape[@]}" --train-iters 4 --save "$d/ckpt" --save-interval 2 >/dev/null 2>"$d/err" ||
   { echo "the setup run failed:"; cat "$d/err"; exit 1; }

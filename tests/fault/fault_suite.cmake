@@ -43,25 +43,27 @@ set_tests_properties(fault.signal.one_rank_signalled_all_stop.np2 PROPERTIES TIM
 
 # ---- ranks that disagree: refused before the first collective of the run, naming the first differing setting ----
 add_test(NAME fault.ranks_disagree.train_hidden_size.np2
-         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --hidden-size 32
-                 --train-iters 2 : -np 1 $<TARGET_FILE:ampipe> train --hidden-size 64 --train-iters 2)
+         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --hidden-size 32
+                 --ffn-hidden-size 256 --train-iters 2 : -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --hidden-size 64
+                 --ffn-hidden-size 256 --train-iters 2)
 set_tests_properties(fault.ranks_disagree.train_hidden_size.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2
   PASS_REGULAR_EXPRESSION "ampipe: error: the ranks were started with different settings: --hidden-size \\(rank 0: 32, rank 1: 64\\)")
 add_test(NAME fault.ranks_disagree.config_file.np2
-         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train
-                 --config ${_fault_dir}/data/hidden32.json --train-iters 2
-                 : -np 1 $<TARGET_FILE:ampipe> train --config ${_fault_dir}/data/hidden64.json --train-iters 2)
+         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --num-experts 4
+                 --config ${_fault_dir}/data/hidden32.json --ffn-hidden-size 256 --train-iters 2
+                 : -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --config ${_fault_dir}/data/hidden64.json --ffn-hidden-size 256
+                 --train-iters 2)
 set_tests_properties(fault.ranks_disagree.config_file.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2
   PASS_REGULAR_EXPRESSION "different settings: --hidden-size \\(rank 0: 32, rank 1: 64\\)")
 add_test(NAME fault.ranks_disagree.check_collectives.np2
-         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --check-collectives
-                 --train-iters 2 : -np 1 $<TARGET_FILE:ampipe> train --train-iters 2)
+         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --check-collectives
+                 --train-iters 2 : -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --train-iters 2)
 set_tests_properties(fault.ranks_disagree.check_collectives.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2
   PASS_REGULAR_EXPRESSION "different settings: --check-collectives \\(rank 0: true, rank 1: false\\)")
 add_test(NAME fault.ranks_disagree.data.np2
-         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --train-iters 2
+         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --train-iters 2
                  --seq-length 16 --data-path ${CMAKE_SOURCE_DIR}/docs/design.md
-                 : -np 1 $<TARGET_FILE:ampipe> train --train-iters 2 --seq-length 16
+                 : -np 1 $<TARGET_FILE:ampipe> train --num-experts 4 --train-iters 2 --seq-length 16
                  --data-path ${CMAKE_SOURCE_DIR}/docs/training.md)
 set_tests_properties(fault.ranks_disagree.data.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2
   PASS_REGULAR_EXPRESSION "different settings: --data-path")

@@ -10,7 +10,7 @@ shift
 launcher=("$@")
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-shape=(--seq-length 32 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 2 --micro-batch-size 2
+shape=(--num-experts 4 --seq-length 32 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 2 --micro-batch-size 2
        --eval-interval 0 --log-interval 1)
 [ ${#launcher[@]} -gt 0 ] && shape+=(--expert-model-parallel-size 2)
 echo "the user's notes" > "$d/notes.txt"

@@ -653,7 +653,7 @@ TEST(Profile, BadProfilesNameTheFileAndTheField) {  // (h)
 }
 
 TEST(Profile, ShippedProfilesLoad) {
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "profiles";
+  const auto root = std::filesystem::path(AMPIPE_SOURCE_DIR) / "profiles";
   for (const char* name : {"atlas-800t-a2-910b2.json", "h100-sxm.json"}) {
     const Profile p = load_profile((root / name).string());
     EXPECT_EQ(p.devices_per_node, 8) << name;
@@ -674,7 +674,7 @@ TEST(Profile, ShippedProfilesLoad) {
 // A layer of the seed's kind (scaled down) on the shipped 910B2 profile, EP across nodes: AMPipe hides part of
 // the all-to-all, so degree 2 and 4 beat degree 1, and degree 1 exposes every forward all-to-all.
 TEST(Profile, ShippedProfilePredictsAnAMPipeGain) {
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "profiles";
+  const auto root = std::filesystem::path(AMPIPE_SOURCE_DIR) / "profiles";
   const Profile p = load_profile((root / "atlas-800t-a2-910b2.json").string());
   model::LayerConfig cfg;
   cfg.seq_length = 8192;

@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tfevents  # noqa: E402
 
-SMALL = ["--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "64", "--num-attention-heads", "2",
+SMALL = ["--num-experts", "4", "--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "64", "--num-attention-heads", "2",
          "--seq-length", "32", "--micro-batch-size", "2", "--lr-warmup-iters", "1"]
 failures = []
 
@@ -53,7 +53,7 @@ def log_points(out):
     """{iteration: {field: value}} of the log lines, and {iteration: [per-layer dicts]}."""
     logs, layers, last = {}, {}, None
     for line in out.splitlines():
-        m = re.match(r"\s*iteration\s+(\d+)/", line)
+        m = re.search(r"\biteration\s+(\d+)/\s*\d+ \|", line)
         if m:
             last = int(m.group(1))
             d = {}
@@ -73,6 +73,35 @@ def log_points(out):
             layers[last].append({"imbalance": float(m.group(2)), "dropped": float(m.group(3)),
                                  "choices": int(m.group(4)), "tokens": [int(x) for x in m.group(5).split()]})
     return logs, layers
+
+
+# Megatron's log line keys, in its order (megatron/training/training.py, training_log), as a log parser reads them.
+MEGATRON_KEYS = ["consumed samples", "elapsed time per iteration (ms)", "throughput per GPU (TFLOP/s/GPU)",
+                 "learning rate", "global batch size", "lm loss", "loss scale", "grad norm",
+                 "number of skipped iterations", "number of nan iterations"]
+
+
+def check_megatron_log_line(out, G):
+    lines = [l for l in out.splitlines() if re.search(r"\biteration\s+\d+/\s*\d+ \|", l)]
+    check(len(lines) > 0, "no log line")
+    for line in lines:
+        check(re.match(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration\s+\d+/\s*\d+ \|", line) is not None,
+              f"Megatron's timestamp and iteration first: {line}")
+        fields = {}
+        for part in line.split("|")[1:]:
+            if ":" in part:
+                k, v = part.rsplit(":", 1)
+                fields[k.strip()] = v.strip()
+        keys = [k for k in fields if k in MEGATRON_KEYS]
+        check(keys == MEGATRON_KEYS, f"Megatron's keys in its order: {keys}")
+        pos = [list(fields).index(k) for k in MEGATRON_KEYS if k in fields]
+        check(pos == list(range(len(pos))), f"Megatron's keys before this engine's: {list(fields)}")
+        it = int(re.search(r"iteration\s+(\d+)/", line).group(1))
+        check(int(fields.get("consumed samples", -1)) == it * G, f"consumed samples at {it}: {fields.get('consumed samples')}")
+        check(int(fields.get("global batch size", -1)) == G, f"global batch size {fields.get('global batch size')}")
+        check(float(fields.get("loss scale", -1)) == 1.0, "loss scale 1.0")
+        check(fields.get("number of skipped iterations") == "0" and fields.get("number of nan iterations") == "0",
+              "no skipped or NaN iteration")
 
 
 def validations(out):
@@ -118,9 +147,19 @@ def case_events(work, ampipe):
     sc = tfevents.scalars(path)
     logs, per_layer = log_points(out)
     check(sorted(logs) == [2, 4, 6], f"log points {sorted(logs)}")
-    for tag in ["lm loss", "aux loss", "learning-rate", "grad-norm", "tokens/s", "TFLOP/s", "iteration-time",
-                "exposed communication ms", "moe/dropped_fraction"]:
+    # Megatron's tags (training_log), each also against the consumed samples, then this engine's
+    megatron = ["lm loss", "learning-rate", "batch-size", "loss-scale", "grad-norm"]
+    for tag in megatron + ["aux loss", "tokens/s", "throughput", "iteration-time", "exposed communication ms",
+                           "moe/dropped_fraction"]:
         check([s for s, _ in sc.get(tag, [])] == [2, 4, 6], f"{tag} at steps 2, 4, 6: {sc.get(tag)}")
+    for tag in megatron:
+        check([s for s, _ in sc.get(tag + " vs samples", [])] == [2 * G, 4 * G, 6 * G],
+              f"{tag} vs samples at {2 * G}, {4 * G}, {6 * G}: {sc.get(tag + ' vs samples')}")
+        check(dict(sc.get(tag + " vs samples", [])).get(2 * G) == dict(sc.get(tag, [])).get(2),
+              f"{tag} vs samples holds the value of {tag}")
+    check(all(v == G for _, v in sc.get("batch-size", [])), f"batch-size {sc.get('batch-size')} is {G}")
+    check(all(v == 1.0 for _, v in sc.get("loss-scale", [])), "loss-scale 1 (bf16/fp32: no loss scaling)")
+    check_megatron_log_line(out, G)
     for step, d in logs.items():
         v = {tag: dict(sc.get(tag, [])).get(step, float("nan")) for tag in sc}
         check(close(v["lm loss"], d["lm loss"], 2e-6), f"lm loss {v['lm loss']} vs log {d['lm loss']}")
@@ -128,7 +167,7 @@ def case_events(work, ampipe):
         check(close(v["learning-rate"], d["lr"], 2e-6), f"learning-rate {v['learning-rate']} vs log {d['lr']}")
         check(close(v["grad-norm"], d["grad-norm"], 0, 6e-5), f"grad-norm {v['grad-norm']} vs log {d['grad-norm']}")
         check(close(v["tokens/s"], d["tokens/s"], 1e-6, 0.51), f"tokens/s {v['tokens/s']} vs log {d['tokens/s']}")
-        check(v["TFLOP/s"] > 0 and v["exposed communication ms"] >= 0, "TFLOP/s > 0, exposed ms >= 0")
+        check(v["throughput"] > 0 and v["exposed communication ms"] >= 0, "throughput > 0, exposed ms >= 0")
         got = moe_of(sc, step, L, E)
         check_loads(got, interval * G * s * k, f"step {step}")
         layers = per_layer[step]

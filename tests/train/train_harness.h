@@ -11,6 +11,7 @@
 
 #include "ampipe/comm/runtime.h"
 #include "ampipe/train/text_data.h"
+#include "ampipe/train/megatron_args.h"
 #include "ampipe/train/trainer.h"
 
 namespace ampipe::testing {
@@ -47,7 +48,7 @@ inline train::TrainConfig tiny_config() {
 
 inline std::shared_ptr<const train::TextData> corpus_data(const train::TrainConfig& c) {
   static const train::Corpus corpus = train::load_corpus("");
-  return std::make_shared<const train::TextData>(corpus, c.layer.seq_length, c.valid_fraction, c.layer.seed,
+  return std::make_shared<const train::TextData>(corpus, c.layer.seq_length, train::data_split(c), c.layer.seed,
                                                  "corpus");
 }
 

@@ -138,11 +138,16 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--micro-batch-size", L, kGroupTraining, G::integer, "sequences per micro-batch b",
                    AT(layer->cfg.micro_batch_size), kDef));
   v.push_back(flag("--hidden-size", L, kGroupModel, G::integer, "hidden size h", AT(layer->cfg.hidden_size), kDef));
-  v.push_back(flag("--ffn-hidden-size", L, kGroupModel, G::integer, "expert FFN hidden size F",
-                   AT(layer->cfg.ffn_hidden_size), kDef));
+  v.push_back(flag("--ffn-hidden-size", L, kGroupModel, G::integer,
+                   "expert FFN hidden size F (default: Megatron's 4 x --hidden-size; with --swiglu 4h x 2/3 rounded "
+                   "down to a multiple of 64)",
+                   AT(layer->cfg.ffn_hidden_size)));
   v.push_back(flag("--num-attention-heads", L, kGroupModel, G::integer, "attention heads n",
                    AT(layer->cfg.num_attention_heads), kDef));
-  v.push_back(flag("--num-experts", L, kGroupMoe, G::integer, "experts E", AT(layer->cfg.num_experts), kDef));
+  v.push_back(flag("--num-experts", L, kGroupMoe, G::integer,
+                   "experts E (train, simulate: required, since without it Megatron trains a dense GPT and this "
+                   "engine has MoE blocks only; layer-check, bench-layer, plan: default 4)",
+                   AT(layer->cfg.num_experts)));
   v.push_back(flag("--moe-router-topk", L, kGroupMoe, G::integer, "experts per token k (1 or 2)",
                    AT(layer->cfg.moe_router_topk), kDef));
   v.push_back(flag("--moe-train-capacity-factor", L, kGroupMoe, G::number, "expert capacity factor",
@@ -377,15 +382,16 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
                    "and gives the vocabulary size",
                    AT(train->cfg.tokenizer_model), kPath));
   v.push_back(flag("--valid-fraction", T, kGroupData, G::number,
-                   "tail of the text held out for validation (the split 1-f,f,0)", AT(train->cfg.valid_fraction),
+                   "tail of the text held out for validation: the split 1-f,f,0 instead of --split (0: --split)",
+                   AT(train->cfg.valid_fraction),
                    kDef));
   v.push_back(flag("--split", T, kGroupData, G::text,
-                   "train,valid,test weights of the token stream, in that order, e.g. 969,30,1 (instead of "
-                   "--valid-fraction)",
-                   AT(train->cfg.split)));
+                   "train,valid,test weights of the token stream, in that order (Megatron's default with "
+                   "--data-path: 969,30,1)",
+                   AT(train->cfg.split), kDef));
   v.push_back(flag("--eval-interval", T, kGroupData, G::integer, "evaluate every N iterations (0: never)",
                    AT(train->cfg.eval_interval), kDef));
-  v.push_back(flag("--eval-iters", T, kGroupData, G::integer, "global batches per evaluation",
+  v.push_back(flag("--eval-iters", T, kGroupData, G::integer, "global batches per evaluation (0: no evaluation)",
                    AT(train->cfg.eval_iters), kDef));
 }
 

@@ -1,5 +1,7 @@
 #include "ampipe/cli/layer_flags.h"
 
+#include <cstdint>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,7 +17,21 @@
 
 namespace ampipe::cli {
 
+int64_t megatron_ffn_hidden_size(int64_t hidden_size, bool swiglu) {
+  return swiglu ? (4 * hidden_size * 2 / 3) / 64 * 64 : 4 * hidden_size;
+}
+
 model::LayerConfig LayerFlags::finish() {
+  if (cfg.ffn_hidden_size == 0) {
+    // (a --hidden-size too large for the rule keeps it: the size checks refuse that hidden size itself)
+    cfg.ffn_hidden_size = cfg.hidden_size > INT64_MAX / 8 ? cfg.hidden_size
+                                                            : megatron_ffn_hidden_size(cfg.hidden_size, swiglu);
+    if (cfg.ffn_hidden_size <= 0 && cfg.hidden_size > 0)
+      throw ConfigError(fmt::format("--ffn-hidden-size is not given, and Megatron's rule for it (--swiglu: 4 x "
+                                    "--hidden-size {} x 2/3, rounded down to a multiple of 64) gives {}: pass "
+                                    "--ffn-hidden-size",
+                                    cfg.hidden_size, cfg.ffn_hidden_size));
+  }
   if (noisy_gate_policy == "None")
     cfg.noisy_gate_policy = model::NoisyGatePolicy::none;
   else if (noisy_gate_policy == "Jitter")

@@ -13,11 +13,12 @@
 namespace ampipe::cli {
 
 struct LayerFlags {
+  LayerFlags() { cfg.ffn_hidden_size = 0; }  // 0: not given, Megatron's rule (megatron_ffn_hidden_size)
   model::LayerConfig cfg;
   std::string noisy_gate_policy = "None";
   bool no_use_rts = false;
   bool swiglu = false;
-  double moe_aux_loss_coeff = 0.01;
+  double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
   std::vector<std::string> notices;  // said once at start-up by rank 0 (flags that are accepted but adjusted)
 
   // Converts the parsed strings and validates (throws ConfigError naming the flag).
@@ -34,6 +35,10 @@ struct LayerFlags {
   // train::kKeyLayer.
   nlohmann::json to_json(const model::LayerConfig& c) const;
 };
+
+// Megatron's --ffn-hidden-size when it is not given: 4h, or with --swiglu 4h * 2/3 rounded down to a multiple of 64
+// (so SwiGLU's three matrices hold about the parameters of GeLU's two).
+int64_t megatron_ffn_hidden_size(int64_t hidden_size, bool swiglu);
 
 // The degrees of `candidates` that divide the sequence length s (what `auto` considers).
 std::vector<int> auto_degree_candidates(int64_t s, const std::vector<int>& candidates);

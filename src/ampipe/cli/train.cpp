@@ -1,5 +1,7 @@
 #include "ampipe/cli/train.h"
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -63,7 +65,7 @@ std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, Tra
   // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
   // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
   const int64_t G = cfg.global_batch(world);
-  const bool evaluates = cfg.eval_interval > 0 || cfg.skip_train;
+  const bool evaluates = cfg.evaluates();
   if (evaluates && cfg.eval_iters * G > data->valid_samples()) {
     const int64_t fit = data->valid_samples() / G;
     if (fit < 1)
@@ -71,12 +73,13 @@ std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, Tra
                                     "batch of {}: give it more of the data (--split or --valid-fraction) or pass "
                                     "--eval-interval 0",
                                     cfg.eval_iters, data->valid_samples(), G));
-    flags.layer.notices.push_back(fmt::format("--eval-iters {} needs {} validation sequences, the validation split "
-                                              "holds {}: evaluating on {} global batches",
-                                              cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
+    if (flags.given("--eval-iters"))  // Megatron's default of 100 is capped without a word
+      flags.layer.notices.push_back(fmt::format("--eval-iters {} needs {} validation sequences, the validation "
+                                                "split holds {}: evaluating on {} global batches",
+                                                cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
     cfg.eval_iters = fit;
   }
-  if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0)
+  if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0 && flags.given("--split"))
     flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
                                               "batch of {}: no test evaluation",
                                               train::split_str(train::data_split(cfg)), data->test_samples(), G));
@@ -215,6 +218,30 @@ void print_summary(const train::TrainResult& res, const train::TrainConfig& cfg,
 
 }  // namespace
 
+namespace {
+
+// Megatron's start-or-resume: a --load directory without a checkpoint (no marker file, or no directory yet) starts
+// from scratch with a note, so one launch script both starts and resumes a run (--load DIR --save DIR); the options
+// that shape a load then have nothing to act on, as in Megatron. A marker that exists is loaded and verified (a
+// corrupt one is an error, never a fresh start).
+void start_or_resume(train::TrainConfig& cfg, std::vector<std::string>& notices) {
+  if (!cfg.load.empty() && !train::checkpoint_exists(cfg.load)) {
+    notices.push_back(fmt::format("--load {}: no checkpoint there ({}): starting from iteration 0, as Megatron does",
+                                  cfg.load,
+                                  std::filesystem::is_directory(cfg.load)
+                                      ? std::string(train::kLatestMarker) + " is missing"
+                                      : "the directory does not exist"));
+    cfg.load.clear();
+  }
+  if (!cfg.load.empty()) return;
+  for (const auto& [flag, on] : {std::pair{"--no-load-optim", cfg.no_load_optim}, {"--finetune", cfg.finetune},
+                                 {"--use-checkpoint-args", cfg.use_checkpoint_args}})
+    if (on) notices.push_back(fmt::format("{} has no effect: no checkpoint is loaded", flag));
+  cfg.no_load_optim = cfg.finetune = cfg.use_checkpoint_args = false;
+}
+
+}  // namespace
+
 int run_train(TrainFlags& flags) {
   // SIGTERM / SIGINT from here on finish the current iteration on every rank and save (train/stop_signal.h).
   const train::StopSignalGuard stop_guard;
@@ -224,6 +251,7 @@ int run_train(TrainFlags& flags) {
   flags.resolve(cfg, rt.size());
   // The checkpoint's configuration (files only, every rank): --use-checkpoint-args takes its model flags, and
   // every other setting this run changes is said (load_checkpoint refuses a different model shape).
+  start_or_resume(cfg, flags.layer.notices);
   std::optional<train::CheckpointInfo> ckpt;
   if (!cfg.load.empty()) ckpt = train::read_checkpoint_info(cfg.load, cfg.use_checkpoint_args);
   if (ckpt && cfg.use_checkpoint_args)
@@ -247,7 +275,7 @@ int run_train(TrainFlags& flags) {
   // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
   // none, and the comparison is what names the difference.
   rt.set_check_collectives(false);
-  check_ranks_agree(train_agreement(cfg, flags, corpus), groups.world);
+  check_ranks_agree(train_agreement(cfg, flags, corpus, ckpt ? ckpt->iteration : -1), groups.world);
   rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   check_output_file("--loss-plot", cfg.loss_plot, groups.world);

@@ -5,7 +5,8 @@
 
 namespace ampipe::cli {
 
-nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& flags, const train::Corpus& corpus) {
+nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& flags, const train::Corpus& corpus,
+                                int64_t checkpoint_iteration) {
   // The training configuration (train::config_keys()), then the flags whose value as given counts (--ampipe-degree
   // as an integer or auto, --sim-profile, the runtime flags: kAgree in flag_registry.cpp).
   nlohmann::json j = train::train_config_json(cfg, train::kKeyAgree);
@@ -15,6 +16,9 @@ nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& 
   j["data_path contents"] = fmt::format("{} tokens, {}", corpus.tokens.size(),
                                         core::checksum_string(core::xxh64(corpus.tokens.data(),
                                                                           corpus.tokens.size() * sizeof(int32_t))));
+  // The checkpoint each rank resumes from (its marker's iteration): ranks whose --load copies differ would otherwise
+  // each resume their own iteration and all-reduce together.
+  j["checkpoint iteration"] = checkpoint_iteration < 0 ? nlohmann::json("none") : nlohmann::json(checkpoint_iteration);
   return j;
 }
 

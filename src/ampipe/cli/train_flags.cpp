@@ -19,19 +19,25 @@
 
 namespace ampipe::cli {
 
+// Defaults of `ampipe train` and `ampipe simulate`. Where Megatron-LM (or MindSpeed, for its own flags) has a default,
+// it is theirs: --ffn-hidden-size 4h (LayerFlags), --hidden-dropout 0.1, no --num-experts (a dense GPT: refused,
+// TrainConfig::dense), --moe-aux-loss-coeff 0, MindSpeed's deepspeed_moe capacity factor 1.0 and minimum capacity 4,
+// and the optimizer, schedule, evaluation and logging defaults in TrainConfig. Where Megatron requires the flag (the
+// sizes), a small model of this engine's: s 128, b 4, h 128, 4 heads, 2 layers.
 TrainFlags::TrainFlags() {
   model::LayerConfig& l = layer.cfg;
   l.seq_length = 128;
   l.micro_batch_size = 4;
   l.hidden_size = 128;
-  l.ffn_hidden_size = 256;
   l.num_attention_heads = 4;
-  l.num_experts = 4;
+  l.num_experts = 0;  // not given: a dense GPT (Megatron's default)
   l.moe_router_topk = 2;
-  l.moe_train_capacity_factor = 1.25;
-  l.hidden_dropout = 0.0;
+  l.moe_train_capacity_factor = 1.0;
+  l.moe_min_capacity = 4;
+  l.hidden_dropout = 0.1;
   l.init_method_std = 0.02;
   l.seed = 1234;
+  layer.moe_aux_loss_coeff = 0.0;
 }
 
 FlagTargets TrainFlags::targets(FlagTargets t) {
@@ -155,10 +161,6 @@ train::TrainConfig TrainFlags::finish() {
     throw ConfigError(fmt::format("--tokenizer-model {} needs --tokenizer-type SentencePieceTokenizer (the only "
                                   "tokenizer type that takes a model here)",
                                   cfg.tokenizer_model));
-  auto given = [&](const char* flag) {
-    const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
-    return o != nullptr && o->count() > 0;
-  };
   for (const auto& [a, b] : kAlternativeFlags)
     if (given(a) && given(b))
       throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
@@ -179,6 +181,10 @@ train::TrainConfig TrainFlags::finish() {
     auto_degree = d.is_auto;
     cfg.ampipe_degree = d.is_auto ? 1 : d.list.front();  // with auto: 1 until run_train has asked the simulator
   }
+  // No --num-experts: Megatron's dense GPT, refused at the end of validate (its other rules are checked first); the
+  // layer is built with placeholder experts until then.
+  cfg.dense = layer.cfg.num_experts == 0 && !given("--num-experts");
+  if (cfg.dense) layer.cfg.num_experts = 4;
   cfg.layer = layer.finish();
   if (recompute_activations) {
     if (!cfg.recompute_granularity.empty() && cfg.recompute_granularity != "selective")
@@ -197,12 +203,16 @@ train::TrainConfig TrainFlags::finish() {
   return cfg;
 }
 
+bool TrainFlags::given(const char* flag) const {
+  const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
+  return o != nullptr && o->count() > 0;
+}
+
 void TrainFlags::resolve(train::TrainConfig& c, int world) const {
   if (c.train_samples <= 0) return;
   train::resolve_train_samples(c, world);
-  const CLI::Option* w = app ? app->get_option_no_throw("--lr-warmup-iters") : nullptr;
   static const train::TrainConfig defaults;
-  if (w == nullptr || w->count() == 0) c.lr_warmup_iters = std::min(defaults.lr_warmup_iters, c.train_iters);
+  if (!given("--lr-warmup-iters")) c.lr_warmup_iters = std::min(defaults.lr_warmup_iters, c.train_iters);
 }
 
 }  // namespace ampipe::cli

@@ -40,6 +40,8 @@ struct TrainFlags {
   // What needs the number of ranks: --train-samples becomes --train-iters (Megatron's samples / global batch), and
   // the default warm-up adapts to it. run_train calls it after finish, before validate.
   void resolve(train::TrainConfig& c, int world) const;
+  // Whether `flag` was given, on the command line or in --config (else it has its default).
+  bool given(const char* flag) const;
 };
 
 }  // namespace ampipe::cli

@@ -1,6 +1,7 @@
 #include "ampipe/train/checkpoint_args.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -33,6 +34,11 @@ std::optional<std::string> read_file(const std::string& path) {
 }
 
 }  // namespace
+
+bool checkpoint_exists(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(dir) / kLatestMarker, ec);
+}
 
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required) {
   // The messages are load_checkpoint's for the same faults (it verifies much more, later).
@@ -100,6 +106,7 @@ std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohm
       }
       changed.push_back(fmt::format("{} {} -> {}", flag_of(k), mine[k].dump(), v.dump()));
     }
+  if (ckpt.contains("num_experts")) c.dense = false;  // the checkpoint's model has its experts
   return changed;
 }
 

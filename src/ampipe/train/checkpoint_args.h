@@ -24,6 +24,10 @@ struct CheckpointInfo {
 // load_checkpoint's words) if `required`, else nullopt (load_checkpoint then reports what is wrong).
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required);
 
+// Whether `dir` holds a checkpoint: its marker file (kLatestMarker) exists, whatever it says. Megatron starts from
+// scratch when it does not (--load of a run's first launch).
+bool checkpoint_exists(const std::string& dir);
+
 // The iteration that the marker file (kLatestMarker) `text` names, or -1 when it is not an iteration number in
 // [0, kMaxCheckpointIteration]. The one parser of the marker (read_checkpoint_info and load_checkpoint).
 int64_t parse_latest_marker(const std::string& text);

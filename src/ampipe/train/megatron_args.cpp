@@ -27,15 +27,17 @@ void validate_megatron_args(const TrainConfig& c) {
   if (c.train_samples < 0)
     throw ConfigError(fmt::format("--train-samples {} is invalid: it must be >= 1", c.train_samples));
   if (!c.split.empty()) (void)parse_split(c.split);
-  for (const auto& [flag, on] : {std::pair{"--no-load-optim", c.no_load_optim}, {"--finetune", c.finetune},
-                                 {"--use-checkpoint-args", c.use_checkpoint_args}})
-    if (on && c.load.empty())
-      throw ConfigError(fmt::format("{} needs --load DIR: there is no checkpoint to take it from", flag));
+  // --no-load-optim, --finetune and --use-checkpoint-args without --load (or with a --load directory that holds no
+  // checkpoint yet) are no-ops, as in Megatron: there is nothing to load.
+  // Last: a launch script that leaves out a Megatron flag gets Megatron's default, also where it cannot run here.
+  if (c.dense)
+    throw ConfigError("--num-experts is not given: Megatron then trains a dense GPT, and this engine's blocks are "
+                      "MoE blocks only (no dense MLP layers yet): pass --num-experts E");
 }
 
 DataSplit data_split(const TrainConfig& c) {
-  if (!c.split.empty()) return parse_split(c.split);
-  return DataSplit{1.0 - c.valid_fraction, c.valid_fraction, 0.0};
+  if (c.valid_fraction > 0 || c.split.empty()) return DataSplit{1.0 - c.valid_fraction, c.valid_fraction, 0.0};
+  return parse_split(c.split);
 }
 
 void resolve_train_samples(TrainConfig& c, int world) {

@@ -167,11 +167,12 @@ void TrainConfig::validate(int world) const {
     throw ConfigError(fmt::format("--clip-grad {} is invalid: it must be >= 0 (0 = no clipping)", clip_grad));
   if (!(moe_aux_loss_coeff >= 0))
     throw ConfigError(fmt::format("--moe-aux-loss-coeff {} is invalid: it must be >= 0", moe_aux_loss_coeff));
-  if (!(valid_fraction > 0 && valid_fraction <= 0.5))
+  if (valid_fraction != 0 && !(valid_fraction > 0 && valid_fraction <= 0.5))
     throw ConfigError(fmt::format("--valid-fraction {} is invalid: it must be in (0, 0.5]", valid_fraction));
   if (eval_interval < 0)
     throw ConfigError(fmt::format("--eval-interval {} is invalid: it must be >= 0 (0 = never)", eval_interval));
-  if (eval_iters < 1) throw ConfigError(fmt::format("--eval-iters {} is invalid: it must be >= 1", eval_iters));
+  if (eval_iters < 0)
+    throw ConfigError(fmt::format("--eval-iters {} is invalid: it must be >= 0 (0 = no evaluation)", eval_iters));
   if (log_interval < 1)
     throw ConfigError(fmt::format("--log-interval {} is invalid: it must be >= 1", log_interval));
   if (save_interval < 0)

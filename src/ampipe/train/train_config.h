@@ -24,10 +24,12 @@ struct TrainConfig {
   model::LayerConfig layer;  // seq_length, micro_batch_size, hidden_size, ... (shared layer flags)
   int num_layers = 2;
   bool untie_embeddings_and_output_weights = false;
-  double moe_aux_loss_coeff = 0.01;
+  double moe_aux_loss_coeff = 0.0;  // Megatron's default: no load-balancing loss
   std::string moe_model_type = "deepspeed_moe";  // the only MoE router this engine has (top-1/top-2, capacity)
   bool use_flash_attn = false;                   // see docs/training.md: the chunked causal attention kernel
   bool add_bias_linear = false;                  // linear layers with bias: not in this engine's block
+  // No --num-experts: Megatron trains a dense GPT. This engine's blocks are MoE blocks: validate refuses it.
+  bool dense = false;
 
   // ---- parallelism ----
   int ampipe_degree = 1;
@@ -60,13 +62,14 @@ struct TrainConfig {
   int64_t train_iters = 300;
   int64_t exit_interval = 0;  // stop at the first iteration divisible by it (Megatron's; as if interrupted)
   double lr = 1.5e-3;
-  double min_lr = 1.5e-4;
-  int64_t lr_warmup_iters = 30;
-  std::string lr_decay_style = "cosine";  // after the warm-up: constant, linear or cosine (Megatron's styles)
+  // Megatron's defaults where Megatron has one (megatron/training/arguments.py); --lr has none there (required).
+  double min_lr = 0.0;
+  int64_t lr_warmup_iters = 0;
+  std::string lr_decay_style = "linear";  // after the warm-up: constant, linear or cosine (Megatron's styles)
   int64_t lr_decay_iters = 0;             // the decay reaches --min-lr here; 0: --train-iters
-  double weight_decay = 0.1;
+  double weight_decay = 0.01;
   double adam_beta1 = 0.9;
-  double adam_beta2 = 0.95;
+  double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;  // 0: no clipping
 
@@ -75,16 +78,19 @@ struct TrainConfig {
   std::string tokenizer_type;   // empty: byte-level (text) or the token file's ids; or SentencePieceTokenizer
   std::string tokenizer_model;  // the SentencePiece model of tokenizer_type SentencePieceTokenizer
   int64_t vocab_size = 256;     // set from the data (train/text_data.h): 256 for byte-level text
-  double valid_fraction = 0.05;  // tail of the token stream held out for validation
-  int64_t eval_interval = 100;   // 0: no evaluation during training
-  int64_t eval_iters = 4;
+  double valid_fraction = 0;     // > 0 (--valid-fraction): the split 1-f, f, 0 instead of --split
+  int64_t eval_interval = 1000;  // 0: no evaluation during training
+  int64_t eval_iters = 100;      // 0: no evaluation (Megatron's meaning)
+  // Whether the run evaluates: every --eval-interval iterations and at the end, or once with --skip-train; never
+  // with --eval-iters 0.
+  bool evaluates() const { return eval_iters > 0 && (eval_interval > 0 || skip_train); }
 
   // ---- checkpoints ----
   std::string save, load;
   int64_t save_interval = 0;  // 0: only at the end (when --save is given)
 
   // ---- output ----
-  int64_t log_interval = 20;
+  int64_t log_interval = 100;
   std::string trace;
   std::string loss_plot;  // --loss-plot FILE: the loss curves as a PNG at the end (train/loss_plot.h)
   int64_t trace_iteration = 2;  // the K-th iteration of this run (after a resume: resume point + K)
@@ -94,7 +100,7 @@ struct TrainConfig {
   // ---- Megatron launch-script flags (train/megatron_args.h; docs/training.md, "Megatron launch scripts") ----
   int64_t max_position_embeddings = 0;  // 0: --seq-length; must be >= it
   int64_t train_samples = 0;            // > 0: train_iters = train_samples / global batch (resolve_train_samples)
-  std::string split;                    // "969,30,1": train / valid / test weights; empty: from valid_fraction
+  std::string split = "969,30,1";       // train / valid / test weights (Megatron's default with --data-path)
   double attention_dropout = 0;         // this engine has none: only 0 is accepted
   std::string distributed_backend = "mpi";  // mpi only (Megatron's nccl and gloo become mpi, with a note)
   bool no_load_optim = false;        // --load: the model only, a fresh optimizer (the iteration continues)

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
@@ -20,6 +21,17 @@
 namespace ampipe::train {
 
 namespace {
+
+// Megatron's log-line timestamp: " [YYYY-MM-DD HH:MM:SS]", local time.
+std::string log_timestamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
@@ -469,11 +481,14 @@ void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std
                   std::exp(tl)));
 }
 
-// Megatron's tags: "lm loss validation", "lm loss validation ppl" (and "lm loss test" ... for the test split).
+// Megatron's tags: "lm loss validation", "lm loss validation ppl" (and "lm loss test" ... for the test split), each
+// also " vs samples".
 void Trainer::write_eval_scalars(int64_t iteration, double loss, const char* split) {
   if (!tb_) return;
-  tb_->add_scalars(iteration, {{fmt::format("lm loss {}", split), loss}, {fmt::format("lm loss {} ppl", split),
-                                                                         std::exp(std::min(loss, 20.0))}});
+  const double ppl = std::exp(std::min(loss, 20.0));
+  tb_->add_scalars(iteration, {{fmt::format("lm loss {}", split), loss}, {fmt::format("lm loss {} ppl", split), ppl}});
+  tb_->add_scalars(consumed_, {{fmt::format("lm loss {} vs samples", split), loss},
+                               {fmt::format("lm loss {} ppl vs samples", split), ppl}});
   tb_->flush();
 }
 
@@ -546,12 +561,17 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                             100.0 * moe.layers[most_dropped].dropped_fraction(), most_dropped);
       const double tokens_per_s = double(G_ * s_) / (ms / 1e3), tflops = a.flops / (a.iter_ms / 1e3) / 1e12;
       if (tty) std::fputs("\r\033[K", stdout);
-      say(fmt::format(" iteration {:8d}/{:8d} | consumed samples: {:10d} | elapsed time per iteration (ms): {:.1f} | "
-                      "tokens/s: {:.0f} | TFLOP/s per rank: {:.4f} | learning rate: {:.6E} | lm loss: {:.6E} | "
-                      "aux loss: {:.4E} | token drops: {:.2f}% | grad norm: {:.4f} | exposed comm (ms): {:.2f} |{}{}",
-                      st.iteration, cfg_.train_iters, consumed_, ms, tokens_per_s, tflops, st.lr, a.lm_loss / n,
-                      a.aux_loss / n, 100.0 * a.drop_fraction / n, st.grad_norm, a.exposed_comm_ms / n, a2a,
-                      moe_summary));
+      // Megatron's log line, key for key in its order (megatron/training/training.py, training_log): bf16 has no
+      // loss scale (1.0), and no iteration is skipped or NaN here (a NaN or Inf stops the run on every rank). This
+      // engine's fields follow.
+      say(fmt::format(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
+                      "| throughput per GPU (TFLOP/s/GPU): {:.3f} | learning rate: {:.6E} | global batch size: {:5d} | "
+                      "lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.4f} | number of skipped iterations: {:3d} | "
+                      "number of nan iterations: {:3d} | tokens/s: {:.0f} | aux loss: {:.4E} | token drops: {:.2f}% | "
+                      "exposed comm (ms): {:.2f} |{}{}",
+                      log_timestamp(), st.iteration, cfg_.train_iters, consumed_, ms, tflops, st.lr, G_, a.lm_loss / n,
+                      st.grad_norm, 0, 0, tokens_per_s, a.aux_loss / n, 100.0 * a.drop_fraction / n,
+                      a.exposed_comm_ms / n, a2a, moe_summary));
       if (cfg_.moe_per_layer_logging)
         for (size_t i = 0; i < moe.layers.size(); ++i) {
           const MoeLayerStats& l = moe.layers[i];
@@ -560,12 +580,20 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                           i, l.load_imbalance(), 100.0 * l.dropped_fraction(), l.choices, fmt::join(l.tokens, " ")));
         }
       if (tb_) {
-        std::vector<std::pair<std::string, double>> sc = {
-            {"lm loss", a.lm_loss / n},       {"aux loss", a.aux_loss / n},
-            {"learning-rate", st.lr},         {"grad-norm", st.grad_norm},
-            {"iteration-time", ms / 1e3},     {"tokens/s", tokens_per_s},
-            {"TFLOP/s", tflops},              {"exposed communication ms", a.exposed_comm_ms / n},
-            {"moe/dropped_fraction", a.drop_fraction / n}};
+        // Megatron's tags, each also " vs samples" (the consumed samples as the step), then this engine's.
+        const std::vector<std::pair<std::string, double>> megatron = {
+            {"learning-rate", st.lr}, {"batch-size", double(G_)}, {"lm loss", a.lm_loss / n},
+            {"loss-scale", 1.0},      {"grad-norm", st.grad_norm}};
+        std::vector<std::pair<std::string, double>> vs_samples;
+        for (const auto& [tag, v] : megatron) vs_samples.emplace_back(tag + " vs samples", v);
+        tb_->add_scalars(consumed_, vs_samples);
+        std::vector<std::pair<std::string, double>> sc = megatron;
+        sc.insert(sc.end(), {{"iteration-time", ms / 1e3},
+                             {"throughput", tflops},
+                             {"aux loss", a.aux_loss / n},
+                             {"tokens/s", tokens_per_s},
+                             {"exposed communication ms", a.exposed_comm_ms / n},
+                             {"moe/dropped_fraction", a.drop_fraction / n}});
         if (g_.ep.size() > 1) sc.emplace_back("a2a exposed ms", a.a2a_exposed_ms / n);
         if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
           sc.emplace_back("a2a hidden fraction", std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
@@ -591,7 +619,8 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
     // after this iteration, saving it as the end of a run is saved (but without its evaluation).
     res.stop_signal = stop_agreed(g_.world);
     const bool last = st.iteration == end || res.stop_signal != 0;
-    if (cfg_.eval_interval > 0 && (st.iteration % cfg_.eval_interval == 0 || st.iteration == end)) {
+    if (cfg_.eval_iters > 0 && cfg_.eval_interval > 0 &&
+        (st.iteration % cfg_.eval_interval == 0 || st.iteration == end)) {
       const double vl = evaluate();
       res.evals.push_back({st.iteration, vl});
       write_eval_scalars(st.iteration, vl, "validation");
@@ -609,7 +638,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
   }
   // Nothing to train (--skip-train, or a checkpoint already at --train-iters): the evaluation of the end of a
   // run still runs, as in Megatron.
-  if (res.iterations.empty() && (cfg_.eval_interval > 0 || cfg_.skip_train)) {
+  if (res.iterations.empty() && cfg_.evaluates()) {
     const double vl = evaluate();
     res.evals.push_back({iteration_, vl});
     write_eval_scalars(iteration_, vl, "validation");
