@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/core/philox.h"
 #include "ampipe/kernels/attention.h"
+#include "ampipe/kernels/dropout.h"
 
 using namespace ampipe;
 using namespace ampipe::kernels;
@@ -22,13 +24,23 @@ namespace {
 using Vec = std::vector<double>;
 
 // ---- double reference (packed [rows, b, h] operands) ------------------------------------------------------
+// The attention-probability dropout's multiplier of (batch bb, local head hh, query position i, key position j),
+// element by element from core::philox_uniform (the rule of kernels::AttentionDropout, written out again here);
+// 1 without dropout.
+double drop_mult(const AttentionDropout* dr, int64_t b, int64_t bb, int64_t hh, int64_t i, int64_t j) {
+  if (dr == nullptr || dr->p == 0.0f) return 1.0;
+  const float u = core::philox_uniform(dr->key, dr->token_base + uint64_t(i * b + bb), uint64_t((dr->head0 + hh) * dr->seq + j));
+  return u >= dr->p ? double(1.0f / (1.0f - dr->p)) : 0.0;
+}
+
 struct Ref {
   Vec out;  // [sq, b, h]
   Vec lse;  // [b, n, sq]
 };
 
 // q: [sq, b, h], k, v: [skv, b, h].
-Ref ref_forward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec& v) {
+Ref ref_forward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec& v,
+                const AttentionDropout* dr = nullptr) {
   const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
   const double scale = 1.0 / std::sqrt(double(d));
   Ref r{Vec(size_t(sh.sq * b * h)), Vec(size_t(b * n * sh.sq))};
@@ -50,7 +62,8 @@ Ref ref_forward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec&
         for (int64_t dd = 0; dd < d; ++dd) {
           double acc = 0;
           for (int64_t j = 0; j < nk; ++j)
-            acc += std::exp(logit[size_t(j)] - mx) / sum * v[size_t((j * b + bb) * h + hh * d + dd)];
+            acc += std::exp(logit[size_t(j)] - mx) / sum * drop_mult(dr, b, bb, hh, sh.q_offset + i, j) *
+                   v[size_t((j * b + bb) * h + hh * d + dd)];
           r.out[size_t((i * b + bb) * h + hh * d + dd)] = acc;
         }
         r.lse[size_t((bb * n + hh) * sh.sq + i)] = mx + std::log(sum);
@@ -64,7 +77,9 @@ struct RefGrad {
 
 // Textbook softmax-attention backward (not the flash form): P = softmax(S), dV = P^T dO, dP = dO V^T,
 // dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale, dK = dS^T Q * scale.
-RefGrad ref_backward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec& v, const Vec& dout) {
+// With dropout (multiplier m_ij): out = (P * m) V, so dV = (P * m)^T dO and the gradient of P is (dO V^T) * m.
+RefGrad ref_backward(const AttentionShape& sh, const Vec& q, const Vec& k, const Vec& v, const Vec& dout,
+                     const AttentionDropout* dr = nullptr) {
   const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
   const double scale = 1.0 / std::sqrt(double(d));
   RefGrad g{Vec(q.size()), Vec(k.size()), Vec(v.size())};
@@ -88,13 +103,13 @@ RefGrad ref_backward(const AttentionShape& sh, const Vec& q, const Vec& k, const
           p[size_t(j)] /= sum;
           double acc = 0;
           for (int64_t dd = 0; dd < d; ++dd) acc += dout[at(i, hh, dd, bb)] * v[at(j, hh, dd, bb)];
-          dp[size_t(j)] = acc;
-          pdp += p[size_t(j)] * acc;
+          dp[size_t(j)] = acc * drop_mult(dr, b, bb, hh, sh.q_offset + i, j);
+          pdp += p[size_t(j)] * dp[size_t(j)];
         }
         for (int64_t j = 0; j < nk; ++j) {
           const double ds = p[size_t(j)] * (dp[size_t(j)] - pdp);
           for (int64_t dd = 0; dd < d; ++dd) {
-            g.dv[at(j, hh, dd, bb)] += p[size_t(j)] * dout[at(i, hh, dd, bb)];
+            g.dv[at(j, hh, dd, bb)] += p[size_t(j)] * drop_mult(dr, b, bb, hh, sh.q_offset + i, j) * dout[at(i, hh, dd, bb)];
             g.dq[at(i, hh, dd, bb)] += ds * k[at(j, hh, dd, bb)] * scale;
             g.dk[at(j, hh, dd, bb)] += ds * q[at(i, hh, dd, bb)] * scale;
           }
@@ -159,9 +174,10 @@ struct Result {
 // Runs forward and backward of one chunk through the kernel. dk, dv start from `dkv0` (to check +=); dq
 // starts as NaN (to check it is overwritten). out uses a padded row stride (h + 3) to exercise ldo.
 Result run_chunk(const Problem& pb, DType in, int64_t q_offset, int64_t sq, const AttentionBlocks& blocks,
-                 const std::vector<float>& dk0, const std::vector<float>& dv0) {
+                 const std::vector<float>& dk0, const std::vector<float>& dv0, const AttentionDropout& drop = {}) {
   const int64_t h = pb.h, ld = 3 * h, ldo = h + 3;
-  const AttentionShape sh = pb.chunk(q_offset, sq);
+  AttentionShape sh = pb.chunk(q_offset, sq);
+  sh.dropout = drop;
   Result r;
   std::vector<float> out_padded(size_t(sq * pb.b * ldo), -1.0f);
   r.lse.assign(size_t(pb.b * pb.n * sq), 0.0f);
@@ -485,4 +501,144 @@ TEST(Attention, KeyOffsetAfterQueriesIsRefused) {
   std::vector<float> x(64), out(32), lse(4);
   EXPECT_DEATH(attention_forward(sh, DType::f32, x.data(), 8, x.data(), 8, x.data(), 8, out.data(), 8, lse.data()),
                "k_offset must be <= q_offset");
+}
+
+// ---- attention-probability dropout (AttentionDropout) ------------------------------------------------------
+
+namespace {
+// p 0.3, a micro-batch whose token 0 is global token 1000, local heads starting at global head 3 (a tp rank's).
+AttentionDropout test_dropout(int64_t seq) {
+  AttentionDropout dr;
+  dr.p = 0.3f;
+  dr.key = {77, 5, core::RngPurpose::attn_prob_dropout};
+  dr.token_base = 1000;
+  dr.head0 = 3;
+  dr.seq = seq;
+  return dr;
+}
+}  // namespace
+
+// dropout_mask's runs (one Philox call per 4 features, any start) are philox_uniform's element decisions, and drop
+// about p of them.
+TEST(Attention, DropoutMaskIsTheElementRule) {
+  const AttentionDropout dr = test_dropout(37);
+  std::vector<float> m(301);
+  int64_t dropped = 0, total = 0;
+  for (uint64_t f0 : {uint64_t(0), uint64_t(1), uint64_t(6), uint64_t(111)}) {
+    dropout_mask(dr.key, 4242, f0, int64_t(m.size()), dr.p, m.data());
+    for (size_t i = 0; i < m.size(); ++i) {
+      const bool keep = core::philox_uniform(dr.key, 4242, f0 + i) >= dr.p;
+      ASSERT_EQ(m[i], keep ? 1.0f / (1.0f - dr.p) : 0.0f) << "feature " << f0 + i;
+      dropped += !keep;
+      ++total;
+    }
+  }
+  const double share = double(dropped) / double(total), sigma = std::sqrt(0.3 * 0.7 / double(total));
+  EXPECT_NEAR(share, 0.3, 4 * sigma);
+}
+
+// The kernel with dropout against the double reference (the mask written out element by element), fp32: chunks at
+// offsets, small and uneven tiles (key blocks start at unaligned features), two batches, three heads.
+TEST(Attention, DropoutFp32MatchesDoubleReference) {
+  const Problem pb(37, 2, 3, 24, 21);
+  const AttentionDropout dr = test_dropout(pb.s);
+  const std::vector<float> zeros(size_t(pb.s * pb.b * pb.h), 0.0f);
+  for (auto [off, sq, blocks] : {std::tuple{int64_t(0), int64_t(37), AttentionBlocks{}},
+                                 std::tuple{int64_t(0), int64_t(37), AttentionBlocks{5, 7}},
+                                 std::tuple{int64_t(17), int64_t(20), AttentionBlocks{8, 16}},
+                                 std::tuple{int64_t(5), int64_t(13), AttentionBlocks{4, 8}}}) {
+    SCOPED_TRACE(testing::Message() << "q_offset=" << off << " sq=" << sq << " blocks=" << blocks.q << "x" << blocks.k);
+    const AttentionShape sh = pb.chunk(off, sq);
+    const Vec qc = pb.rows(pb.q, off, sq);
+    const Ref ref = ref_forward(sh, qc, pb.k, pb.v, &dr);
+    const RefGrad rg = ref_backward(sh, qc, pb.k, pb.v, pb.rows(pb.dout_d, off, sq), &dr);
+    const Result got = run_chunk(pb, DType::f32, off, sq, blocks, zeros, zeros, dr);
+    EXPECT_LT(scaled_err(got.out, ref.out), 2e-5);
+    EXPECT_LT(scaled_err(got.lse, ref.lse), 2e-5);  // the undropped normaliser
+    EXPECT_LT(scaled_err(got.dq, rg.dq), 2e-5);
+    EXPECT_LT(scaled_err(got.dk, rg.dk), 2e-5);
+    EXPECT_LT(scaled_err(got.dv, rg.dv), 2e-5);
+    // and the dropout acted: without it the output is another one
+    const Ref plain = ref_forward(sh, qc, pb.k, pb.v);
+    EXPECT_GT(scaled_err(got.out, plain.out), 1e-2);
+  }
+}
+
+// AMPipe's chunks draw the numbers of the whole sequence: M chunks with dropout concatenate to the whole's result.
+TEST(Attention, DropoutChunksEqualWholeSequence) {
+  const Problem pb(36, 2, 2, 16, 5);
+  const AttentionDropout dr = test_dropout(pb.s);
+  const std::vector<float> zeros(size_t(pb.s * pb.b * pb.h), 0.0f);
+  const Result whole = run_chunk(pb, DType::f32, 0, pb.s, {8, 8}, zeros, zeros, dr);
+  for (int M : {2, 3, 4}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M);
+    std::vector<float> out, dq, dk = zeros, dv = zeros;
+    const int64_t sq = pb.s / M;
+    for (int c = 0; c < M; ++c) {
+      Result part = run_chunk(pb, DType::f32, c * sq, sq, {8, 8}, dk, dv, dr);
+      out.insert(out.end(), part.out.begin(), part.out.end());
+      dq.insert(dq.end(), part.dq.begin(), part.dq.end());
+      dk = std::move(part.dk);
+      dv = std::move(part.dv);
+    }
+    EXPECT_LT(scaled_err(out, to_double(whole.out)), 1e-5);
+    EXPECT_LT(scaled_err(dq, to_double(whole.dq)), 1e-5);
+    EXPECT_LT(scaled_err(dk, to_double(whole.dk)), 1e-5);
+    EXPECT_LT(scaled_err(dv, to_double(whole.dv)), 1e-5);
+  }
+}
+
+// bf16 operands with dropout: the dropped probabilities are rounded once, as without dropout.
+TEST(Attention, DropoutBf16MatchesDoubleReference) {
+  const Problem pb(37, 2, 3, 24, 9, /*round_bf16=*/true);
+  const AttentionDropout dr = test_dropout(pb.s);
+  const std::vector<float> zeros(size_t(pb.s * pb.b * pb.h), 0.0f);
+  const AttentionShape sh = pb.chunk(11, 19);
+  const Vec qc = pb.rows(pb.q, 11, 19);
+  const Ref ref = ref_forward(sh, qc, pb.k, pb.v, &dr);
+  const RefGrad rg = ref_backward(sh, qc, pb.k, pb.v, pb.rows(pb.dout_d, 11, 19), &dr);
+  const Result got = run_chunk(pb, DType::bf16, 11, 19, {16, 16}, zeros, zeros, dr);
+  EXPECT_LT(norm_err(got.out, ref.out), 1e-2);
+  EXPECT_LT(norm_err(got.dq, rg.dq), 1e-2);
+  EXPECT_LT(norm_err(got.dk, rg.dk), 1e-2);
+  EXPECT_LT(norm_err(got.dv, rg.dv), 1e-2);
+}
+
+// Context parallelism's key blocks (k_offset > 0, merged by log-sum-exp) with dropout: the mask follows the global
+// key position, so the blocks merge to the whole attention's dropped result.
+TEST(Attention, DropoutPartialKeyBlocksMergeToFullAttention) {
+  const Problem pb(41, 2, 2, 16, 29);
+  const AttentionDropout dr = test_dropout(pb.s);
+  const int64_t b = pb.b, h = pb.h, ld = 3 * h, q_offset = 30, sq = 11;
+  const std::vector<std::pair<int64_t, int64_t>> key_blocks = {{19, 41}, {0, 7}, {7, 19}};
+  const float* q = pb.qkv.data() + q_offset * b * ld;
+  std::vector<float> out(size_t(sq * b * h)), lse(size_t(b * pb.n * sq));
+  bool first = true;
+  for (auto [k0, k1] : key_blocks) {
+    AttentionShape sh{sq, k1 - k0, b, pb.n, pb.d, q_offset};
+    sh.k_offset = k0;
+    sh.merge = !first;
+    sh.dropout = dr;
+    first = false;
+    attention_forward(sh, DType::f32, q, ld, pb.qkv.data() + k0 * b * ld + h, ld, pb.qkv.data() + k0 * b * ld + 2 * h,
+                      ld, out.data(), h, lse.data(), {4, 8});
+  }
+  const AttentionShape whole = pb.chunk(q_offset, sq);
+  const Vec qc = pb.rows(pb.q, q_offset, sq), dout = pb.rows(pb.dout_d, q_offset, sq);
+  const Ref ref = ref_forward(whole, qc, pb.k, pb.v, &dr);
+  const RefGrad rg = ref_backward(whole, qc, pb.k, pb.v, dout, &dr);
+  EXPECT_LT(scaled_err(out, ref.out), 2e-5);
+  std::vector<float> dq(out.size(), 0.0f), dk(size_t(pb.s * b * h), 0.0f), dv(dk.size(), 0.0f);
+  for (auto [k0, k1] : key_blocks) {
+    AttentionShape sh{sq, k1 - k0, b, pb.n, pb.d, q_offset};
+    sh.k_offset = k0;
+    sh.accumulate_dq = true;
+    sh.dropout = dr;
+    attention_backward(sh, DType::f32, pb.dout.data() + q_offset * b * h, h, q, ld, pb.qkv.data() + k0 * b * ld + h,
+                       ld, pb.qkv.data() + k0 * b * ld + 2 * h, ld, out.data(), h, lse.data(), dq.data(), h,
+                       dk.data() + k0 * b * h, h, dv.data() + k0 * b * h, h, {4, 8});
+  }
+  EXPECT_LT(scaled_err(dq, rg.dq), 2e-5);
+  EXPECT_LT(scaled_err(dk, rg.dk), 2e-5);
+  EXPECT_LT(scaled_err(dv, rg.dv), 2e-5);
 }

@@ -33,6 +33,7 @@ def parse(argv):
     ap.add_argument("--noisy-gate-policy", default="None", choices=["None", "Jitter", "RSample"])
     ap.add_argument("--swiglu", action="store_true")
     ap.add_argument("--hidden-dropout", type=float, default=0.0)
+    ap.add_argument("--attention-dropout", type=float, default=0.0)
     ap.add_argument("--init-method-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=0.01)
@@ -64,7 +65,8 @@ def main(argv):
     c = ref.Cfg(s=a.seq_length, b=a.micro_batch_size, G=G, h=a.hidden_size, F=a.ffn_hidden_size,
                 n=a.num_attention_heads, E=a.num_experts, k=a.moe_router_topk, cf=a.moe_train_capacity_factor,
                 min_cap=a.moe_min_capacity, no_drop=a.moe_no_drop, rts=not a.no_use_rts,
-                noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, seed=a.seed,
+                noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, pa=a.attention_dropout,
+                seed=a.seed,
                 coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0
 

@@ -44,7 +44,8 @@ MASK32 = np.uint64(0xFFFFFFFF)
 M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 W0, W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
 
-PURPOSE = dict(attn_dropout=1, mlp_dropout=2, gate_jitter=3, gate_rsample=4, gate_rts=5, init=16, data=17)
+PURPOSE = dict(attn_dropout=1, mlp_dropout=2, gate_jitter=3, gate_rsample=4, gate_rts=5, attn_prob_dropout=6,
+               init=16, data=17)
 
 
 def philox4x32_10(c0, c1, c2, c3, k0, k1):
@@ -106,6 +107,7 @@ class Cfg:
     noisy: str = "None"
     swiglu: bool = False
     p: float = 0.0
+    pa: float = 0.0  # --attention-dropout on the attention probabilities
     seed: int = 1234
     coeff: float = 0.01
     M: int = 1
@@ -309,7 +311,24 @@ def gate_chunk(c: Cfg, xin, Wg, token0):
 # -------------------------------------------------------------------------------------- forward + backward (§7)
 
 
-def attention_fwd(c: Cfg, qkv):
+def attention_dropout_mask(c: Cfg, token_base):
+    """§5: the attention probabilities' mask [b, n, s(query), s(key)]: u keyed (attn_prob_dropout, token = the query's
+    token_base + i*b + batch, feature = head*s + key position)."""
+    s, b, n = c.s, c.b, c.n
+    if c.pa == 0.0:
+        return np.ones((b, n, s, s))
+    p32 = np.float32(c.pa)
+    scale = float(np.float32(1.0) / (np.float32(1.0) - p32))
+    tok = (np.uint64(token_base) + np.arange(s, dtype=np.uint64)[None, None, :, None] * np.uint64(b)
+           + np.arange(b, dtype=np.uint64)[:, None, None, None])
+    feat = (np.arange(n, dtype=np.uint64)[None, :, None, None] * np.uint64(s)
+            + np.arange(s, dtype=np.uint64)[None, None, None, :])
+    tok, feat = np.broadcast_arrays(tok, feat)
+    u = philox_uniform(c.seed, c.layer, PURPOSE["attn_prob_dropout"], tok, feat)
+    return np.where(u >= float(p32), scale, 0.0)
+
+
+def attention_fwd(c: Cfg, qkv, token_base=0):
     s, b, n, d, h = c.s, c.b, c.n, c.d, c.h
     q = qkv[:, :h].reshape(s, b, n, d).transpose(1, 2, 0, 3)  # [b, n, s, d]
     kk = qkv[:, h:2 * h].reshape(s, b, n, d).transpose(1, 2, 0, 3)
@@ -319,16 +338,17 @@ def attention_fwd(c: Cfg, qkv):
     sc = np.where(mask, sc, -np.inf)
     Pm = np.exp(sc - sc.max(axis=-1, keepdims=True))
     Pm = Pm / Pm.sum(axis=-1, keepdims=True)
-    o = Pm @ v  # [b, n, s, d]
-    return o.transpose(2, 0, 1, 3).reshape(s * b, h), (q, kk, v, Pm)
+    am = attention_dropout_mask(c, token_base)
+    o = (Pm * am) @ v  # [b, n, s, d]
+    return o.transpose(2, 0, 1, 3).reshape(s * b, h), (q, kk, v, Pm, am)
 
 
 def attention_bwd(c: Cfg, dout, ctx):
     s, b, n, d, h = c.s, c.b, c.n, c.d, c.h
-    q, kk, v, Pm = ctx
+    q, kk, v, Pm, am = ctx
     do = dout.reshape(s, b, n, d).transpose(1, 2, 0, 3)
-    dv = Pm.transpose(0, 1, 3, 2) @ do
-    dP = do @ v.transpose(0, 1, 3, 2)
+    dv = (Pm * am).transpose(0, 1, 3, 2) @ do
+    dP = (do @ v.transpose(0, 1, 3, 2)) * am  # the gradient of the undropped probabilities
     dS = Pm * (dP - (dP * Pm).sum(axis=-1, keepdims=True)) / math.sqrt(d)
     dq = dS @ kk
     dk = dS.transpose(0, 1, 3, 2) @ q
@@ -344,7 +364,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     # attention block
     xn, ln1c = layernorm_fwd(X, W["ln1.weight"], W["ln1.bias"])
     qkv = xn @ W["attn.qkv.weight"].T
-    attn, actx = attention_fwd(c, qkv)
+    attn, actx = attention_fwd(c, qkv, token_base)
     proj = attn @ W["attn.proj.weight"].T
     m1 = dropout_mask(c, "attn_dropout", token_base, T, h)
     ln_in = X + proj * m1

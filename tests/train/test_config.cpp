@@ -203,7 +203,8 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
   const std::set<std::string> recorded = {
       "num_layers", "seq_length", "micro_batch_size", "hidden_size", "ffn_hidden_size", "num_attention_heads",
       "num_experts", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
-      "no_use_rts", "noisy_gate_policy", "swiglu", "hidden_dropout", "init_method_std", "seed", "bf16",
+      "no_use_rts", "noisy_gate_policy", "swiglu", "hidden_dropout", "attention_dropout", "init_method_std", "seed",
+      "bf16",
       "expert_model_parallel_size", "use_pipe_experts", "pipe_experts_multi_data",
       "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "moe_model_type", "ampipe_degree",
       "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",

@@ -89,6 +89,7 @@ TEST(Trainer, GradientAccumulationEqualsFewerLargerMicroBatches) {
   // aux loss is a per-micro-batch statistic (not linear in the tokens), so both legitimately depend on b.
   train::TrainConfig c = tiny_config();
   c.layer.hidden_dropout = 0;
+  c.layer.attention_dropout = 0;
   c.moe_aux_loss_coeff = 0;
   c.global_batch_size = 8;
   c.train_iters = 5;

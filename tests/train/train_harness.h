@@ -17,8 +17,8 @@
 namespace ampipe::testing {
 
 // Tiny model; capacity factor 4 with top-2 of 4 experts: capacity >= all tokens, nothing is dropped, so every
-// AMPipe degree and EP size must give the same result (docs/design.md, "Numerics and determinism"). Dropout on: its random numbers are
-// keyed by position, so it must not change that either.
+// AMPipe degree and EP size must give the same result (docs/design.md, "Numerics and determinism"). Dropout on (hidden
+// and attention): its random numbers are keyed by position, so it must not change that either.
 inline train::TrainConfig tiny_config() {
   train::TrainConfig c;
   model::LayerConfig& l = c.layer;
@@ -32,6 +32,7 @@ inline train::TrainConfig tiny_config() {
   l.moe_train_capacity_factor = 4.0;
   l.moe_min_capacity = 1;
   l.hidden_dropout = 0.1;
+  l.attention_dropout = 0.1;  // also keyed by position: every degree and layout draws the same mask
   l.init_method_std = 0.1;
   l.seed = 7;
   c.num_layers = 2;

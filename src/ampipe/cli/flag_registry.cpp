@@ -163,6 +163,9 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--swiglu", L, kGroupModel, G::on_off, "SwiGLU experts instead of GeLU", AT(layer->swiglu)));
   v.push_back(flag("--hidden-dropout", L, kGroupModel, G::number, "dropout after attention and after the MoE",
                    AT(layer->cfg.hidden_dropout), kDef));
+  v.push_back(flag("--attention-dropout", L, kGroupModel, G::number,
+                   "dropout on the attention probabilities (Megatron's; keyed by query token, head and key position)",
+                   AT(layer->cfg.attention_dropout), kDef));
   v.push_back(flag("--init-method-std", L, kGroupModel, G::number, "std of the normal weight init",
                    AT(layer->cfg.init_method_std), kDef));
   v.push_back(flag("--seed", L, kGroupModel, G::uint64, "global random seed (0 .. 2^64-1)", AT(layer->cfg.seed), kDef));
@@ -291,9 +294,6 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
                    "Megatron's position-embedding size: must be >= --seq-length (the embedding has --seq-length "
                    "rows, the only positions a sequence uses)",
                    AT(train->cfg.max_position_embeddings)));
-  v.push_back(flag("--attention-dropout", T, kGroupModel, G::number,
-                   "dropout on the attention probabilities: only 0 (the fused attention has none)",
-                   AT(train->cfg.attention_dropout), kDef));
   v.push_back(flag("--distributed-backend", T, kGroupParallel, G::text,
                    "mpi: this engine communicates over MPI (Megatron's nccl and gloo are accepted with a note)",
                    AT(train->cfg.distributed_backend), kDef));

@@ -20,7 +20,7 @@
 namespace ampipe::cli {
 
 // Defaults of `ampipe train` and `ampipe simulate`. Where Megatron-LM (or MindSpeed, for its own flags) has a default,
-// it is theirs: --ffn-hidden-size 4h (LayerFlags), --hidden-dropout 0.1, no --num-experts (a dense GPT: refused,
+// it is theirs: --ffn-hidden-size 4h (LayerFlags), --hidden-dropout 0.1, --attention-dropout 0.1, no --num-experts (a dense GPT: refused,
 // TrainConfig::dense), --moe-aux-loss-coeff 0, MindSpeed's deepspeed_moe capacity factor 1.0 and minimum capacity 4,
 // and the optimizer, schedule, evaluation and logging defaults in TrainConfig. Where Megatron requires the flag (the
 // sizes), a small model of this engine's: s 128, b 4, h 128, 4 heads, 2 layers.
@@ -35,6 +35,7 @@ TrainFlags::TrainFlags() {
   l.moe_train_capacity_factor = 1.0;
   l.moe_min_capacity = 4;
   l.hidden_dropout = 0.1;
+  l.attention_dropout = 0.1;
   l.init_method_std = 0.02;
   l.seed = 1234;
   layer.moe_aux_loss_coeff = 0.0;

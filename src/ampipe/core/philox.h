@@ -34,6 +34,7 @@ enum class RngPurpose : uint32_t {
   gate_jitter = 3,      // --noisy-gate-policy Jitter: multiplicative uniform noise on the gate input
   gate_rsample = 4,     // --noisy-gate-policy RSample: Gumbel noise on the logits (top-1)
   gate_rts = 5,         // random token selection priority (top-1)
+  attn_prob_dropout = 6,  // --attention-dropout on the attention probabilities (token = query, feature = key)
   init = 16,            // parameter initialisation (token = parameter id, feature = element index)
   data = 17,            // input/gradient generation in layer-check (token = tensor id)
 };

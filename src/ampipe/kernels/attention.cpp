@@ -16,6 +16,7 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/dropout.h"
 #include "ampipe/kernels/gemm.h"
 #include "ampipe/kernels/simd_math.h"
 
@@ -72,25 +73,26 @@ float row_max(const float* s, int64_t n) {
 }
 
 // p[j] = exp(s[j]*scale - sub) for j < nv, 0 for nv <= j < n. Written in place (fp32) or to pb (bf16, when
-// non-null). Returns the fp32 sum of p over j < nv.
-float exp_row(float* s, int64_t nv, int64_t n, float scale, float sub, bf16* pb) {
+// non-null), times mask[j] when a dropout mask is given. Returns the fp32 sum of the unmasked p over j < nv.
+float exp_row(float* s, int64_t nv, int64_t n, float scale, float sub, bf16* pb, const float* mask) {
   float sum = 0;
   int64_t j = 0;
 #ifdef AMPIPE_ATTN_AVX2
   const __m256 vscale = _mm256_set1_ps(scale), vsub = _mm256_set1_ps(sub);
   __m256 vsum = _mm256_setzero_ps();
+  auto masked = [mask](__m256 p, int64_t at) { return mask ? _mm256_mul_ps(p, _mm256_loadu_ps(mask + at)) : p; };
   if (pb) {
     for (; j + 16 <= nv; j += 16) {
       const __m256 a = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, vsub));
       const __m256 c = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j + 8), vscale, vsub));
       vsum = _mm256_add_ps(vsum, _mm256_add_ps(a, c));
-      store_bf16x16(pb + j, a, c);
+      store_bf16x16(pb + j, masked(a, j), masked(c, j + 8));
     }
   } else {
     for (; j + 8 <= nv; j += 8) {
       const __m256 a = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, vsub));
       vsum = _mm256_add_ps(vsum, a);
-      _mm256_storeu_ps(s + j, a);
+      _mm256_storeu_ps(s + j, masked(a, j));
     }
   }
   sum = hsum8(vsum);
@@ -98,10 +100,11 @@ float exp_row(float* s, int64_t nv, int64_t n, float scale, float sub, bf16* pb)
   for (; j < nv; ++j) {
     const float p = std::exp(s[j] * scale - sub);
     sum += p;
+    const float kept = mask ? p * mask[j] : p;
     if (pb)
-      pb[j] = f32_to_bf16(p);
+      pb[j] = f32_to_bf16(kept);
     else
-      s[j] = p;
+      s[j] = kept;
   }
   for (; j < n; ++j) {
     if (pb)
@@ -113,39 +116,44 @@ float exp_row(float* s, int64_t nv, int64_t n, float scale, float sub, bf16* pb)
 }
 
 // Backward row: p = exp(s*scale - lse) and ds = p * (dp - D) * scale for j < nv; 0 beyond. fp32 mode writes
-// p over s and ds over dp; bf16 mode writes them to pb and dsb.
-void grad_row(float* s, float* dp, int64_t nv, int64_t n, float scale, float lse, float D, bf16* pb,
-              bf16* dsb) {
+// p over s and ds over dp; bf16 mode writes them to pb and dsb. With a dropout mask m (dp is then the gradient of
+// the dropped p m): the stored p is p m (what dV needs) and ds = p * (dp m - D) * scale.
+void grad_row(float* s, float* dp, int64_t nv, int64_t n, float scale, float lse, float D, bf16* pb, bf16* dsb,
+              const float* mask) {
   int64_t j = 0;
 #ifdef AMPIPE_ATTN_AVX2
   const __m256 vscale = _mm256_set1_ps(scale), vlse = _mm256_set1_ps(lse), vD = _mm256_set1_ps(D);
+  auto masked = [mask](__m256 x, int64_t at) { return mask ? _mm256_mul_ps(x, _mm256_loadu_ps(mask + at)) : x; };
   if (pb) {
     for (; j + 16 <= nv; j += 16) {
       const __m256 p0 = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, vlse));
       const __m256 p1 = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j + 8), vscale, vlse));
-      const __m256 d0 = _mm256_mul_ps(_mm256_mul_ps(p0, _mm256_sub_ps(_mm256_loadu_ps(dp + j), vD)), vscale);
+      const __m256 d0 =
+          _mm256_mul_ps(_mm256_mul_ps(p0, _mm256_sub_ps(masked(_mm256_loadu_ps(dp + j), j), vD)), vscale);
       const __m256 d1 =
-          _mm256_mul_ps(_mm256_mul_ps(p1, _mm256_sub_ps(_mm256_loadu_ps(dp + j + 8), vD)), vscale);
-      store_bf16x16(pb + j, p0, p1);
+          _mm256_mul_ps(_mm256_mul_ps(p1, _mm256_sub_ps(masked(_mm256_loadu_ps(dp + j + 8), j + 8), vD)), vscale);
+      store_bf16x16(pb + j, masked(p0, j), masked(p1, j + 8));
       store_bf16x16(dsb + j, d0, d1);
     }
   } else {
     for (; j + 8 <= nv; j += 8) {
       const __m256 p0 = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, vlse));
-      const __m256 d0 = _mm256_mul_ps(_mm256_mul_ps(p0, _mm256_sub_ps(_mm256_loadu_ps(dp + j), vD)), vscale);
-      _mm256_storeu_ps(s + j, p0);
+      const __m256 d0 =
+          _mm256_mul_ps(_mm256_mul_ps(p0, _mm256_sub_ps(masked(_mm256_loadu_ps(dp + j), j), vD)), vscale);
+      _mm256_storeu_ps(s + j, masked(p0, j));
       _mm256_storeu_ps(dp + j, d0);
     }
   }
 #endif
   for (; j < nv; ++j) {
     const float p = std::exp(s[j] * scale - lse);
-    const float ds = p * (dp[j] - D) * scale;
+    const float ds = p * ((mask ? dp[j] * mask[j] : dp[j]) - D) * scale;
+    const float kept = mask ? p * mask[j] : p;
     if (pb) {
-      pb[j] = f32_to_bf16(p);
+      pb[j] = f32_to_bf16(kept);
       dsb[j] = f32_to_bf16(ds);
     } else {
-      s[j] = p;
+      s[j] = kept;
       dp[j] = ds;
     }
   }
@@ -218,9 +226,20 @@ int64_t visible_in_block(const AttentionShape& sh, int64_t i, int64_t j0, int64_
   return std::clamp<int64_t>(sh.q_offset + i + 1 - j0, 0, kb);
 }
 
+// The dropout multipliers of local query row i (global position q_pos) against keys [j0, j0 + nv) of key block
+// starting at global key position k_pos0 + j0, for batch bb and local head hh (AttentionDropout's rule); nullptr
+// without dropout.
+const float* dropout_row(const AttentionDropout& dr, int64_t b, int64_t bb, int64_t hh, int64_t q_pos, int64_t k_pos,
+                         int64_t nv, float* buf) {
+  if (dr.p == 0.0f || nv == 0) return nullptr;
+  const uint64_t token = dr.token_base + uint64_t(q_pos * b + bb);
+  dropout_mask(dr.key, token, uint64_t((dr.head0 + hh) * dr.seq + k_pos), nv, dr.p, buf);
+  return buf;
+}
+
 // Thread-local scratch, grown on demand and reused by every call on this thread.
 struct Scratch {
-  std::vector<float> s, dp, o, m, l, dd, dkp, dvp;
+  std::vector<float> s, dp, o, m, l, dd, dkp, dvp, mask;
   std::vector<bf16> pb, dsb;
   std::vector<std::byte> kp, vp, qp, dop;  // packed operands in the input dtype
 };
@@ -267,6 +286,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   check_args(shape, in, ldq, ldk, ldv, blocks);
   const AttentionShape sh = relative(shape);
   AMPIPE_CHECK(ldo >= sh.n * sh.d, "attention out row stride {} below n*d = {}", ldo, sh.n * sh.d);
+  const AttentionDropout& dr = shape.dropout;  // keyed by the global positions shape.q_offset + i, k_offset + j
   if (sh.sq == 0) return;
   const int64_t b = sh.b, n = sh.n, d = sh.d;
   const int64_t BQ = std::min(blocks.q, sh.sq), BK = std::min(blocks.k, sh.skv);
@@ -281,6 +301,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   float* M = grow(sc.m, BQ);       // running max of scaled logits
   float* L = grow(sc.l, BQ);       // running sum of exp
   bf16* Pb = lowp ? grow(sc.pb, BQ * BK) : nullptr;
+  float* Mk = grow(sc.mask, BK);                           // one row's dropout multipliers
   std::byte* Kp = grow(sc.kp, kv_max * d * int64_t(esz));  // [kv_max, d] packed head of K
   std::byte* Vp = grow(sc.vp, kv_max * d * int64_t(esz));
   std::byte* Qp = grow(sc.qp, BQ * d * int64_t(esz));      // [bq, d] packed query block
@@ -314,12 +335,13 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
             bf16* prow = Pb ? Pb + r * kb : nullptr;
             const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
             if (nv == 0) {  // key block entirely after this row's diagonal (j0 > 0 here): P row = 0
-              exp_row(srow, 0, kb, scale, 0.0f, prow);
+              exp_row(srow, 0, kb, scale, 0.0f, prow, nullptr);
               continue;
             }
             const float m_old = M[r];
             const float m_new = std::max(m_old, row_max(srow, nv) * scale);
-            const float sum = exp_row(srow, nv, kb, scale, m_new, prow);
+            const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
+            const float sum = exp_row(srow, nv, kb, scale, m_new, prow, mask);
             float* orow = O + r * d;
             if (j0 == 0) {  // key 0 is visible to every row, so every row starts here
               L[r] = sum;
@@ -363,6 +385,7 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
                         float* dv_accum, int64_t lddv, const AttentionBlocks& blocks) {
   check_args(shape, in, ldq, ldk, ldv, blocks);
   const AttentionShape sh = relative(shape);
+  const AttentionDropout& dr = shape.dropout;  // the forward's mask, regenerated
   const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
   AMPIPE_CHECK(lddo >= h && ldo >= h && lddq >= h && lddk >= h && lddv >= h,
                "attention backward row strides dout {} out {} dq {} dk {} dv {} below n*d = {}", lddo, ldo, lddq,
@@ -383,6 +406,7 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
   float* dVp = grow(sc.dvp, kv_max * d);
   bf16* Pb = lowp ? grow(sc.pb, BQ * BK) : nullptr;
   bf16* dSb = lowp ? grow(sc.dsb, BQ * BK) : nullptr;
+  float* Mk = grow(sc.mask, BK);
   std::byte* Kp = grow(sc.kp, kv_max * d * int64_t(esz));
   std::byte* Vp = grow(sc.vp, kv_max * d * int64_t(esz));
   std::byte* Qp = grow(sc.qp, BQ * d * int64_t(esz));
@@ -429,8 +453,9 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
           gemm(g, dOp, Vblk, dP);
           for (int64_t r = 0; r < bq; ++r) {
             const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
+            const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
             grad_row(S + r * kb, dP + r * kb, nv, kb, scale, lse_h[i0 + r], Dr[r], Pb ? Pb + r * kb : nullptr,
-                     dSb ? dSb + r * kb : nullptr);
+                     dSb ? dSb + r * kb : nullptr, mask);
           }
           const void* P = lowp ? static_cast<const void*>(Pb) : S;
           const void* dS = lowp ? static_cast<const void*>(dSb) : dP;  // already times scale

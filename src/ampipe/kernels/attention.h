@@ -24,9 +24,25 @@
 #include <cstdint>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/core/philox.h"
 #include "ampipe/core/tensor.h"
 
 namespace ampipe::kernels {
+
+// Dropout on the attention probabilities (Megatron's --attention-dropout): each P_ij is kept with probability 1 - p
+// and then scaled by 1 / (1 - p) (out = sum_j P_ij m_ij V_j; lse and the softmax normalisation use the undropped
+// P). The keep decision is kernels/dropout.h's rule, keyed by
+//   token   = token_base + (q_offset + i) * b + batch   the query's global token index (as the hidden dropout's)
+//   feature = (head0 + head) * seq + (k_offset + j)     the key's sequence position, per global head
+// so it depends neither on how the queries are chunked, nor on context parallelism's key blocks, nor on which
+// tensor-parallel rank holds the head. The backward regenerates the mask. p = 0: no dropout (no Philox).
+struct AttentionDropout {
+  float p = 0.0f;
+  core::PhiloxKey key{};
+  uint64_t token_base = 0;  // global token index of the micro-batch's position 0, batch 0
+  int64_t head0 = 0;        // global index of local head 0 (tp rank x local heads)
+  int64_t seq = 0;          // positions per head in the feature index (the whole sequence length s)
+};
 
 struct AttentionShape {
   int64_t sq = 0;        // query rows in this chunk
@@ -41,6 +57,7 @@ struct AttentionShape {
   bool merge = false;    // forward: out and lse already hold the normalised result of other key blocks; this
                          // call's result is merged into them by log-sum-exp (online softmax across calls)
   bool accumulate_dq = false;  // backward: dq += (instead of =), for a query block split over several key blocks
+  AttentionDropout dropout{};  // on the probabilities (training); q_offset, k_offset are then global positions
 };
 
 // Tile sizes (rows of Q, rows of K/V per block). The defaults were tuned for d = 128, s = 4096 on one Zen 3

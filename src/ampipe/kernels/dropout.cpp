@@ -48,6 +48,22 @@ void check_p(float p, const char* op) {
 }
 }  // namespace
 
+void dropout_mask(const core::PhiloxKey& key, uint64_t token, uint64_t feature0, int64_t n, float p, float* m) {
+  check_p(p, "dropout_mask");
+  const float scale = 1.0f / (1.0f - p);
+  const std::array<uint32_t, 2> k{uint32_t(key.seed), uint32_t(key.seed >> 32)};
+  const uint32_t c2 = (key.layer << 8) | uint32_t(key.purpose);
+  int64_t i = 0;
+  while (i < n) {
+    const uint64_t f = feature0 + uint64_t(i);
+    const core::Philox4 w = core::philox4x32_10({uint32_t(f >> 2), uint32_t(token), c2, uint32_t(token >> 32)}, k);
+    for (uint64_t lane = f & 3; lane < 4 && i < n; ++lane, ++i) {
+      const float u = float(w[size_t(lane)] >> 8) * (1.0f / 16777216.0f);
+      m[i] = u >= p ? scale : 0.0f;
+    }
+  }
+}
+
 void dropout_forward(const Tensor& x, float p, const core::PhiloxKey& key, uint64_t token_begin, Tensor& y) {
   check_p(p, "dropout_forward");
   AMPIPE_CHECK(x.dim() == 2, "dropout_forward: x must be 2-D [rows, h], got {}", shape_str(x.shape()));

@@ -34,6 +34,10 @@ inline bool dropout_keep(const core::PhiloxKey& key, uint64_t token, uint64_t fe
   return core::philox_uniform(key, token, feature) >= p;
 }
 
+// m[i] = (keep(key, token, feature0 + i) ? 1 / (1 - p) : 0) for i < n, the rule above for n consecutive features of
+// one token (one Philox call per 4 features; feature0 need not be a multiple of 4). p in [0, 1).
+void dropout_mask(const core::PhiloxKey& key, uint64_t token, uint64_t feature0, int64_t n, float p, float* m);
+
 // y = dropout(x), overwritten; y may alias x.
 void dropout_forward(const Tensor& x, float p, const core::PhiloxKey& key, uint64_t token_begin, Tensor& y);
 

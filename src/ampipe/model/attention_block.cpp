@@ -9,12 +9,24 @@
 namespace ampipe::model {
 
 namespace {
-// Chunk c's attention on the local heads: its sq query rows see the keys of rows [0, (c+1)*sq).
-kernels::AttentionShape chunk_shape(const LayerDims& d, int c) {
-  return {d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};
-}
 core::PhiloxKey dropout_key(const LayerConfig& cfg) {
   return {cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::attn_dropout};
+}
+// The attention-probability dropout of this rank's heads in the micro-batch (kernels::AttentionDropout).
+kernels::AttentionDropout prob_dropout(const LayerState& s) {
+  kernels::AttentionDropout dr;
+  dr.p = s.cfg.attention_dropout_p();
+  dr.key = {s.cfg.seed, uint32_t(s.cfg.layer_index), core::RngPurpose::attn_prob_dropout};
+  dr.token_base = s.token_base;
+  dr.head0 = int64_t(s.tp_rank) * s.dims.nl;
+  dr.seq = s.cfg.seq_length;
+  return dr;
+}
+// Chunk c's attention on the local heads (its sq query rows see the keys of rows [0, (c+1)*sq)), with the dropout.
+kernels::AttentionShape chunk_shape(const LayerState& s, int c) {
+  kernels::AttentionShape sh = chunk_attention(s.dims, c);
+  sh.dropout = prob_dropout(s);
+  return sh;
 }
 }  // namespace
 
@@ -67,7 +79,8 @@ void AttentionBlock::cp_attention(int c, int t, bool backward) {
   const Tensor qkv = s.full_rows(s.bf16() ? Buf::qkv_bf16 : Buf::qkv, c);
   const Tensor kv = s.mem.get(Buf::cp_kv, t);
   const Tensor attn = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1).view({2, -1});
-  for (const CpAttentionCall& call : cp_attention_calls(s.cp_layout(), c, t, d.b, d.nl, d.d)) {
+  for (CpAttentionCall call : cp_attention_calls(s.cp_layout(), c, t, d.b, d.nl, d.d)) {
+    call.shape.dropout = prob_dropout(s);
     const int64_t q0 = call.q_half * call.shape.sq * d.b, q1 = q0 + call.shape.sq * d.b;
     const int64_t k0 = call.k_half * half, k1 = k0 + call.k_rows * d.b;
     const Tensor q = qkv.rows(q0, q1).cols(0, hl), k = kv.rows(k0, k1).cols(0, hl), v = kv.rows(k0, k1).cols(hl, 2 * hl);
@@ -124,7 +137,7 @@ void AttentionBlock::attention(int c, int piece) {
   const Tensor kv = qkv.rows(0, int64_t(c + 1) * s.dims.Sc);  // the rows chunk c can see
   const Tensor q = s.full_rows(qkv, c).cols(0, hl);
   Tensor out = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1);
-  kernels::attention_forward(chunk_shape(s.dims, c), q, kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), out, lse);
+  kernels::attention_forward(chunk_shape(s, c), q, kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), out, lse);
 }
 
 void AttentionBlock::out_proj(int c) {
@@ -203,7 +216,7 @@ void AttentionBlock::attention_backward(int c, int piece) {
   const Tensor dqkv = s.mem.get(Buf::dqkv);
   Tensor dq = s.full_rows(dqkv, c).cols(0, hl);
   Tensor dk = dqkv.rows(0, visible).cols(hl, 2 * hl), dv = dqkv.rows(0, visible).cols(2 * hl, 3 * hl);
-  kernels::attention_backward(chunk_shape(s.dims, c), s.full_rows(Buf::d_attn, c), s.full_rows(qkv, c).cols(0, hl),
+  kernels::attention_backward(chunk_shape(s, c), s.full_rows(Buf::d_attn, c), s.full_rows(qkv, c).cols(0, hl),
                               kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), s.full_rows(Buf::attn, c),
                               s.mem.get(Buf::lse).rows(c, c + 1), dq, dk, dv);
 }

@@ -32,7 +32,8 @@ void LayerConfig::validate() const {
                                   "experts than exist",
                                   moe_router_topk, num_experts));
   for (const auto& [flag, v] : {std::pair<const char*, double>{"--moe-train-capacity-factor", moe_train_capacity_factor},
-                                {"--hidden-dropout", hidden_dropout}, {"--init-method-std", init_method_std}})
+                                {"--hidden-dropout", hidden_dropout}, {"--attention-dropout", attention_dropout},
+                                {"--init-method-std", init_method_std}})
     if (!std::isfinite(v)) throw ConfigError(fmt::format("{} {} is invalid: it must be a finite number", flag, v));
   if (!(moe_train_capacity_factor > 0))
     throw ConfigError(fmt::format("--moe-train-capacity-factor {} is invalid: it must be > 0",
@@ -41,6 +42,8 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--moe-min-capacity {} is invalid: it must be >= 0", moe_min_capacity));
   if (!(hidden_dropout >= 0 && hidden_dropout < 1))
     throw ConfigError(fmt::format("--hidden-dropout {} is invalid: it must be in [0, 1)", hidden_dropout));
+  if (!(attention_dropout >= 0 && attention_dropout < 1))
+    throw ConfigError(fmt::format("--attention-dropout {} is invalid: it must be in [0, 1)", attention_dropout));
   if (!(init_method_std > 0))
     throw ConfigError(fmt::format("--init-method-std {} is invalid: it must be > 0", init_method_std));
   if (num_experts % expert_model_parallel_size != 0)

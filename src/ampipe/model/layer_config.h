@@ -30,6 +30,7 @@ struct LayerConfig {
   NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::none;
   ExpertKind expert = ExpertKind::gelu;  // --swiglu selects SwiGLU experts
   double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;  // on the attention probabilities (kernels::AttentionDropout)
   float layernorm_epsilon = 1e-5f;
   double init_method_std = 0.02;
   uint64_t seed = 1234;
@@ -75,6 +76,7 @@ struct LayerConfig {
   int cp() const { return context_parallel_size; }
   DType compute_dtype() const { return bf16 ? DType::bf16 : DType::f32; }
   float dropout_p() const { return training ? float(hidden_dropout) : 0.0f; }
+  float attention_dropout_p() const { return training ? float(attention_dropout) : 0.0f; }
 
   // Throws ConfigError naming the flag, value and rule for a config that cannot work.
   void validate() const;

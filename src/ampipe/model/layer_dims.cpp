@@ -71,10 +71,11 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   return d;
 }
 
-namespace {
 kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
   return {d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};  // the local heads
 }
+
+namespace {
 // Context parallelism: the calls of chunk c against ring slot t (every slot for t = -1). The work is the same on
 // every cp rank (context_parallel.h), so rank 0's calls stand for all.
 std::vector<kernels::AttentionShape> cp_attention(const LayerDims& d, int c, int t) {

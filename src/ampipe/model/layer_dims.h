@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/kernels/attention.h"
 #include "ampipe/model/layer_config.h"
 #include "ampipe/model/stage.h"
 
@@ -68,6 +69,10 @@ struct LayerDims {
   static LayerDims make(const LayerConfig& cfg, int M);
   int64_t R() const { return srcs * C; }  // slots one local expert processes per chunk
 };
+
+// Chunk c's attention on the local heads without context parallelism: its sq query rows see the keys of rows
+// [0, (c+1)*sq), q_offset c*sq (no dropout set: the block adds it).
+kernels::AttentionShape chunk_attention(const LayerDims& d, int c);
 
 // FLOPs of one stage for chunk c (chunk -1: the whole-sequence stages), closed form (docs/plan.md): GEMMs count
 // 2mnk, attention its visible causal pairs (kernels::causal_attention_flops), element-wise work 0. The backward of

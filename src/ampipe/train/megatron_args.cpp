@@ -13,13 +13,6 @@ void validate_megatron_args(const TrainConfig& c) {
     throw ConfigError(fmt::format("--max-position-embeddings {} is invalid: it must be >= --seq-length {} (a position "
                                   "embedding row per position of a sequence)",
                                   c.max_position_embeddings, s));
-  if (!std::isfinite(c.attention_dropout) || c.attention_dropout < 0 || c.attention_dropout >= 1)
-    throw ConfigError(fmt::format("--attention-dropout {} is invalid: it must be in [0, 1)", c.attention_dropout));
-  if (c.attention_dropout > 0)
-    throw ConfigError(fmt::format("--attention-dropout {} is not supported: this engine's fused flash attention has no "
-                                  "dropout on the attention probabilities (pass 0; --hidden-dropout applies after "
-                                  "the attention and after the MoE)",
-                                  c.attention_dropout));
   if (c.distributed_backend != "mpi")  // (the flags turn Megatron's nccl and gloo into mpi, with a note)
     throw ConfigError(fmt::format("--distributed-backend {} is not supported: this engine communicates over MPI only "
                                   "(pass mpi, Megatron's nccl or gloo, or leave the flag out)",

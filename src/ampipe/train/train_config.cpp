@@ -251,6 +251,7 @@ std::vector<ConfigKey> make_config_keys() {
                   c.layer.expert = v.get<bool>() ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
                 }},
       AMPIPE_FIELD(hidden_dropout, kC | kA, kNo, l.hidden_dropout),
+      AMPIPE_FIELD(attention_dropout, kL | kC | kA, kNo, l.attention_dropout),
       AMPIPE_FIELD(init_method_std, kC | kA, kNo, l.init_method_std),
       AMPIPE_FIELD(seed, kC | kA, kNo, l.seed),
       AMPIPE_FIELD(bf16, kL | kC | kA, kNo, l.bf16),
@@ -312,7 +313,6 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_FIELD(trace_iteration, kA, kNo, c.trace_iteration),
       AMPIPE_FIELD(max_position_embeddings, kC | kA, kTaken, c.max_position_embeddings),
       AMPIPE_FIELD(train_samples, kA, kNo, c.train_samples),
-      AMPIPE_FIELD(attention_dropout, kA, kNo, c.attention_dropout),
       AMPIPE_FIELD(distributed_backend, kA, kNo, c.distributed_backend),
       AMPIPE_FIELD(no_load_optim, kA, kNo, c.no_load_optim),
       AMPIPE_FIELD(finetune, kA, kNo, c.finetune),

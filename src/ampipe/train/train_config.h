@@ -101,7 +101,6 @@ struct TrainConfig {
   int64_t max_position_embeddings = 0;  // 0: --seq-length; must be >= it
   int64_t train_samples = 0;            // > 0: train_iters = train_samples / global batch (resolve_train_samples)
   std::string split = "969,30,1";       // train / valid / test weights (Megatron's default with --data-path)
-  double attention_dropout = 0;         // this engine has none: only 0 is accepted
   std::string distributed_backend = "mpi";  // mpi only (Megatron's nccl and gloo become mpi, with a note)
   bool no_load_optim = false;        // --load: the model only, a fresh optimizer (the iteration continues)
   bool finetune = false;             // --load: the model only, a fresh optimizer, from iteration 0 and sample 0
