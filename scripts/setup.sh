@@ -12,6 +12,7 @@ PKGS=(
   iproute2                                # network namespaces + tbf for the overlap benchmarks
   python3 python3-numpy python3-matplotlib # independent numpy check, plots
   python3-torch                           # the PyTorch loader, tools/torch_eval.py (its test: cli.torch_loader.*)
+  slurmd slurmctld slurm-client munge     # SLURM launch (scripts/slurm/); its test starts a single-host SLURM
 )
 missing=()
 for p in "${PKGS[@]}"; do
