@@ -119,7 +119,8 @@ class ModelConfig:
     untie_embeddings_and_output_weights: bool = False
     init_method_std: float = 0.02
     seed: int = 1234
-    layernorm_epsilon: float = 1e-5
+    layernorm_epsilon: float = 1e-5   # --norm-epsilon
+    normalization: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (weight only)
     # Routing groups of one micro-batch (docs/layer.md §6 and §11): the gate routes each AMPipe chunk of each
     # rank's rows with its own capacity. The checkpoint does not record tp, sp or cp (see routing_groups).
     ampipe_degree: int = 1
@@ -141,6 +142,10 @@ class ModelConfig:
                 setattr(c, k, bool(config[k]))
         if "no_use_rts" in config:
             c.use_rts = not bool(config["no_use_rts"])
+        if "norm_epsilon" in config:
+            c.layernorm_epsilon = float(config["norm_epsilon"])
+        if "normalization" in config:
+            c.normalization = str(config["normalization"])
         return c
 
 
@@ -150,6 +155,26 @@ def capacity(S: int, E: int, k: int, cf: float, min_cap: int) -> int:
     if not prod < np.float32(S):
         return S
     return min(max(int(math.ceil(float(prod))), min_cap), S)
+
+
+class RMSNorm(nn.Module):
+    """docs/layer.md §4.1: y = x / sqrt(mean(x^2) + eps) * weight (Megatron-Core's RMSNorm; no bias)."""
+
+    def __init__(self, h: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(h))
+
+    def forward(self, x):
+        return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(c: "ModelConfig", h: int) -> nn.Module:
+    if c.normalization == "RMSNorm":
+        return RMSNorm(h, c.layernorm_epsilon)
+    if c.normalization != "LayerNorm":
+        raise ValueError(f"normalization {c.normalization!r} is not LayerNorm or RMSNorm")
+    return nn.LayerNorm(h, eps=c.layernorm_epsilon)
 
 
 class _Weight(nn.Module):
@@ -302,9 +327,9 @@ class Block(nn.Module):
     def __init__(self, c: ModelConfig, layer_index: int):
         super().__init__()
         h = c.hidden_size
-        self.ln1 = nn.LayerNorm(h, eps=c.layernorm_epsilon)
+        self.ln1 = make_norm(c, h)
         self.attn = Attention(c)
-        self.ln2 = nn.LayerNorm(h, eps=c.layernorm_epsilon)
+        self.ln2 = make_norm(c, h)
         self.moe = MoE(c, layer_index)
 
     def forward(self, x, groups, token_base, stats=None):  # x [s, b, h]
@@ -365,7 +390,7 @@ class GptMoE(nn.Module):
         self.c = c
         self.embedding = Embedding(c)
         self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_layers))
-        self.final_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layernorm_epsilon)
+        self.final_layernorm = make_norm(c, c.hidden_size)
         if c.untie_embeddings_and_output_weights:
             self.output_layer = _Weight(c.vocab_size, c.hidden_size)
 

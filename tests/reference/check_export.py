@@ -34,6 +34,8 @@ def parse(argv):
     ap.add_argument("--swiglu", action="store_true")
     ap.add_argument("--hidden-dropout", type=float, default=0.0)
     ap.add_argument("--attention-dropout", type=float, default=0.0)
+    ap.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    ap.add_argument("--norm-epsilon", type=float, default=1e-5)
     ap.add_argument("--init-method-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=0.01)
@@ -65,7 +67,7 @@ def main(argv):
     c = ref.Cfg(s=a.seq_length, b=a.micro_batch_size, G=G, h=a.hidden_size, F=a.ffn_hidden_size,
                 n=a.num_attention_heads, E=a.num_experts, k=a.moe_router_topk, cf=a.moe_train_capacity_factor,
                 min_cap=a.moe_min_capacity, no_drop=a.moe_no_drop, rts=not a.no_use_rts,
-                noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, pa=a.attention_dropout,
+                noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, pa=a.attention_dropout, norm=a.normalization, eps=a.norm_epsilon,
                 seed=a.seed,
                 coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0
@@ -83,17 +85,17 @@ def main(argv):
     rows.append(("inputs.x == documented Philox data", rel_err(inputs["x"], x_doc)))
     rows.append(("inputs.grad_y == documented Philox data", rel_err(inputs["grad_y"], gy_doc)))
     p_doc = ref.init_params(c)
-    for name in ref.PARAM_NAMES:
+    for name in ref.param_names(c):
         rows.append((f"params.{name} == documented init",
                      rel_err(params[name], p_doc[name]) if name in params else float("inf")))
 
     # 2. Recompute the layer from the exported params and inputs.
-    W = {name: params[name] for name in ref.PARAM_NAMES}
+    W = {name: params[name] for name in ref.param_names(c)}
     y, aux, dx, g, infos = ref.run_layer(c, W, inputs["x"], inputs["grad_y"])
     rows.append(("outputs.y", rel_err(y, outputs["y"])))
     rows.append(("outputs.aux_loss", rel_err(aux, outputs["aux_loss"])))
     rows.append(("grads.x", rel_err(dx, grads["x"])))
-    for name in ref.PARAM_NAMES:
+    for name in ref.param_names(c):
         rows.append((f"grads.{name}", rel_err(g[name], grads[name]) if name in grads else float("inf")))
 
     bad = 0

@@ -108,6 +108,8 @@ class Cfg:
     swiglu: bool = False
     p: float = 0.0
     pa: float = 0.0  # --attention-dropout on the attention probabilities
+    norm: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (no biases)
+    eps: float = 1e-5  # --norm-epsilon
     seed: int = 1234
     coeff: float = 0.01
     M: int = 1
@@ -131,6 +133,11 @@ PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", 
                "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"]
 
 
+def param_names(c: Cfg):
+    """The block's parameters: RMSNorm has no ln biases. Their ids (init tokens) stay their PARAM_NAMES index."""
+    return [n for n in PARAM_NAMES if not (c.norm == "RMSNorm" and n.endswith(".bias"))]
+
+
 def param_shapes(c: Cfg):
     h = c.h
     return {"ln1.weight": (h,), "ln1.bias": (h,), "attn.qkv.weight": (3 * h, h), "attn.proj.weight": (h, h),
@@ -141,7 +148,8 @@ def param_shapes(c: Cfg):
 def init_params(c: Cfg):
     """§8: LN weights 1, biases 0, matrices float32(std) * philox_normal(init, token = parameter id)."""
     out = {}
-    for pid, name in enumerate(PARAM_NAMES):
+    for name in param_names(c):
+        pid = PARAM_NAMES.index(name)
         shape = param_shapes(c)[name]
         if name.endswith(".weight") and name.startswith("ln"):
             out[name] = np.ones(shape)
@@ -178,6 +186,37 @@ def layernorm_bwd(dy, g, ctx):
     gg = dy * g
     dx = rstd * (gg - gg.mean(axis=1, keepdims=True) - xhat * (gg * xhat).mean(axis=1, keepdims=True))
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def rmsnorm_fwd(x, g, eps=1e-5):
+    """§4.1: y = x / sqrt(mean(x^2) + eps) * g (no mean, no bias)."""
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps)
+    xhat = x * rstd
+    return xhat * g, (xhat, rstd)
+
+
+def rmsnorm_bwd(dy, g, ctx):
+    xhat, rstd = ctx
+    gg = dy * g
+    dx = rstd * (gg - xhat * (gg * xhat).mean(axis=1, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), None
+
+
+def norm_fwd(c: Cfg, x, W, which):
+    if c.norm == "RMSNorm":
+        return rmsnorm_fwd(x, W[which + ".weight"], c.eps)
+    return layernorm_fwd(x, W[which + ".weight"], W[which + ".bias"], c.eps)
+
+
+def norm_bwd(c: Cfg, dy, W, which, ctx, grads):
+    """Adds the norm's parameter gradients to grads; returns dx."""
+    if c.norm == "RMSNorm":
+        dx, dg, _ = rmsnorm_bwd(dy, W[which + ".weight"], ctx)
+    else:
+        dx, dg, db = layernorm_bwd(dy, W[which + ".weight"], ctx)
+        grads[which + ".bias"] = db
+    grads[which + ".weight"] = dg
+    return dx
 
 
 def dropout_mask(c: Cfg, purpose, token0, rows, cols):
@@ -362,13 +401,13 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     T, h, E, k = c.T, c.h, c.E, c.k
     X = x.reshape(T, h)
     # attention block
-    xn, ln1c = layernorm_fwd(X, W["ln1.weight"], W["ln1.bias"])
+    xn, ln1c = norm_fwd(c, X, W, "ln1")
     qkv = xn @ W["attn.qkv.weight"].T
     attn, actx = attention_fwd(c, qkv, token_base)
     proj = attn @ W["attn.proj.weight"].T
     m1 = dropout_mask(c, "attn_dropout", token_base, T, h)
     ln_in = X + proj * m1
-    ln2, ln2c = layernorm_fwd(ln_in, W["ln2.weight"], W["ln2.bias"])
+    ln2, ln2c = norm_fwd(c, ln_in, W, "ln2")
     # MoE, chunk by chunk
     Sc = T // c.M
     W1, W2 = W["moe.experts.fc1.weight"], W["moe.experts.fc2.weight"]
@@ -400,7 +439,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     Y = ln_in + moe * m2
 
     # ------------------------------------------------------------------ backward
-    grads = {n_: np.zeros(param_shapes(c)[n_]) for n_ in PARAM_NAMES}
+    grads = {n_: np.zeros(param_shapes(c)[n_]) for n_ in param_names(c)}
     dY = gy.reshape(T, h)
     d_ln_in = dY.copy()
     d_moe = dY * m2
@@ -443,7 +482,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
         dlog = P * (dP - (P * dP).sum(axis=1, keepdims=True))
         grads["moe.gate.weight"] += dlog.T @ g["xg"]
         d_ln2[r0:r0 + S] += (dlog @ W["moe.gate.weight"]) * g["noise"]
-    dx2, grads["ln2.weight"], grads["ln2.bias"] = layernorm_bwd(d_ln2, W["ln2.weight"], ln2c)
+    dx2 = norm_bwd(c, d_ln2, W, "ln2", ln2c, grads)
     d_ln_in += dx2
     dX = d_ln_in.copy()
     d_proj = d_ln_in * m1
@@ -452,7 +491,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     dqkv = attention_bwd(c, d_attn, actx)
     grads["attn.qkv.weight"] += dqkv.T @ xn
     dxn = dqkv @ W["attn.qkv.weight"]
-    dx1, grads["ln1.weight"], grads["ln1.bias"] = layernorm_bwd(dxn, W["ln1.weight"], ln1c)
+    dx1 = norm_bwd(c, dxn, W, "ln1", ln1c, grads)
     dX += dx1
     s, b = c.s, c.b
     dropped = int(sum((~g["kept"]).sum() for g in gates))
@@ -465,16 +504,16 @@ def run_layer(c: Cfg, W, x_full, gy_full):
     y = np.zeros_like(x_full)
     dx = np.zeros_like(x_full)
     aux = np.zeros(nmb)
-    grads = {n_: np.zeros(param_shapes(c)[n_]) for n_ in PARAM_NAMES}
+    grads = {n_: np.zeros(param_shapes(c)[n_]) for n_ in param_names(c)}
     infos = []
     for m in range(nmb):
         sl = slice(m * c.b, (m + 1) * c.b)
         ym, am, dxm, gm, info = layer_micro_batch(c, W, x_full[:, sl, :], gy_full[:, sl, :], m * c.T)
         y[:, sl, :], dx[:, sl, :], aux[m] = ym, dxm, am
-        for n_ in PARAM_NAMES:
+        for n_ in param_names(c):
             grads[n_] += gm[n_]
         infos.append(info)
-    for n_ in PARAM_NAMES:
+    for n_ in param_names(c):
         grads[n_] /= nmb
     dx /= nmb  # the loss is the mean over micro-batches: every gradient, x's too, carries 1/nmb
     return y, aux, dx, grads, infos

@@ -203,7 +203,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
   const std::set<std::string> recorded = {
       "num_layers", "seq_length", "micro_batch_size", "hidden_size", "ffn_hidden_size", "num_attention_heads",
       "num_experts", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
-      "no_use_rts", "noisy_gate_policy", "swiglu", "hidden_dropout", "attention_dropout", "init_method_std", "seed",
+      "no_use_rts", "noisy_gate_policy", "swiglu", "normalization", "norm_epsilon", "hidden_dropout", "attention_dropout", "init_method_std", "seed",
       "bf16",
       "expert_model_parallel_size", "use_pipe_experts", "pipe_experts_multi_data",
       "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "moe_model_type", "ampipe_degree",
@@ -217,7 +217,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
   EXPECT_EQ(keys, recorded);
   EXPECT_EQ(train::model_arg_keys(),
             (std::vector<std::string>{"num_layers", "seq_length", "hidden_size", "ffn_hidden_size",
-                                      "num_attention_heads", "num_experts", "swiglu",
+                                      "num_attention_heads", "num_experts", "swiglu", "normalization",
                                       "untie_embeddings_and_output_weights"}));
   // Every key the ranks compare includes every recorded one, and each key is written once.
   const nlohmann::json agree = train::train_config_json(defaults, train::kKeyAgree);

@@ -83,6 +83,22 @@ TEST(Trainer, AmpipeDegreesEqualDegreeOne) {
   }
 }
 
+// RMSNorm blocks and final norm (no biases): degrees equal degree 1, and the checkpoint holds no bias.
+TEST(Trainer, RmsNormDegreesEqualDegreeOne) {
+  train::TrainConfig c = tiny_config();
+  c.layer.normalization = model::Normalization::rmsnorm;
+  c.layer.layernorm_epsilon = 1e-6f;
+  const RunResult ref = run_training(c, *g_groups);
+  for (const auto& [name, w] : ref.weights) EXPECT_EQ(name.find(".bias"), std::string::npos) << name;
+  EXPECT_EQ(ref.weights.count("final_layernorm.weight"), 1u);
+  c.ampipe_degree = 4;
+  expect_same_run(run_training(c, *g_groups), ref, 1e-5);
+  // and it is another model than LayerNorm's
+  c.layer.normalization = model::Normalization::layernorm;
+  c.ampipe_degree = 1;
+  EXPECT_NE(run_training(c, *g_groups).losses.back(), ref.losses.back());
+}
+
 TEST(Trainer, GradientAccumulationEqualsFewerLargerMicroBatches) {
   // 4 micro-batches of 2 = 2 micro-batches of 4 (same samples): the gradient is the mean over the global batch.
   // Without dropout and aux loss: dropout keys are token indices in the [s, b] layout of a micro-batch, and the

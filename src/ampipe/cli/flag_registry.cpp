@@ -161,6 +161,11 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--noisy-gate-policy", L, kGroupMoe, G::text, "None, Jitter or RSample",
                    AT(layer->noisy_gate_policy), kDef));
   v.push_back(flag("--swiglu", L, kGroupModel, G::on_off, "SwiGLU experts instead of GeLU", AT(layer->swiglu)));
+  v.push_back(flag("--normalization", L, kGroupModel, G::text,
+                   "LayerNorm or RMSNorm (weight only, no biases): LN1, LN2 and the final norm",
+                   AT(layer->normalization), kDef));
+  v.push_back(flag("--norm-epsilon", L, kGroupModel, G::number, "epsilon inside the normalisation's square root",
+                   AT(layer->norm_epsilon), kDef));
   v.push_back(flag("--hidden-dropout", L, kGroupModel, G::number, "dropout after attention and after the MoE",
                    AT(layer->cfg.hidden_dropout), kDef));
   v.push_back(flag("--attention-dropout", L, kGroupModel, G::number,
@@ -457,7 +462,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--position-embedding-type", G::text,
                       "the model has learned absolute position embeddings only (no rope)", "learned_absolute",
                       kTrain));  // simulate costs rope: its own flag below
-  v.push_back(refused("--normalization", G::text, "the blocks use LayerNorm only (no RMSNorm)", "LayerNorm"));
   v.push_back(refused("--group-query-attention", G::on_off, kNoGqa));
   v.push_back(refused("--num-query-groups", G::text, kNoGqa));
   v.push_back(refused("--moe-grouped-gemm", G::on_off, "the experts run as one GEMM each; there is no grouped GEMM"));

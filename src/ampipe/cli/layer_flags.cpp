@@ -41,6 +41,12 @@ model::LayerConfig LayerFlags::finish() {
   else
     throw ConfigError(fmt::format("--noisy-gate-policy {} is not one of None, Jitter, RSample", noisy_gate_policy));
   cfg.use_rts = !no_use_rts;
+  if (normalization != "LayerNorm" && normalization != "RMSNorm")
+    throw ConfigError(fmt::format("--normalization {} is not one of LayerNorm, RMSNorm", normalization));
+  cfg.normalization = normalization == "RMSNorm" ? model::Normalization::rmsnorm : model::Normalization::layernorm;
+  if (!std::isfinite(norm_epsilon) || !(norm_epsilon > 0) || norm_epsilon > 1)
+    throw ConfigError(fmt::format("--norm-epsilon {} is invalid: it must be in (0, 1]", norm_epsilon));
+  cfg.layernorm_epsilon = float(norm_epsilon);
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
   cfg.validate();
   if (cfg.noisy_gate_policy == model::NoisyGatePolicy::rsample && cfg.moe_router_topk == 2)

@@ -18,6 +18,8 @@ struct LayerFlags {
   std::string noisy_gate_policy = "None";
   bool no_use_rts = false;
   bool swiglu = false;
+  std::string normalization = "LayerNorm";  // --normalization: LayerNorm or RMSNorm (Megatron's spelling)
+  double norm_epsilon = 1e-5;               // --norm-epsilon (Megatron's default)
   double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
   std::vector<std::string> notices;  // said once at start-up by rank 0 (flags that are accepted but adjusted)
 

@@ -3,7 +3,7 @@
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/attention.h"
 #include "ampipe/kernels/dropout.h"
-#include "ampipe/kernels/layernorm.h"
+#include "ampipe/model/norm.h"
 #include "ampipe/model/linear.h"
 
 namespace ampipe::model {
@@ -39,7 +39,7 @@ void AttentionBlock::ln1(int c) {
   // (bf16: the fp32 output is one chunk's staging, only its bf16 copy is kept).
   Tensor xn = s.dims.sp ? s.mem.get(Buf::ln1_local) : s.bf16() ? s.mem.get(Buf::ln1_out) : s.full_rows(Buf::ln1_out, c);
   Tensor mean = s.rows(Buf::ln1_mean, c), rstd = s.rows(Buf::ln1_rstd, c);
-  kernels::layernorm_forward(s.rows(s.x, c), s.p.ln1_w, s.p.ln1_b, s.cfg.layernorm_epsilon, xn, mean, rstd);
+  norm_forward(s.cfg, s.rows(s.x, c), s.p.ln1_w, s.p.ln1_b, xn, mean, rstd);
   if (s.bf16()) {
     Tensor copy = s.dims.sp ? s.mem.get(Buf::ln1_send) : s.full_rows(Buf::ln1_out_bf16, c);
     copy.copy_from(xn);
@@ -166,7 +166,7 @@ void AttentionBlock::residual_ln2(int c) {
                                  dropout_key(s.cfg), token0, out);
   });
   Tensor mean = s.rows(Buf::ln2_mean, c), rstd = s.rows(Buf::ln2_rstd, c);
-  kernels::layernorm_forward(ln_in, s.p.ln2_w, s.p.ln2_b, s.cfg.layernorm_epsilon, ln2, mean, rstd);
+  norm_forward(s.cfg, ln_in, s.p.ln2_w, s.p.ln2_b, ln2, mean, rstd);
 }
 
 // ----------------------------------------------------------------------------------------------- backward
@@ -188,8 +188,8 @@ void AttentionBlock::residual_ln2_backward(int c) {
   LayerState& s = st_;
   Tensor d_ln_in = s.rows(Buf::d_ln_in, c);
   d_ln_in.copy_from(s.rows(s.dy, c));
-  kernels::layernorm_backward(s.rows(Buf::d_ln2, c), s.rows(Buf::ln_in, c), s.p.ln2_w, s.rows(Buf::ln2_mean, c),
-                              s.rows(Buf::ln2_rstd, c), d_ln_in, s.g.ln2_w, s.g.ln2_b, /*accumulate_dx=*/true);
+  norm_backward(s.cfg, s.rows(Buf::d_ln2, c), s.rows(Buf::ln_in, c), s.p.ln2_w, s.rows(Buf::ln2_mean, c),
+                s.rows(Buf::ln2_rstd, c), d_ln_in, s.g.ln2_w, s.g.ln2_b, /*accumulate_dx=*/true);
   s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c).copy_from(d_ln_in);
   Tensor d_proj = s.rows(Buf::d_proj, c);
   s.chunk_tokens(c).for_each_run(d_ln_in.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
@@ -251,8 +251,8 @@ void AttentionBlock::ln1_backward(int c) {
   if (s.dims.sp && s.bf16()) s.mem.get(Buf::d_ln1_local, c).copy_from(s.mem.get(Buf::d_ln1_recv, c));
   const Tensor d_xn = s.mem.get(s.dims.sp ? Buf::d_ln1_local : Buf::d_ln1_out, c);  // this rank's rows, reduced
   Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c);
-  kernels::layernorm_backward(d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c),
-                              dx, s.g.ln1_w, s.g.ln1_b, /*accumulate_dx=*/true);
+  norm_backward(s.cfg, d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c), dx,
+                s.g.ln1_w, s.g.ln1_b, /*accumulate_dx=*/true);
 }
 
 void AttentionBlock::ln1_qkv_backward(int c) {

@@ -15,6 +15,10 @@ namespace ampipe::model {
 
 enum class ExpertKind : uint8_t { gelu, swiglu };
 
+// The block's normalisation (Megatron's --normalization): LayerNorm (weight and bias) or RMSNorm (weight only;
+// the block then has no ln1.bias, ln2.bias, nor the model final_layernorm.bias).
+enum class Normalization { layernorm, rmsnorm };
+
 struct LayerConfig {
   int64_t seq_length = 64;        // s
   int64_t micro_batch_size = 1;   // b
@@ -31,7 +35,8 @@ struct LayerConfig {
   ExpertKind expert = ExpertKind::gelu;  // --swiglu selects SwiGLU experts
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;  // on the attention probabilities (kernels::AttentionDropout)
-  float layernorm_epsilon = 1e-5f;
+  float layernorm_epsilon = 1e-5f;  // --norm-epsilon, for either normalisation
+  Normalization normalization = Normalization::layernorm;  // --normalization LayerNorm | RMSNorm
   double init_method_std = 0.02;
   uint64_t seed = 1234;
   int layer_index = 0;      // part of every random key
@@ -68,6 +73,7 @@ struct LayerConfig {
   // just before its attention backward (Stage::attention_recompute).
   bool recompute_attention = false;
 
+  bool rmsnorm() const { return normalization == Normalization::rmsnorm; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t tokens() const { return seq_length * micro_batch_size; }
   int64_t local_experts() const { return num_experts / expert_model_parallel_size; }

@@ -1,15 +1,36 @@
 #include "ampipe/model/layer_params.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "ampipe/core/philox.h"
 
 namespace ampipe::model {
 
 std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
-  return {{"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w},
-          {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
-          {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w}};
+  std::vector<std::pair<std::string, Tensor>> all = {
+      {"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w},
+      {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
+      {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w}};
+  std::erase_if(all, [](const auto& p) { return !p.second.defined(); });  // RMSNorm: no biases
+  return all;
+}
+
+std::vector<std::string> param_names(const LayerConfig& cfg) {
+  std::vector<std::string> names = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight",
+                                    "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"};
+  if (cfg.rmsnorm()) std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias"); });
+  return names;
+}
+
+int LayerParams::id(const std::string& name) {
+  static const char* const kNames[] = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight",
+                                       "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight",
+                                       "moe.experts.fc2.weight"};
+  for (int i = 0; i < int(std::size(kNames)); ++i)
+    if (name == kNames[i]) return i;
+  AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
 bool LayerParams::is_expert(const std::string& name) { return name.rfind("moe.experts.", 0) == 0; }
@@ -100,11 +121,11 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   LayerParams p;
   auto local = [&](const std::string& name) { return Tensor::zeros(local_shape(cfg, name)); };
   p.ln1_w = local("ln1.weight");
-  p.ln1_b = local("ln1.bias");
+  if (!cfg.rmsnorm()) p.ln1_b = local("ln1.bias");
   p.qkv_w = local("attn.qkv.weight");
   p.proj_w = local("attn.proj.weight");
   p.ln2_w = local("ln2.weight");
-  p.ln2_b = local("ln2.bias");
+  if (!cfg.rmsnorm()) p.ln2_b = local("ln2.bias");
   p.gate_w = local("moe.gate.weight");
   p.fc1_w = local("moe.experts.fc1.weight");
   p.fc2_w = local("moe.experts.fc2.weight");
@@ -133,8 +154,8 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
   }
   LayerParams p = zeros_like_params(cfg);
   const core::PhiloxKey key{cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::init};
-  uint64_t id = 0;
   for (auto& [name, t] : p.named()) {
+    const uint64_t id = uint64_t(LayerParams::id(name));  // fixed per name (docs/layer.md §8), with or without biases
     if (name == "ln1.weight" || name == "ln2.weight") {
       t.fill(1.0f);
     } else if (name == "ln1.bias" || name == "ln2.bias") {
@@ -146,7 +167,6 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
       for (int64_t i = 0; i < t.numel(); ++i)
         w[i] = float(cfg.init_method_std) * core::philox_normal(key, id, uint64_t(base + i));
     }
-    ++id;
   }
   return p;
 }

@@ -3,7 +3,7 @@
 // (dim 0 = global expert), a TP rank its Megatron shard of the GEMM weights (tp_split below), and exports and
 // checkpoints gather them back to the full tensors.
 //
-//   ln1.weight [h]  ln1.bias [h]
+//   ln1.weight [h]  ln1.bias [h] (LayerNorm only; RMSNorm has no biases)
 //   attn.qkv.weight  [3h, h]   y = x W^T; output columns [q | k | v], head i = columns [i*d, (i+1)*d) of each
 //   attn.proj.weight [h, h]
 //   ln2.weight [h]  ln2.bias [h]
@@ -30,8 +30,11 @@ struct LayerParams {
   Tensor fc1_w;         // [L, F or 2F, h]: this rank's experts
   Tensor fc2_w;         // [L, h, F]
 
-  // (name, tensor) pairs in a fixed order; the tensors are views (writes go to the parameters).
+  // (name, tensor) pairs in a fixed order; the tensors are views (writes go to the parameters). With RMSNorm the
+  // biases are undefined and not listed.
   std::vector<std::pair<std::string, Tensor>> named();
+  // The parameter's id (its index in the LayerNorm block's list above): the initialisation's Philox token.
+  static int id(const std::string& name);
   // True for parameters that are sharded over EP (the experts').
   static bool is_expert(const std::string& name);
   // True for parameters that every TP rank holds whole and that see only the rank's rows with sequence
@@ -54,6 +57,9 @@ TpSplit tp_split(const LayerConfig& cfg, const std::string& name);
 Tensor tp_take(const LayerConfig& cfg, const std::string& name, const Tensor& whole, int r);
 // The EP-local tensor from every rank's shard, `shards` = [t, shard numel] in tp-rank order (an all-gather).
 Tensor tp_join(const LayerConfig& cfg, const std::string& name, const Tensor& shards, const Shape& whole_shape);
+
+// The block's parameter names for `cfg`, in named() order (the LayerNorm biases only with LayerNorm).
+std::vector<std::string> param_names(const LayerConfig& cfg);
 
 // Zero-filled parameters (or gradients) of the local shapes for `cfg` (EP shard, TP shard).
 LayerParams zeros_like_params(const LayerConfig& cfg);

@@ -44,17 +44,14 @@ std::string MemoryEstimate::describe() const {
 
 LayerParamCounts layer_param_counts(const model::LayerConfig& cfg) {
   // The parameters of model::LayerParams (docs/layer.md); a test checks this list against a LayerStack's tensors.
-  static constexpr const char* kNames[] = {"ln1.weight",       "ln1.bias",  "attn.qkv.weight",
-                                           "attn.proj.weight", "ln2.weight", "ln2.bias",
-                                           "moe.gate.weight",  "moe.experts.fc1.weight", "moe.experts.fc2.weight"};
   LayerParamCounts n;
-  for (const char* name : kNames) {
+  for (const std::string& name : model::param_names(cfg)) {
     int64_t e = 1;
     for (int64_t d : model::full_shape(cfg, name)) e = model::checked_mul(e, d, "a layer parameter's size");
     if (model::LayerParams::is_expert(name)) e /= cfg.expert_model_parallel_size;  // this EP rank's experts
     if (cfg.tp() > 1 && model::tp_split(cfg, name).dim >= 0) e /= cfg.tp();         // this tp rank's shard
     n.params = model::checked_add(n.params, e, "a layer's parameter count");
-    const std::string s = name;
+    const std::string& s = name;
     if (s == "attn.qkv.weight" || s == "attn.proj.weight" || s == "moe.experts.fc1.weight" ||
         s == "moe.experts.fc2.weight")
       n.bf16_copies += e;

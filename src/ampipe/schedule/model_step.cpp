@@ -4,7 +4,8 @@ namespace ampipe::schedule {
 
 double dense_layer_params(const model::LayerConfig& l) {
   const double h = double(l.hidden_size), E = double(l.num_experts), tp = double(l.tp());
-  return 4 * h * h / tp + 4 * h + E * h;
+  const double norms = l.rmsnorm() ? 2 * h : 4 * h;  // LN1 and LN2: weight and bias, or RMSNorm's weight only
+  return 4 * h * h / tp + norms + E * h;
 }
 
 double expert_layer_params(const model::LayerConfig& l) {
@@ -33,7 +34,8 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   const double dense = dense_layer_params(l), expert = expert_layer_params(l);
   c.layer_dense_bytes.assign(size_t(m.num_layers), 4 * dense);
   c.layer_expert_bytes.assign(size_t(m.num_layers), 4 * expert);
-  const double outer = V * h + (m.position_embedding ? s * h : 0) + 2 * h + (m.untie_embeddings ? V * h : 0);
+  const double final_norm = l.rmsnorm() ? h : 2 * h;
+  const double outer = V * h + (m.position_embedding ? s * h : 0) + final_norm + (m.untie_embeddings ? V * h : 0);
   c.outer_dense_bytes = 4 * outer;
   c.dense_group_size = m.dp * l.cp();
   c.expert_group_size = m.dp * l.cp() / int(l.expert_model_parallel_size);

@@ -10,7 +10,7 @@
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/embedding.h"
 #include "ampipe/kernels/gemm.h"
-#include "ampipe/kernels/layernorm.h"
+#include "ampipe/model/norm.h"
 #include "ampipe/model/context_parallel.h"
 #include "ampipe/model/sequence_shard.h"
 #include "ampipe/train/text_data.h"
@@ -58,11 +58,11 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
   wpe_ = normal_init({s_, h_}, cfg, 2);
   lnf_w_ = Tensor::empty({h_});
   lnf_w_.fill(1.0f);
-  lnf_b_ = Tensor::zeros({h_});
+  if (!cfg.layer.rmsnorm()) lnf_b_ = Tensor::zeros({h_});  // RMSNorm: no bias
   dwte_ = Tensor::zeros({V_, h_});
   dwpe_ = Tensor::zeros({s_, h_});
   dlnf_w_ = Tensor::zeros({h_});
-  dlnf_b_ = Tensor::zeros({h_});
+  if (!cfg.layer.rmsnorm()) dlnf_b_ = Tensor::zeros({h_});
   params_.push_back({"embedding.word_embeddings.weight", wte_, dwte_, false, true, ""});
   params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true, ""});
   for (int i = 0; i < stack_.num_layers(); ++i) {
@@ -72,7 +72,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
                          model::LayerParams::is_expert(p[k].first), p[k].second.dim() >= 2, p[k].first});
   }
   params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false, ""});
-  params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});
+  if (lnf_b_.defined()) params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});
   if (cfg.untie_embeddings_and_output_weights) {
     wout_ = normal_init({V_, h_}, cfg, 3);
     dwout_ = Tensor::zeros({V_, h_});
@@ -169,7 +169,7 @@ double GptModel::head_forward() {
   const auto t0 = Clock::now();
   if (!cfg_.layer.sp()) y_ = stack_.output();  // sequence parallel: sp_gather(fwd) set it
   const Tensor y = y_.view({Tl_, h_});
-  kernels::layernorm_forward(y, lnf_w_, lnf_b_, cfg_.layer.layernorm_epsilon, xn_, lnf_mean_, lnf_rstd_);
+  model::norm_forward(cfg_.layer, y, lnf_w_, lnf_b_, xn_, lnf_mean_, lnf_rstd_);
   const Tensor& w = wout_.defined() ? wout_ : wte_;
   kernels::gemm(xn_, kernels::Trans::n, w, kernels::Trans::t, logits_);
   kernels::cross_entropy_forward(logits_, targets_, ce_loss_, lse_);
@@ -193,7 +193,7 @@ void GptModel::head_backward(float loss_scale, float d_aux) {
   kernels::gemm(dlogits, kernels::Trans::n, w, kernels::Trans::n, dxn_);                       // [T, h]
   const Tensor y = y_.view({Tl_, h_});
   Tensor dy2 = dy_.view({Tl_, h_});
-  kernels::layernorm_backward(dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_);
+  model::norm_backward(cfg_.layer, dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_, false);
   stack_.set_output_grad(to_layers(dy_, dy_local_), d_aux);
   times_.head_us += us_since(t0);
   trace_since("head.bwd (loss, LM head, final LayerNorm)", t0);

@@ -54,8 +54,7 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
     // of every full tensor, the larger file). Load: the optimizer file read whole plus its parsed tensors. The
     // larger of the two, on top of the steady state (a save runs between steps, a load before the first).
     int64_t full_layer = 0, sharded = 0;
-    for (const char* name : {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
-                             "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"}) {
+    for (const std::string& name : model::param_names(l)) {
       int64_t n = 1;
       for (int64_t d : model::full_shape(l, name)) n = checked_mul(n, d, "a parameter's size");
       full_layer = checked_add(full_layer, n, "the checkpoint's size");

@@ -250,6 +250,13 @@ std::vector<ConfigKey> make_config_keys() {
                 [](TrainConfig& c, const nlohmann::json& v) {
                   c.layer.expert = v.get<bool>() ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
                 }},
+      ConfigKey{"normalization", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json { return c.layer.rmsnorm() ? "RMSNorm" : "LayerNorm"; },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.normalization =
+                      v.get<std::string>() == "RMSNorm" ? model::Normalization::rmsnorm : model::Normalization::layernorm;
+                }},
+      AMPIPE_FIELD(norm_epsilon, kL | kC | kA, kTaken, l.layernorm_epsilon),
       AMPIPE_FIELD(hidden_dropout, kC | kA, kNo, l.hidden_dropout),
       AMPIPE_FIELD(attention_dropout, kL | kC | kA, kNo, l.attention_dropout),
       AMPIPE_FIELD(init_method_std, kC | kA, kNo, l.init_method_std),

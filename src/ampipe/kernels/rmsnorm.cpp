@@ -1,0 +1,88 @@
+#include "ampipe/kernels/rmsnorm.h"
+#include "ampipe/kernels/checks.h"
+
+#include <cmath>
+
+namespace ampipe::kernels {
+namespace {
+constexpr int kLanes = 8;  // independent partial sums, as in layernorm.cpp
+
+void check_f32(const Tensor& t, const char* name, const Shape& want) { detail::check_f32(t, "rmsnorm", name, want); }
+
+// sum_j a[j] * b[j] over a row of h by kLanes partial sums (a fixed order: deterministic).
+float dot_lanes(const float* a, const float* b, int64_t h) {
+  float acc[kLanes] = {};
+  const int64_t hv = h - h % kLanes;
+  for (int64_t j = 0; j < hv; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
+  for (int64_t j = hv; j < h; ++j) acc[j - hv] += a[j] * b[j];
+  float s = 0.0f;
+  for (float v : acc) s += v;
+  return s;
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) {
+  AMPIPE_CHECK(x.dim() == 2, "rmsnorm_forward: x must be 2-D [rows, h], got {}", shape_str(x.shape()));
+  const int64_t rows = x.size(0), h = x.size(1);
+  AMPIPE_CHECK(h > 0, "rmsnorm_forward: h = 0");
+  check_f32(x, "x", {rows, h});
+  check_f32(gamma, "gamma", {h});
+  check_f32(y, "y", {rows, h});
+  check_f32(rstd, "rstd", {rows});
+  const float* xp = x.data<float>();
+  const float* gp = gamma.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+  const float inv_h = 1.0f / float(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * h;
+    const float rs = 1.0f / std::sqrt(dot_lanes(xr, xr, h) * inv_h + eps);
+    float* yr = yp + r * h;
+    for (int64_t j = 0; j < h; ++j) yr[j] = xr[j] * rs * gp[j];
+    rp[r] = rs;
+  }
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, Tensor& dx,
+                      Tensor& dgamma_accum, bool accumulate_dx) {
+  AMPIPE_CHECK(x.dim() == 2, "rmsnorm_backward: x must be 2-D [rows, h], got {}", shape_str(x.shape()));
+  const int64_t rows = x.size(0), h = x.size(1);
+  AMPIPE_CHECK(h > 0, "rmsnorm_backward: h = 0");
+  check_f32(dy, "dy", {rows, h});
+  check_f32(x, "x", {rows, h});
+  check_f32(gamma, "gamma", {h});
+  check_f32(rstd, "rstd", {rows});
+  check_f32(dx, "dx", {rows, h});
+  check_f32(dgamma_accum, "dgamma_accum", {h});
+  const float* dyp = dy.data<float>();
+  const float* xp = x.data<float>();
+  const float* gp = gamma.data<float>();
+  const float* rp = rstd.data<float>();
+  float* dxp = dx.data<float>();
+  float* dgp = dgamma_accum.data<float>();
+  const float inv_h = 1.0f / float(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dyp + r * h;
+    const float* xr = xp + r * h;
+    float* dxr = dxp + r * h;
+    const float rs = rp[r];
+    // mean_j(g * xhat) = rstd * mean_j(dy * gamma * x)
+    float acc[kLanes] = {};
+    const int64_t hv = h - h % kLanes;
+    for (int64_t j = 0; j < hv; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += dyr[j + l] * gp[j + l] * xr[j + l];
+    for (int64_t j = hv; j < h; ++j) acc[j - hv] += dyr[j] * gp[j] * xr[j];
+    float s = 0.0f;
+    for (float v : acc) s += v;
+    const float mean_gx = s * rs * inv_h;
+    for (int64_t j = 0; j < h; ++j) {
+      const float xhat = xr[j] * rs;
+      dgp[j] += dyr[j] * xhat;
+      const float d = rs * (dyr[j] * gp[j] - xhat * mean_gx);
+      dxr[j] = accumulate_dx ? dxr[j] + d : d;
+    }
+  }
+}
+
+}  // namespace ampipe::kernels
