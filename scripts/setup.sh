@@ -7,6 +7,7 @@ PKGS=(
   libdnnl-dev ocl-icd-opencl-dev          # oneDNN GEMM; its CMake config needs OpenCL
   openmpi-bin libopenmpi-dev              # communication
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  libxxhash-dev                           # XXH64, the checkpoints' checksums (core/checksum.h)
   libsentencepiece-dev                    # subword tokenizer (ampipe preprocess, --tokenizer-model)
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2                                # network namespaces + tbf for the overlap benchmarks
