@@ -8,6 +8,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev              # communication
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libxxhash-dev                           # XXH64, the checkpoints' checksums (core/checksum.h)
+  libcairo2-dev fonts-dejavu-core         # the loss plot (train/loss_plot.h) and the font of its text
   libsentencepiece-dev                    # subword tokenizer (ampipe preprocess, --tokenizer-model)
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2                                # network namespaces + tbf for the overlap benchmarks
