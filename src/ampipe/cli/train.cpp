@@ -344,7 +344,8 @@ int run_train(TrainFlags& flags) {
 
   if (res.stop_signal != 0) return report_stop(res, cfg, rank0);
   if (rank0 && !cfg.loss_plot.empty())
-    fmt::print("ampipe train: loss curves written to {}: {}\n", cfg.loss_plot, train::write_loss_plot(cfg.loss_plot, res));
+    fmt::print("ampipe train: loss curves written to {}: {}\n", cfg.loss_plot,
+               train::write_loss_plot(cfg.loss_plot, res, train::loss_plot_title(cfg, rt.size())));
   if (rank0) print_summary(res, cfg, layout, multi_host, start, rt.size());
   return 0;
 }

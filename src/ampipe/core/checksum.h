@@ -1,8 +1,8 @@
-// XXH64 (xxHash's 64-bit hash, https://github.com/Cyan4973/xxHash, the algorithm of its spec, written here so that
-// no library is needed): the checksum of every data section of a checkpoint (core/safetensors.h). It runs at
-// several GB/s per core (four independent 64-bit multiply lanes over 32-byte stripes), so hashing a checkpoint
-// costs a small fraction of writing or reading it. Results equal the reference implementation's XXH64(data, n,
-// seed) (tests/core/test_checksum.cpp pins its test vectors).
+// XXH64 (xxHash's 64-bit hash, https://github.com/Cyan4973/xxHash), computed by Debian's libxxhash (the reference
+// implementation; its header is included only in core/checksum.cpp): the checksum of every data section of a
+// checkpoint (core/safetensors.h) and of the corpus the ranks agree on (cli/train_agreement.cpp). It runs at
+// several GB/s per core, so hashing a checkpoint costs a small fraction of writing or reading it.
+// tests/core/test_checksum.cpp pins published test vectors, so checkpoints written before the switch still load.
 #pragma once
 
 #include <cstddef>

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/bpe_tokenizer.h"
 
 #if AMPIPE_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -55,6 +56,8 @@ std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) con
     throw ConfigError(fmt::format("--tokenizer-model {}: cannot encode the text: {}", path_, status.ToString()));
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
+
+int32_t SentencePieceTokenizer::eod() const { return int32_t(impl_->sp.eos_id()); }
 
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
@@ -133,11 +136,56 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, co
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 int64_t SentencePieceTokenizer::vocab_size() const { return 0; }
 std::vector<int32_t> SentencePieceTokenizer::encode(const std::string&) const { throw ConfigError(kNoLibrary); }
+int32_t SentencePieceTokenizer::eod() const { return -1; }
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>&) const { throw ConfigError(kNoLibrary); }
 void train_sentencepiece(const std::string&, const std::string& prefix, int64_t) {
   throw ConfigError(fmt::format("--output-prefix {}: {}", prefix, kNoLibrary));
 }
 
 #endif
+
+std::string SentencePieceTokenizer::describe() const {
+  return fmt::format("SentencePieceTokenizer ({}: {} ids)", path_, vocab_size());
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model,
+                                          const std::string& vocab_file, const std::string& merge_file) {
+  const bool spm = type == "SentencePieceTokenizer", gpt2 = type == "GPT2BPETokenizer",
+             hf = type == "HuggingFaceTokenizer";
+  if (!type.empty() && !spm && !gpt2 && !hf)
+    throw ConfigError(fmt::format("--tokenizer-type {}: not a tokenizer this engine has; it has "
+                                  "SentencePieceTokenizer, GPT2BPETokenizer and HuggingFaceTokenizer (without the "
+                                  "flag: bytes of plain text, ids of a token file)",
+                                  type));
+  const std::string shown = type.empty() ? std::string("without --tokenizer-type") : "by --tokenizer-type " + type;
+  auto refuse_unused = [&](const char* flag, const std::string& value, const char* users) {
+    if (!value.empty())
+      throw ConfigError(fmt::format("{} {}: not used {} ({} is for {})", flag, value, shown, flag,
+                                    users));
+  };
+  auto need = [&](const char* flag, const std::string& value, const char* what) {
+    if (value.empty()) throw ConfigError(fmt::format("--tokenizer-type {} needs {} FILE ({})", type, flag, what));
+  };
+  if (!spm && !hf)
+    refuse_unused("--tokenizer-model", model, "--tokenizer-type SentencePieceTokenizer or HuggingFaceTokenizer");
+  if (!gpt2) {
+    refuse_unused("--vocab-file", vocab_file, "--tokenizer-type GPT2BPETokenizer");
+    refuse_unused("--merge-file", merge_file, "--tokenizer-type GPT2BPETokenizer");
+  }
+  if (spm) {
+    need("--tokenizer-model", model, "a SentencePiece model");
+    return std::make_unique<SentencePieceTokenizer>(model, "--tokenizer-model");
+  }
+  if (gpt2) {
+    need("--vocab-file", vocab_file, "GPT-2's vocab.json");
+    need("--merge-file", merge_file, "GPT-2's merges.txt");
+    return std::make_unique<GPT2BPETokenizer>(vocab_file, merge_file);
+  }
+  if (hf) {
+    need("--tokenizer-model", model, "a tokenizer.json, or a directory holding one");
+    return std::make_unique<HuggingFaceTokenizer>(model);
+  }
+  return nullptr;
+}
 
 }  // namespace ampipe::train
