@@ -48,6 +48,27 @@ add_test(NAME fault.ranks_disagree.train_hidden_size.np2
                  --ffn-hidden-size 256 --train-iters 2)
 set_tests_properties(fault.ranks_disagree.train_hidden_size.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2
   PASS_REGULAR_EXPRESSION "ampipe: error: the ranks were started with different settings: --hidden-size \\(rank 0: 32, rank 1: 64\\)")
+# A parallel size that differs is refused together on the world, before any group is built (it used to end in an
+# internal check and a backtrace inside the group creation), naming the size, not a setting derived from it.
+foreach(_case "train;--tensor-model-parallel-size;2" "train;--context-parallel-size;2" "layer-check;--expert-model-parallel-size;2"
+              "bench-layer;--tensor-model-parallel-size;2")
+  list(GET _case 0 _sub)
+  list(GET _case 1 _flag)
+  list(GET _case 2 _value)
+  set(_extra)
+  if(_sub STREQUAL "train")
+    set(_extra --num-experts 4 --train-iters 1)
+  elseif(_sub STREQUAL "bench-layer")
+    set(_extra --iters 1 --warmup 0 --ampipe-degree 1)
+  endif()
+  string(REPLACE "--" "" _name "${_flag}")
+  add_test(NAME fault.ranks_disagree.${_sub}_${_name}.np2
+           COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> ${_sub} ${_extra} ${_flag} ${_value}
+                   : -np 1 $<TARGET_FILE:ampipe> ${_sub} ${_extra})
+  set_tests_properties(fault.ranks_disagree.${_sub}_${_name}.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2
+    PASS_REGULAR_EXPRESSION "ampipe: error: the ranks were started with different settings: ${_flag} \\(rank 0: ${_value}, rank 1: 1\\)"
+    FAIL_REGULAR_EXPRESSION "internal check failed|Aborted|backtrace")
+endforeach()
 add_test(NAME fault.ranks_disagree.config_file.np2
          COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 1 $<TARGET_FILE:ampipe> train --num-experts 4
                  --config ${_fault_dir}/data/hidden32.json --ffn-hidden-size 256 --train-iters 2

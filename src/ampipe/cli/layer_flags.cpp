@@ -91,10 +91,15 @@ void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
   for (size_t r = 1; r < all.size(); ++r) {
     if (all[r] == all[0]) continue;
     const nlohmann::json mine = nlohmann::json::parse(all[0]), theirs = nlohmann::json::parse(all[r]);
+    // The first differing key, the flags that shape the others first (a different parallel size changes derived
+    // settings such as the global batch too; the cause is what to name).
+    std::vector<std::string> keys = {"tensor_model_parallel_size", "context_parallel_size",
+                                     "expert_model_parallel_size", "sequence_parallel"};
+    for (const auto& [key, value] : mine.items()) keys.push_back(key);
     std::string what = "their configurations";
-    for (const auto& [key, value] : mine.items())
-      if (!theirs.contains(key) || theirs[key] != value) {
-        what = fmt::format("--{} (rank 0: {}, rank {}: {})", key, value.dump(),
+    for (const std::string& key : keys)
+      if (mine.contains(key) && (!theirs.contains(key) || theirs[key] != mine[key])) {
+        what = fmt::format("--{} (rank 0: {}, rank {}: {})", key, mine[key].dump(),
                            r, theirs.contains(key) ? theirs[key].dump() : "unset");
         std::replace(what.begin(), what.begin() + int(key.size()) + 2, '_', '-');
         break;
