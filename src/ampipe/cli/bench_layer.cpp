@@ -413,7 +413,8 @@ int run_bench_layer(BenchLayerArgs& a) {
   // world = tp x cp x dp (Layout::make refuses a world not divisible by tp x cp, in one line)
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.tp(), cfg.cp(), cfg.expert_model_parallel_size);
   (void)a.memory.limit_bytes();  // a bad --memory-limit is refused before anything runs
-  {  // on the world, before the groups: ranks that disagree on a parallel size would build different groups
+  comm::Groups groups = rt.make_groups(layout);
+  {
     nlohmann::json agree = a.layer.to_json(cfg);
     agree["seed"] = cfg.seed;
     agree["hidden_dropout"] = cfg.hidden_dropout;
@@ -423,9 +424,8 @@ int run_bench_layer(BenchLayerArgs& a) {
     agree["num_layers"] = a.num_layers;
     agree["iters"] = a.iters;
     agree["warmup"] = a.warmup;
-    check_ranks_agree(agree, rt.world());
+    check_ranks_agree(agree, groups.world);
   }
-  comm::Groups groups = rt.make_groups(layout);
   check_output_file("--trace", a.trace_file, groups.world);
   check_output_file("--json", a.json_file, groups.world);
   const comm::Layout::Coord me = layout.coord(rt.rank());

@@ -132,15 +132,15 @@ int run_layer_check(LayerCheckArgs& a) {
     throw ConfigError(fmt::format("--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel "
                                   "size {}: every rank must process the same number of micro-batches",
                                   G, b, dp));
-  {  // on the world, before the groups: ranks that disagree on a parallel size would build different groups
+  comm::Groups groups = rt.make_groups(layout);
+  {
     nlohmann::json agree = a.layer.to_json(cfg);
     agree["seed"] = cfg.seed;
     agree["ampipe_degree"] = M;
     agree["global_batch_size"] = G;
     agree["hidden_dropout"] = cfg.hidden_dropout;
-    check_ranks_agree(agree, rt.world());
+    check_ranks_agree(agree, groups.world);
   }
-  comm::Groups groups = rt.make_groups(layout);
   check_output_file("--trace", a.trace_file, groups.world);
   if (!a.export_dir.empty()) train::check_writable_dir("--export", a.export_dir, groups.world);
   const comm::Layout::Coord me = layout.coord(rt.rank());

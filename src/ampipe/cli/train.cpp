@@ -271,13 +271,12 @@ int run_train(TrainFlags& flags) {
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
                                                  cfg.layer.context_parallel_size, cfg.layer.expert_model_parallel_size);
-  // The agreement exchange runs on the world before the groups exist (ranks that disagree on a parallel size would
-  // build groups of different shapes), and without --check-collectives fingerprints: a rank started without that
-  // flag sends none, and the comparison is what names the difference.
-  rt.set_check_collectives(false);
-  check_ranks_agree(train_agreement(cfg, flags, corpus, ckpt ? ckpt->iteration : -1), rt.world());
-  rt.set_check_collectives(flags.comm.check_collectives);
   const comm::Groups groups = rt.make_groups(layout);
+  // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
+  // none, and the comparison is what names the difference.
+  rt.set_check_collectives(false);
+  check_ranks_agree(train_agreement(cfg, flags, corpus, ckpt ? ckpt->iteration : -1), groups.world);
+  rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   check_output_file("--loss-plot", cfg.loss_plot, groups.world);
   if (!cfg.save.empty()) train::check_writable_dir("--save", cfg.save, groups.world);

@@ -116,6 +116,19 @@ void Runtime::set_poll_interval(std::chrono::microseconds us) {
 
 Groups Runtime::make_groups(const Layout& layout) {
   AMPIPE_CHECK(layout.world == size_, "layout for world {} on a world of {} ranks", layout.world, size_);
+  // Ranks started with different parallel sizes would split the world into groups of different shapes: refused on
+  // every rank with one line (MPI_Allgather is as blocking as the splits below; the engine has not started).
+  const int mine[3] = {layout.tp, layout.cp, layout.ep};
+  std::vector<int> all(size_t(3 * size_));
+  MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, MPI_COMM_WORLD);
+  static constexpr const char* kFlags[3] = {"--tensor-model-parallel-size", "--context-parallel-size",
+                                            "--expert-model-parallel-size"};
+  for (int r = 1; r < size_; ++r)
+    for (int k = 0; k < 3; ++k)
+      if (all[size_t(3 * r + k)] != all[size_t(k)])
+        throw ConfigError(fmt::format("the ranks were started with different settings: {} (rank 0: {}, rank {}: {}); "
+                                      "every rank must get the same flags and --config",
+                                      kFlags[k], all[size_t(k)], r, all[size_t(3 * r + k)]));
   Groups out;
   out.layout = layout;
   out.world = world_;
