@@ -209,7 +209,8 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "moe_model_type", "ampipe_degree",
       "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",
       "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "adam_beta1", "adam_beta2",
-      "adam_eps", "clip_grad", "data_path", "tokenizer_type", "tokenizer_model", "split", "max_position_embeddings"};
+      "adam_eps", "clip_grad", "data_path", "train_data_path", "valid_data_path", "test_data_path", "tokenizer_type",
+      "tokenizer_model", "split", "max_position_embeddings"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;

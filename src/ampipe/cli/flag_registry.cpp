@@ -375,10 +375,21 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--adam-eps", T, kGroupTraining, G::number, "AdamW epsilon", AT(train->cfg.adam_eps), kDef));
   v.push_back(flag("--clip-grad", T, kGroupTraining, G::number, "clip the global gradient norm to this (0: off)",
                    AT(train->cfg.clip_grad), kDef));
-  v.push_back(flag("--data-path", T, kGroupData, G::text,
-                   "training data: a plain-text file, or a pre-tokenized llm.c token file (default: the bundled "
-                   "corpus)",
+  v.push_back(flag("--data-path", T, kGroupData, G::string_list,
+                   "training data: a plain-text file, a pre-tokenized llm.c token file, or Megatron's indexed "
+                   "dataset PREFIX (PREFIX.bin + PREFIX.idx) or blend of them: weights and prefixes (0.7 A 0.3 B) or "
+                   "prefixes (A B, weighted by their sizes), each cut by --split (default: the bundled corpus)",
                    AT(train->cfg.data_path), kPath));
+  v.push_back(flag("--train-data-path", T, kGroupData, G::string_list,
+                   "Megatron's separate training data instead of --data-path and --split: an indexed dataset "
+                   "prefix or a blend, as --data-path's, used whole",
+                   AT(train->cfg.train_data_path), kPath));
+  v.push_back(flag("--valid-data-path", T, kGroupData, G::string_list,
+                   "the validation data with --train-data-path (without it: no evaluation, as in Megatron)",
+                   AT(train->cfg.valid_data_path), kPath));
+  v.push_back(flag("--test-data-path", T, kGroupData, G::string_list,
+                   "the test data with --train-data-path (without it: no test evaluation)",
+                   AT(train->cfg.test_data_path), kPath));
   v.push_back(flag("--tokenizer-type", T, kGroupData, G::text,
                    "SentencePieceTokenizer (with --tokenizer-model); default: bytes of plain text, ids of a token file",
                    AT(train->cfg.tokenizer_type)));
@@ -604,6 +615,11 @@ CLI::Option* add_option(CLI::App& app, const FlagSpec& s, const FlagRef& ref) {
           return app.add_flag(s.name, *p, s.help);
         } else if constexpr (std::is_same_v<T, std::vector<int>>) {
           return app.add_option(s.name, *p, s.help)->delimiter(',');
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {  // Grammar::string_list
+          return app.add_option(s.name, *p, s.help)
+              ->expected(1, CLI::detail::expected_max_vector_size)
+              ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+              ->type_name(s.attrs & kPath ? "PATH ..." : "TEXT ...");
         } else {
           CLI::Option* o = app.add_option(s.name, *p, s.help);
           if (s.grammar == Grammar::uint64) o->check(uint64_validator());

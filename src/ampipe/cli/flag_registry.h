@@ -68,6 +68,8 @@ enum class Grammar {
   on_off,       // a switch: no value
   int_list,     // a comma list of integers (the sweeps)
   text_list,    // several values, as Megatron's nargs (--spec a b): space-separated, or one comma list in --config
+  string_list,  // one or more values, as Megatron's nargs='*' / '+' (--data-path 0.7 A 0.3 B, --json-keys a b):
+                // space-separated, or a JSON array (or one string) in --config; the field is a vector of strings
   degree,       // --ampipe-degree M: one integer
   degree_auto,  // --ampipe-degree M or auto
   degree_list,  // --ampipe-degree 1,2,4 or auto
@@ -97,7 +99,8 @@ struct FlagTargets {
   PreprocessArgs* preprocess = nullptr;
 };
 // The field a flag sets.
-using FlagRef = std::variant<bool*, int*, int64_t*, uint64_t*, double*, std::string*, std::vector<int>*>;
+using FlagRef = std::variant<bool*, int*, int64_t*, uint64_t*, double*, std::string*, std::vector<int>*,
+                             std::vector<std::string>*>;
 
 struct FlagSpec {
   std::string name;   // "--seq-length"

@@ -21,6 +21,7 @@
 #include "ampipe/train/checkpoint_args.h"
 #include "ampipe/train/loss_plot.h"
 #include "ampipe/train/megatron_args.h"
+#include "ampipe/train/megatron_data.h"
 #include "ampipe/train/stop_signal.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/tokenizer.h"
@@ -52,16 +53,16 @@ namespace {
 
 // The data, before any collective (a bad file fails identically on every rank); sets cfg.vocab_size, and caps
 // --eval-iters to what the validation split holds (a note), refusing a split below one global batch.
-std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, TrainFlags& flags, int world,
-                                                    train::Corpus& corpus) {
-  const std::string source = cfg.data_path.empty() ? std::string(train::kBundledCorpusDir) : cfg.data_path;
+std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, TrainFlags& flags, int world) {
   std::unique_ptr<train::SentencePieceTokenizer> tokenizer;
   if (!cfg.tokenizer_model.empty())
     tokenizer = std::make_unique<train::SentencePieceTokenizer>(cfg.tokenizer_model, "--tokenizer-model");
-  corpus = train::load_corpus(cfg.data_path, tokenizer.get());
-  cfg.vocab_size = corpus.vocab_size;
-  auto data = std::make_shared<const train::TextData>(corpus, cfg.layer.seq_length, train::data_split(cfg),
-                                                      cfg.layer.seed, source + ", " + corpus.format);
+  std::shared_ptr<const train::TextData> data = train::load_training_data(cfg, tokenizer.get());
+  // Megatron evaluates nothing without validation data (per-split paths without --valid-data-path).
+  if (cfg.evaluates() && data->valid_samples() == 0 && !cfg.train_data_path.empty() && cfg.valid_data_path.empty()) {
+    flags.layer.notices.push_back("no --valid-data-path: no evaluation (as Megatron without validation data)");
+    cfg.eval_iters = 0;
+  }
   // Evaluation reads each validation sequence at most once: --eval-iters beyond the split is capped (a note), a
   // split below one global batch is refused. The test split (--split) gets what it holds, up to --eval-iters.
   const int64_t G = cfg.global_batch(world);
@@ -79,7 +80,8 @@ std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, Tra
                                                 cfg.eval_iters, cfg.eval_iters * G, data->valid_samples(), fit));
     cfg.eval_iters = fit;
   }
-  if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0 && flags.given("--split"))
+  if (evaluates && data->test_samples() < G && train::data_split(cfg).test > 0 && flags.given("--split") &&
+      cfg.train_data_path.empty())
     flags.layer.notices.push_back(fmt::format("the test split of --split {} holds {} sequences, fewer than one global "
                                               "batch of {}: no test evaluation",
                                               train::split_str(train::data_split(cfg)), data->test_samples(), G));
@@ -128,7 +130,7 @@ void print_header(const RunInfo& r) {
                                  "1's; --moe-no-drop makes it exact",
                                  l.seq_length / l.cp()));
   fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
-             data->source(), data->tokens(), train::split_str(train::data_split(cfg)), data->train_samples(),
+             data->source(), data->tokens(), data->split_description(train::data_split(cfg)), data->train_samples(),
              data->valid_samples(), data->test_samples());
   fmt::print("  memory: estimated peak {} per rank\n", mem.describe());
   if (!cfg.recompute_granularity.empty()) {  // the same estimate without recomputation, for comparison
@@ -265,8 +267,7 @@ int run_train(TrainFlags& flags) {
                                          line));
   flags.comm.apply();
 
-  train::Corpus corpus;
-  const std::shared_ptr<const train::TextData> data = prepare_data(cfg, flags, rt.size(), corpus);
+  const std::shared_ptr<const train::TextData> data = prepare_data(cfg, flags, rt.size());
   if (rt.rank() == 0)
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
@@ -275,7 +276,7 @@ int run_train(TrainFlags& flags) {
   // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
   // none, and the comparison is what names the difference.
   rt.set_check_collectives(false);
-  check_ranks_agree(train_agreement(cfg, flags, corpus, ckpt ? ckpt->iteration : -1), groups.world);
+  check_ranks_agree(train_agreement(cfg, flags, *data, ckpt ? ckpt->iteration : -1), groups.world);
   rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   check_output_file("--loss-plot", cfg.loss_plot, groups.world);

@@ -2,7 +2,7 @@
 // layer_flags.h compares it with rank 0's and names the first differing setting): every field of the training
 // configuration (to_json's model and optimizer settings plus parallelism, data, checkpoint, evaluation and output
 // settings), the runtime flags (--check-collectives, --comm-timeout), and the identity of the data the rank read
-// (its token count and XXH64, as "data_path contents"), and the iteration of the checkpoint it resumes from (-1:
+// (TextData::fingerprint: its token count and XXH64, as "data_path contents"), and the iteration of the checkpoint it resumes from (-1:
 // none): ranks that read different files under one path, or were
 // given different flags or --config files, would otherwise train apart silently or fail later inside MPI.
 #pragma once
@@ -14,7 +14,7 @@
 
 namespace ampipe::cli {
 
-nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& flags, const train::Corpus& corpus,
+nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& flags, const train::TextData& data,
                                 int64_t checkpoint_iteration);
 
 }  // namespace ampipe::cli

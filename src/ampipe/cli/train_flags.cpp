@@ -58,6 +58,9 @@ void TrainFlags::add_to(CLI::App& a, Sub s, FlagTargets extra) {
 
 namespace {
 
+// Megatron's per-split data paths: instead of --data-path and --split.
+constexpr const char* kPerSplitDataFlags[] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+
 // Flags that say the same thing in two ways: give one (on the command line, or in --config).
 constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {{"--train-iters", "--train-samples"},
                                                                      {"--valid-fraction", "--split"}};
@@ -104,6 +107,15 @@ train::TrainConfig TrainFlags::finish() {
       for (const auto& [given, other] : {std::pair{a, b}, std::pair{b, a}})
         if (const CLI::Option* o = app->get_option_no_throw(given); o != nullptr && o->count() > 0)
           alternatives_given.push_back(other);
+    // Megatron's two kinds of data source: one on the command line overrides the file's other kind.
+    auto on_command_line = [&](const char* f) {
+      const CLI::Option* o = app->get_option_no_throw(f);
+      return o != nullptr && o->count() > 0;
+    };
+    for (const char* f : kPerSplitDataFlags)
+      if (on_command_line(f)) alternatives_given.insert(alternatives_given.end(), {"--data-path", "--split"});
+    if (on_command_line("--data-path"))
+      alternatives_given.insert(alternatives_given.end(), std::begin(kPerSplitDataFlags), std::end(kPerSplitDataFlags));
     for (const auto& item : j.items()) {
       std::string key = item.key();
       nlohmann::json value = item.value();
@@ -134,8 +146,14 @@ train::TrainConfig TrainFlags::finish() {
                                       value.dump()));
       }
       if (value.is_boolean() && opt->get_type_size() == 0 && !value.get<bool>()) continue;  // flag off
+      const bool list = spec->grammar == Grammar::string_list && value.is_array();
+      if (list && value.empty()) continue;  // no value: the default
       try {
-        opt->add_result(arg);
+        if (list) {  // one value per element (0.7 A 0.3 B)
+          for (const nlohmann::json& e : value) opt->add_result(json_to_arg(e));
+        } else {
+          opt->add_result(arg);
+        }
         opt->run_callback();
       } catch (const CLI::Error& e) {
         throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {}", config_file, key, value.dump(), e.what()));
@@ -165,6 +183,7 @@ train::TrainConfig TrainFlags::finish() {
   for (const auto& [a, b] : kAlternativeFlags)
     if (given(a) && given(b))
       throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
+  check_data_sources();
   // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
   // checked as it is.
   if (!given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
@@ -207,6 +226,25 @@ train::TrainConfig TrainFlags::finish() {
 bool TrainFlags::given(const char* flag) const {
   const CLI::Option* o = app ? app->get_option_no_throw(flag) : nullptr;
   return o != nullptr && o->count() > 0;
+}
+
+// Megatron takes one data source (arguments.py: "A single data source must be provided"): --data-path, cut by --split,
+// or the per-split paths, which --split does not apply to (blended_megatron_dataset_config.py: "split and
+// blend_per_split are incompatible").
+void TrainFlags::check_data_sources() const {
+  const char* per_split = nullptr;
+  for (const char* f : kPerSplitDataFlags)
+    if (per_split == nullptr && given(f)) per_split = f;
+  if (per_split == nullptr) return;
+  if (given("--data-path"))
+    throw ConfigError(fmt::format("--data-path and {} are both given: give one data source, --data-path (cut by "
+                                  "--split) or the per-split --train-data-path, --valid-data-path, --test-data-path",
+                                  per_split));
+  for (const char* f : {"--split", "--valid-fraction"})
+    if (given(f))
+      throw ConfigError(fmt::format("{} cannot be used with {}: it cuts --data-path's datasets; the per-split paths "
+                                    "give each split its own data (Megatron refuses --split with them too)",
+                                    f, per_split));
 }
 
 void TrainFlags::resolve(train::TrainConfig& c, int world) const {

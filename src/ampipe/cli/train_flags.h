@@ -42,6 +42,8 @@ struct TrainFlags {
   void resolve(train::TrainConfig& c, int world) const;
   // Whether `flag` was given, on the command line or in --config (else it has its default).
   bool given(const char* flag) const;
+  // --data-path and the per-split data paths: one kind only, and --split (or --valid-fraction) with --data-path only.
+  void check_data_sources() const;
 };
 
 }  // namespace ampipe::cli

@@ -21,6 +21,7 @@ std::string flag_of(const std::string& key) {
 
 std::string value_str(const std::string& key, const nlohmann::json& v) {
   if (key == "data_path" && v.is_string() && v.get<std::string>().empty()) return "(the bundled corpus)";
+  if (key.ends_with("_data_path") && v.is_string() && v.get<std::string>().empty()) return "(none)";
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 

@@ -6,8 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "ampipe/core/checksum.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/philox.h"
+#include "ampipe/train/megatron_data.h"
 #include "ampipe/train/tokenizer.h"
 
 namespace ampipe::train {
@@ -124,6 +126,11 @@ Corpus load_corpus(const std::string& data_path) { return load_corpus(data_path,
 Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* tokenizer) {
   std::string text;
   if (!data_path.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(data_path, ec))
+      throw ConfigError(fmt::format("--data-path {}: the file does not exist, nor {}.bin and {}.idx (a Megatron "
+                                    "indexed dataset)",
+                                    data_path, data_path, data_path));
     std::string bytes = read_all(data_path, "--data-path");
     if (bytes.size() >= 4 && le_i32(bytes, 0) == kTokenFileMagic) {
       Corpus c = parse_token_file(bytes, data_path);
@@ -140,6 +147,11 @@ Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* t
       }
       return c;
     }
+    const std::filesystem::path p(data_path);
+    if (p.extension() == ".bin" && std::filesystem::exists(std::filesystem::path(p).replace_extension(".idx"), ec))
+      throw ConfigError(fmt::format("--data-path {}: is the .bin of a Megatron indexed dataset: pass its prefix {} "
+                                    "(without .bin), as Megatron's --data-path takes it",
+                                    data_path, std::filesystem::path(p).replace_extension("").string()));
     check_text(bytes, data_path, "--data-path");
     text = std::move(bytes);
   } else {
@@ -252,16 +264,59 @@ void TextData::window(int64_t start, std::span<int32_t> inputs, std::span<int32_
   }
 }
 
+TextData::TextData(std::shared_ptr<const MegatronData> data, const std::string& source)
+    : megatron_(std::move(data)), source_(source) {}
+
+int64_t TextData::train_samples() const { return megatron_ ? megatron_->train().samples() : n_train_; }
+
+int64_t TextData::valid_samples() const {
+  if (!megatron_) return n_valid_;
+  return megatron_->valid() ? megatron_->valid()->samples() : 0;
+}
+
+int64_t TextData::test_samples() const {
+  if (!megatron_) return n_test_;
+  return megatron_->test() ? megatron_->test()->samples() : 0;
+}
+
+int64_t TextData::tokens() const { return megatron_ ? megatron_->tokens() : int64_t(tokens_.size()); }
+
+std::string TextData::fingerprint() const {
+  if (megatron_) return megatron_->fingerprint();
+  return fmt::format("{} tokens, {}", tokens_.size(),
+                     core::checksum_string(core::xxh64(tokens_.data(), tokens_.size() * sizeof(int32_t))));
+}
+
+std::string TextData::split_description(const DataSplit& split) const {
+  return megatron_ ? megatron_->split_description() : split_str(split);
+}
+
+std::string TextData::order() const {
+  if (megatron_)
+    return "sample g = the blend's dataset d and its sample i (Megatron's rule), window perm_(d,e)[i % N_d], e = i / "
+           "N_d, perm Philox(seed, data, layer 1 + d, 2^32 + e)";
+  return "sample g = window perm_e[g % N], e = g / N, perm_e Philox(seed, data, 2^32 + e)";
+}
+
 void TextData::train_sample(int64_t g, std::span<int32_t> inputs, std::span<int32_t> targets) const {
+  if (megatron_) return megatron_->train().sample(g, inputs, targets);
   const int64_t w = permutation(g / n_train_)[size_t(g % n_train_)];
   window(w * s_, inputs, targets);
 }
 
 void TextData::valid_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const {
+  if (megatron_) {
+    AMPIPE_CHECK(megatron_->valid() != nullptr, "no validation split");
+    return megatron_->valid()->sample(j, inputs, targets);
+  }
   window(n_train_tokens_ + (j % n_valid_) * s_, inputs, targets);
 }
 
 void TextData::test_sample(int64_t j, std::span<int32_t> inputs, std::span<int32_t> targets) const {
+  if (megatron_) {
+    AMPIPE_CHECK(megatron_->test() != nullptr, "no test split");
+    return megatron_->test()->sample(j, inputs, targets);
+  }
   window(n_train_tokens_ + n_valid_tokens_ + (j % n_test_) * s_, inputs, targets);
 }
 

@@ -30,9 +30,13 @@
 // along the token stream: the validation split gets floor(n w1 / sum) tokens, the test split floor(n w2 / sum), the
 // training split the rest (--valid-fraction f is the split 1-f, f, 0). Test sample j is window j % N_test of the
 // test split, unshuffled; a test split shorter than s + 1 tokens has no sample (test_samples() == 0).
+//
+// Megatron's indexed datasets (--data-path PREFIX, blends, --train-data-path ...): TextData over a MegatronData
+// (train/megatron_data.h), whose splits, blends and sample order are described there.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +52,7 @@ inline constexpr int64_t kTokenFileMaxVocab = 65536;  // uint16 ids
 inline constexpr int64_t kVocabPadding = 128;         // Megatron's --make-vocab-size-divisible-by default
 
 class SentencePieceTokenizer;
+class MegatronData;
 
 // A token stream and the vocabulary it needs.
 struct Corpus {
@@ -88,12 +93,20 @@ class TextData {
   // seq_length: s. Throws ConfigError when either split has no complete window of s + 1 tokens.
   TextData(const Corpus& corpus, int64_t seq_length, double valid_fraction, uint64_t seed, const std::string& source);
   TextData(const Corpus& corpus, int64_t seq_length, const DataSplit& split, uint64_t seed, const std::string& source);
+  // Megatron's indexed datasets: the splits and the order of `data`.
+  TextData(std::shared_ptr<const MegatronData> data, const std::string& source);
 
-  int64_t train_samples() const { return n_train_; }
-  int64_t valid_samples() const { return n_valid_; }
-  int64_t test_samples() const { return n_test_; }
-  int64_t tokens() const { return int64_t(tokens_.size()); }
+  // Distinct samples: the training split's windows (of every dataset of a blend: one epoch each), the validation
+  // and test splits' before one repeats.
+  int64_t train_samples() const;
+  int64_t valid_samples() const;
+  int64_t test_samples() const;
+  int64_t tokens() const;
   const std::string& source() const { return source_; }
+  // What the ranks compare ("N tokens, xxh64:..."), how the splits are cut, and the training order, in words.
+  std::string fingerprint() const;
+  std::string split_description(const DataSplit& split) const;
+  std::string order() const;
 
   // Sample g of the training stream / validation sample j: inputs and targets, s tokens each.
   void train_sample(int64_t g, std::span<int32_t> inputs, std::span<int32_t> targets) const;
@@ -104,9 +117,10 @@ class TextData {
   const std::vector<int64_t>& permutation(int64_t epoch) const;
   void window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const;
 
+  std::shared_ptr<const MegatronData> megatron_;  // null: the token stream below
   std::vector<int32_t> tokens_;
-  int64_t s_, n_train_tokens_, n_valid_tokens_ = 0, n_train_, n_valid_, n_test_ = 0;
-  uint64_t seed_;
+  int64_t s_ = 0, n_train_tokens_ = 0, n_valid_tokens_ = 0, n_train_ = 0, n_valid_ = 0, n_test_ = 0;
+  uint64_t seed_ = 0;
   std::string source_;
   mutable int64_t perm_epoch_ = -1;
   mutable std::vector<int64_t> perm_;

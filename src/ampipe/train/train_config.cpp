@@ -220,6 +220,24 @@ namespace {
         }                                                                                   \
   }
 
+// A path list (--data-path and the per-split paths): a string while it holds at most one path ("" for none), as
+// checkpoints recorded --data-path before blends; an array otherwise. Read back from either.
+nlohmann::json paths_json(const std::vector<std::string>& v) {
+  if (v.size() <= 1) return v.empty() ? std::string() : v.front();
+  return v;
+}
+std::vector<std::string> paths_from_json(const nlohmann::json& v) {
+  if (!v.is_string()) return v.get<std::vector<std::string>>();
+  const std::string one = v.get<std::string>();
+  return one.empty() ? std::vector<std::string>() : std::vector<std::string>{one};
+}
+#define AMPIPE_PATHS(name)                                                                                \
+  ConfigKey {                                                                                             \
+    #name, kKeyCheckpoint | kKeyAgree, ModelArg::none,                                                    \
+        [](const TrainConfig& c) -> nlohmann::json { return paths_json(c.name); },                        \
+        [](TrainConfig& c, const nlohmann::json& v) { c.name = paths_from_json(v); }                      \
+  }
+
 constexpr unsigned kL = kKeyLayer, kC = kKeyCheckpoint, kA = kKeyAgree;
 constexpr ModelArg kNo = ModelArg::none, kShape = ModelArg::shape, kTaken = ModelArg::taken;
 
@@ -303,7 +321,10 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_FIELD(adam_beta2, kC | kA, kNo, c.adam_beta2),
       AMPIPE_FIELD(adam_eps, kC | kA, kNo, c.adam_eps),
       AMPIPE_FIELD(clip_grad, kC | kA, kNo, c.clip_grad),
-      AMPIPE_FIELD(data_path, kC | kA, kNo, c.data_path),
+      AMPIPE_PATHS(data_path),
+      AMPIPE_PATHS(train_data_path),
+      AMPIPE_PATHS(valid_data_path),
+      AMPIPE_PATHS(test_data_path),
       AMPIPE_FIELD(tokenizer_type, kC | kA, kNo, c.tokenizer_type),
       AMPIPE_FIELD(tokenizer_model, kC | kA, kNo, c.tokenizer_model),
       AMPIPE_FIELD(vocab_size, kA, kNo, c.vocab_size),
@@ -329,6 +350,7 @@ std::vector<ConfigKey> make_config_keys() {
 }
 
 #undef AMPIPE_FIELD
+#undef AMPIPE_PATHS
 
 }  // namespace
 

@@ -74,7 +74,9 @@ struct TrainConfig {
   double clip_grad = 1.0;  // 0: no clipping
 
   // ---- data ----
-  std::string data_path;        // empty: the bundled corpus
+  // --data-path: one file (plain text, llm.c tokens) or Megatron's prefix / blend (train/megatron_data.h); empty:
+  // the bundled corpus. --train-data-path, --valid-data-path, --test-data-path: Megatron's per-split blends.
+  std::vector<std::string> data_path, train_data_path, valid_data_path, test_data_path;
   std::string tokenizer_type;   // empty: byte-level (text) or the token file's ids; or SentencePieceTokenizer
   std::string tokenizer_model;  // the SentencePiece model of tokenizer_type SentencePieceTokenizer
   int64_t vocab_size = 256;     // set from the data (train/text_data.h): 256 for byte-level text

@@ -461,7 +461,7 @@ void Trainer::save(int64_t iteration) {
   j["data"] = {{"source", data_->source()},
                {"train_samples", data_->train_samples()},
                {"consumed_samples", consumed_},
-               {"order", "sample g = window perm_e[g % N], e = g / N, perm_e Philox(seed, data, 2^32 + e)"}};
+               {"order", data_->order()}};
   j["rng"] = {{"seed", cfg_.layer.seed},
               {"scheme", "Philox-4x32-10 keyed by (seed, layer, purpose, global token index, feature); no other "
                          "random state"}};
