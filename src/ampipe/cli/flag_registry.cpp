@@ -480,6 +480,40 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
                       "a layer spec picks the block's modules; this engine builds its own GPT-MoE block", "local"));
 }
 
+// preprocess's flags of Megatron's tools/preprocess_data.py (JSON lines in, indexed datasets out).
+void add_preprocess_json_flags(std::vector<FlagSpec>& v) {
+  const unsigned P = kPreprocess;
+  constexpr const char* kNoBpe =
+      "GPT2BPETokenizer and HuggingFaceTokenizer are not built yet: refused (use SentencePieceTokenizer or the "
+      "byte-level default)";
+  v.push_back(flag("--json-keys", P, kGroupData, G::string_list,
+                   "the keys of each JSON object to tokenize, each into its own dataset (default: text)",
+                   AT(preprocess->json_keys)));
+  v.push_back(flag("--tokenizer-type", P, kGroupData, G::text,
+                   "SentencePieceTokenizer (with --tokenizer-model); default: byte-level (the UTF-8 bytes, V = 256, "
+                   "end of document 0)",
+                   AT(preprocess->tokenizer_type)));
+  v.push_back(flag("--append-eod", P, kGroupData, G::on_off,
+                   "end each document with the tokenizer's end-of-document id", AT(preprocess->append_eod)));
+  v.push_back(flag("--workers", P, kGroupOptions, G::integer,
+                   "tokenizing threads (the output is the same for any number)", AT(preprocess->workers), kDef));
+  v.push_back(flag("--log-interval", P, kGroupLogging, G::integer, "a progress line every N documents",
+                   AT(preprocess->log_interval), kDef));
+  v.push_back(flag("--split-sentences", P, kGroupData, G::on_off,
+                   "refused: Megatron splits sentences with NLTK's punkt models, which this engine does not have",
+                   AT(preprocess->split_sentences)));
+  v.push_back(flag("--keep-newlines", P, kGroupData, G::on_off, "no effect: it only shapes --split-sentences",
+                   AT(preprocess->keep_newlines)));
+  v.push_back(flag("--lang", P, kGroupData, G::text, "no effect: it only shapes --split-sentences",
+                   AT(preprocess->lang), kDef));
+  v.push_back(flag("--partitions", P, kGroupOptions, G::integer, "1 only: one input file, read in one partition",
+                   AT(preprocess->partitions), kDef));
+  v.push_back(flag("--keep-sequential-samples", P, kGroupOptions, G::on_off,
+                   "no effect: one partition keeps the input's order", AT(preprocess->keep_sequential_samples)));
+  v.push_back(flag("--vocab-file", P, kGroupData, G::text, kNoBpe, AT(preprocess->vocab_file)));
+  v.push_back(flag("--merge-file", P, kGroupData, G::text, kNoBpe, AT(preprocess->merge_file)));
+}
+
 // simulate's own flags (after the train flags, which it takes too), calibrate and preprocess.
 void add_tool_flags(std::vector<FlagSpec>& v) {
   const unsigned S = kSimulate;
@@ -515,22 +549,27 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--name", kCalibrate, kGroupOptions, G::text,
                    "profile name (default: \"calibrated: <CPU model>, <host>\")", AT(calibrate->name)));
   const unsigned P = kPreprocess;
-  v.push_back(flag("--input", P, kGroupData, G::text, "plain-text file to tokenize (UTF-8)", AT(preprocess->input),
-                   kPath | kRequired));
+  v.push_back(flag("--input", P, kGroupData, G::text,
+                   "JSON lines (FILE.jsonl, one object per document: Megatron's preprocess_data.py) or a plain-text "
+                   "file (UTF-8) to tokenize",
+                   AT(preprocess->input), kPath | kRequired));
   v.push_back(flag("--output-prefix", P, kGroupData, G::text,
-                   "writes PREFIX.bin (llm.c token file for train --data-path); without --tokenizer-model also "
-                   "PREFIX.model and PREFIX.vocab",
+                   "JSON lines: writes PREFIX_KEY_document.bin/.idx (Megatron's indexed dataset) per --json-keys "
+                   "key; plain text: PREFIX.bin (llm.c token file), without --tokenizer-model also PREFIX.model and "
+                   "PREFIX.vocab",
                    AT(preprocess->output_prefix), kPath | kRequired));
   v.push_back(flag("--tokenizer-model", P, kGroupData, G::text,
-                   "a SentencePiece model to tokenize with (default: train one)", AT(preprocess->tokenizer_model),
-                   kPath));
+                   "a SentencePiece model to tokenize with (JSON lines: with --tokenizer-type "
+                   "SentencePieceTokenizer; plain text: default, train one)",
+                   AT(preprocess->tokenizer_model), kPath));
   v.push_back(flag("--vocab-size", P, kGroupModel, G::integer,
-                   fmt::format("pieces of the SentencePiece model trained on --input, in [{}, {}]",
+                   fmt::format("plain text: pieces of the SentencePiece model trained on --input, in [{}, {}]",
                                PreprocessArgs::kMinVocab, train::kTokenFileMaxVocab),
                    AT(preprocess->vocab_size), kDef));
   v.push_back(flag("--check-roundtrip", P, kGroupHidden, G::on_off,
                    "decode the ids again and fail unless the text comes back exactly",
                    AT(preprocess->check_roundtrip)));
+  add_preprocess_json_flags(v);
 }
 
 #undef AT

@@ -2,13 +2,19 @@
 
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/train/indexed_dataset.h"
+#include "ampipe/train/preprocess_data.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/tokenizer.h"
 
@@ -25,13 +31,108 @@ void PreprocessArgs::add_to(CLI::App& a) {
   add_flags(a, kPreprocess, t);
 }
 
+namespace {
+
+bool given(const PreprocessArgs& args, const char* flag) {
+  const CLI::Option* o = args.app ? args.app->get_option_no_throw(flag) : nullptr;
+  return o != nullptr && o->count() > 0;
+}
+
+// preprocess_data.py's flags: any of them given selects the JSON-lines interface.
+constexpr const char* kJsonFlags[] = {"--json-keys",   "--tokenizer-type", "--append-eod",   "--workers",
+                                      "--log-interval", "--split-sentences", "--keep-newlines", "--lang",
+                                      "--partitions",  "--keep-sequential-samples", "--vocab-file", "--merge-file"};
+
+bool json_lines_input(const PreprocessArgs& args) {
+  const std::string ext = std::filesystem::path(args.input).extension().string();
+  if (ext == ".json" || ext == ".jsonl") return true;
+  return std::any_of(std::begin(kJsonFlags), std::end(kJsonFlags), [&](const char* f) { return given(args, f); });
+}
+
+// Megatron's tools/preprocess_data.py (train/preprocess_data.h).
+int run_preprocess_json(PreprocessArgs& args) {
+  for (const char* f : {"--vocab-size", "--check-roundtrip"})
+    if (given(args, f))
+      throw ConfigError(fmt::format("{} is for a plain-text --input; {} is JSON lines (Megatron's preprocess_data.py "
+                                    "interface: give --tokenizer-type SentencePieceTokenizer --tokenizer-model FILE, "
+                                    "or no tokenizer for bytes)",
+                                    f, args.input));
+  if (args.split_sentences)
+    throw ConfigError("--split-sentences is not supported: Megatron splits sentences with NLTK's punkt models, which "
+                      "this engine does not have; leave it out (one sequence per document, what GPT training reads)");
+  for (const auto& [flag, value] : {std::pair{"--vocab-file", &args.vocab_file}, {"--merge-file", &args.merge_file}})
+    if (!value->empty())
+      throw ConfigError(fmt::format("{} {}: GPT2BPETokenizer and HuggingFaceTokenizer (which take it) are not built "
+                                    "yet; use --tokenizer-type SentencePieceTokenizer --tokenizer-model FILE or the "
+                                    "byte-level default",
+                                    flag, *value));
+  if (args.partitions != 1)
+    throw ConfigError(fmt::format("--partitions {} is not supported: this engine reads one --input file in one "
+                                  "partition (give 1, the default)",
+                                  args.partitions));
+  if (args.workers < 1) throw ConfigError(fmt::format("--workers {} is invalid: it must be >= 1", args.workers));
+  if (args.log_interval < 1)
+    throw ConfigError(fmt::format("--log-interval {} is invalid: it must be >= 1", args.log_interval));
+  for (const std::string& k : args.json_keys)
+    if (k.empty()) throw ConfigError("--json-keys: a key is empty");
+  std::unique_ptr<train::SentencePieceTokenizer> spm;
+  std::unique_ptr<train::DocumentTokenizer> tok;
+  if (args.tokenizer_type == "SentencePieceTokenizer") {
+    if (args.tokenizer_model.empty())
+      throw ConfigError("--tokenizer-type SentencePieceTokenizer needs --tokenizer-model FILE (a SentencePiece model)");
+    spm = std::make_unique<train::SentencePieceTokenizer>(args.tokenizer_model, "--tokenizer-model");
+    tok = std::make_unique<train::SentencePieceDocumentTokenizer>(*spm);
+  } else if (args.tokenizer_type.empty()) {
+    if (!args.tokenizer_model.empty())
+      throw ConfigError(fmt::format("--tokenizer-model {} needs --tokenizer-type SentencePieceTokenizer",
+                                    args.tokenizer_model));
+    tok = std::make_unique<train::ByteLevelDocumentTokenizer>();
+  } else {
+    throw ConfigError(fmt::format("--tokenizer-type {} is not supported: give SentencePieceTokenizer (with "
+                                  "--tokenizer-model) or leave it out for the byte-level tokenizer",
+                                  args.tokenizer_type));
+  }
+  for (const auto& [flag, on] : {std::pair{"--keep-newlines", args.keep_newlines},
+                                 {"--lang", given(args, "--lang")},
+                                 {"--keep-sequential-samples", args.keep_sequential_samples}})
+    if (on) fmt::print("preprocess: note: {} has no effect here (no sentence splitting, one partition)\n", flag);
+  fmt::print("preprocess: {} -> {}_{{{}}}_document.bin/.idx, tokenizer {}, {} worker{}{}\n", args.input,
+             args.output_prefix, fmt::join(args.json_keys, ","), tok->describe(), args.workers,
+             args.workers == 1 ? "" : "s", args.append_eod ? ", --append-eod" : "");
+  std::fflush(stdout);
+  train::PreprocessJsonOptions o;
+  o.input = args.input;
+  o.output_prefix = args.output_prefix;
+  o.json_keys = args.json_keys;
+  o.append_eod = args.append_eod;
+  o.workers = args.workers;
+  o.log_interval = args.log_interval;
+  const train::PreprocessJsonResult r = train::preprocess_json(o, *tok, [](const std::string& line) {
+    fmt::print("preprocess: {}\n", line);
+    std::fflush(stdout);
+  });
+  const train::TokenDType dtype = train::optimal_token_dtype(tok->vocab_size());
+  for (const auto& out : r.outputs)
+    fmt::print("preprocess: wrote {}.bin and {}.idx: {} documents, {} tokens ({}){}; train with{} --data-path {}\n",
+               out.prefix, out.prefix, out.documents, out.tokens, train::token_dtype_name(dtype),
+               r.blank_lines > 0 ? fmt::format(", {} blank line{} skipped", r.blank_lines, r.blank_lines == 1 ? "" : "s")
+                                 : std::string(),
+               spm ? fmt::format(" --tokenizer-type SentencePieceTokenizer --tokenizer-model {}", args.tokenizer_model)
+                   : std::string(),
+               out.prefix);
+  fmt::print("preprocess: {} lines, {} bytes in {:.1f} s\n", r.lines, r.bytes, r.seconds);
+  return 0;
+}
+
+}  // namespace
+
 int run_preprocess(PreprocessArgs& args) {
   const comm::Runtime& rt = comm::Runtime::current();
   if (rt.size() > 1)  // every rank would write the same files
     throw ConfigError(fmt::format("ampipe preprocess runs as one process, not {} ranks: run it without mpirun",
                                   rt.size()));
-  const CLI::Option* vs = args.app ? args.app->get_option_no_throw("--vocab-size") : nullptr;
-  const bool vocab_given = vs != nullptr && vs->count() > 0;
+  if (json_lines_input(args)) return run_preprocess_json(args);
+  const bool vocab_given = given(args, "--vocab-size");
   if (!args.tokenizer_model.empty() && vocab_given)
     throw ConfigError(fmt::format("--vocab-size {} cannot be used with --tokenizer-model {}: the model fixes the "
                                   "vocabulary; give one of them",

@@ -1,0 +1,283 @@
+#include "ampipe/train/preprocess_data.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "ampipe/core/error.h"
+#include "ampipe/train/indexed_dataset.h"
+#include "ampipe/train/tokenizer.h"
+
+namespace ampipe::train {
+
+std::vector<int32_t> ByteLevelDocumentTokenizer::tokenize(const std::string& text) const {
+  std::vector<int32_t> ids(text.size());
+  for (size_t i = 0; i < text.size(); ++i) ids[i] = int32_t(static_cast<unsigned char>(text[i]));
+  return ids;
+}
+
+SentencePieceDocumentTokenizer::SentencePieceDocumentTokenizer(const SentencePieceTokenizer& tokenizer)
+    : tok_(tokenizer), eod_(sentencepiece_control_piece(tokenizer.path(), "</s>", "--tokenizer-model")) {}
+
+std::vector<int32_t> SentencePieceDocumentTokenizer::tokenize(const std::string& text) const {
+  return tok_.encode(text);
+}
+
+int64_t SentencePieceDocumentTokenizer::vocab_size() const { return tok_.vocab_size(); }
+
+std::string SentencePieceDocumentTokenizer::describe() const {
+  return fmt::format("SentencePiece {} ({} pieces, end of document {})", tok_.path(), tok_.vocab_size(),
+                     eod_ ? std::to_string(*eod_) : std::string("none"));
+}
+
+namespace {
+
+// Protocol-buffer wire format, as much as a SentencePiece ModelProto needs.
+struct Wire {
+  const unsigned char* p;
+  const unsigned char* end;
+  bool ok = true;
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && p < end; shift += 7) {
+      const unsigned char b = *p++;
+      v |= uint64_t(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+    ok = false;
+    return 0;
+  }
+  // Skips a field's value of wire type `type`; false on a type that ModelProto does not use.
+  bool skip(uint64_t type) {
+    uint64_t n = 0;
+    switch (type) {
+      case 0:
+        varint();
+        return ok;
+      case 1:
+        n = 8;
+        break;
+      case 2:
+        n = varint();
+        break;
+      case 5:
+        n = 4;
+        break;
+      default:
+        return ok = false;
+    }
+    if (!ok || n > uint64_t(end - p)) return ok = false;
+    p += n;
+    return true;
+  }
+};
+
+}  // namespace
+
+std::optional<int32_t> sentencepiece_control_piece(const std::string& model_path, const std::string& piece,
+                                                   const std::string& flag) {
+  std::ifstream in(model_path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string bytes = ss.str();
+  Wire w{reinterpret_cast<const unsigned char*>(bytes.data()),
+         reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size()};
+  int32_t id = 0;
+  std::optional<int32_t> found;
+  while (w.ok && w.p < w.end) {
+    const uint64_t key = w.varint();
+    if (key >> 3 != 1 || (key & 7) != 2) {  // not ModelProto.pieces
+      w.skip(key & 7);
+      continue;
+    }
+    const uint64_t n = w.varint();
+    if (!w.ok || n > uint64_t(w.end - w.p)) break;
+    Wire m{w.p, w.p + n};
+    w.p += n;
+    std::string text;
+    uint64_t type = 1;  // SentencePiece.Type NORMAL
+    while (m.ok && m.p < m.end) {
+      const uint64_t k = m.varint();
+      if (k == (1 << 3 | 2)) {  // piece
+        const uint64_t len = m.varint();
+        if (!m.ok || len > uint64_t(m.end - m.p)) break;
+        text.assign(reinterpret_cast<const char*>(m.p), size_t(len));
+        m.p += len;
+      } else if (k == (3 << 3 | 0)) {  // type
+        type = m.varint();
+      } else {
+        m.skip(k & 7);
+      }
+    }
+    w.ok = w.ok && m.ok;
+    if (!found && text == piece && type == 3) found = id;  // CONTROL
+    ++id;
+  }
+  if (!w.ok || id == 0)
+    throw ConfigError(fmt::format("{} {}: cannot read its pieces (not a SentencePiece model file)", flag, model_path));
+  return found;
+}
+
+namespace {
+
+// One line's documents, a tokens and a lengths vector per key, or the rule it breaks.
+struct Encoded {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<int64_t>> lengths;
+  std::string error;
+};
+
+Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJsonOptions& o,
+                    const DocumentTokenizer& tok) {
+  Encoded e;
+  auto fail = [&](const std::string& rule) {
+    e.error = fmt::format("--input {}: line {}: {}", o.input, lineno, rule);
+    return e;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& ex) {
+    return fail(fmt::format("not valid JSON ({}); each line must be one JSON object", ex.what()));
+  }
+  if (!j.is_object()) return fail("not a JSON object; each line must be one JSON object");
+  const bool add_eod = o.append_eod && tok.eod().has_value();
+  const int32_t eod = add_eod ? tok.eod().value_or(-1) : -1;
+  for (const std::string& key : o.json_keys) {
+    if (!j.contains(key)) return fail(fmt::format("the object has no key \"{}\" (--json-keys {})", key, key));
+    const nlohmann::json& v = j[key];
+    std::vector<std::string> sentences;
+    if (v.is_string()) {
+      sentences.push_back(v.get<std::string>());
+    } else if (v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) { return x.is_string(); })) {
+      for (const nlohmann::json& x : v) sentences.push_back(x.get<std::string>());
+    } else {
+      return fail(fmt::format("the value of \"{}\" is not a string or a list of strings", key));
+    }
+    std::vector<int32_t>& ids = e.tokens.emplace_back();
+    std::vector<int64_t>& lens = e.lengths.emplace_back();
+    for (const std::string& s : sentences) {
+      const std::vector<int32_t> t = tok.tokenize(s);
+      if (t.empty()) continue;
+      if (add_eod && std::find(t.begin(), t.end(), eod) != t.end())
+        return fail(fmt::format("the text of \"{}\" holds the end-of-document id {} of {} (with --append-eod it "
+                                "would read as the end of a document)",
+                                key, eod, tok.describe()));
+      ids.insert(ids.end(), t.begin(), t.end());
+      lens.push_back(int64_t(t.size()));
+    }
+    if (add_eod && !ids.empty()) {
+      ids.push_back(eod);
+      ++lens.back();
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+namespace {
+void write_datasets(std::istream& in, const PreprocessJsonOptions& o, const DocumentTokenizer& tok,
+                    const std::function<void(const std::string&)>& say, PreprocessJsonResult& r);
+}  // namespace
+
+PreprocessJsonResult preprocess_json(const PreprocessJsonOptions& o, const DocumentTokenizer& tok,
+                                     const std::function<void(const std::string&)>& say) {
+  std::error_code ec;
+  if (!std::filesystem::exists(o.input, ec))
+    throw ConfigError(fmt::format("--input {}: the file does not exist", o.input));
+  if (!std::filesystem::is_regular_file(o.input, ec))
+    throw ConfigError(fmt::format("--input {}: is not a regular file", o.input));
+  std::ifstream in(o.input, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("--input {}: the file cannot be read", o.input));
+  if (o.append_eod && !tok.eod())
+    throw ConfigError(fmt::format("--append-eod: the tokenizer {} has no end-of-document id", tok.describe()));
+  const std::filesystem::path dir = std::filesystem::path(o.output_prefix).parent_path();
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+    throw ConfigError(fmt::format("--output-prefix {}: the directory {} does not exist", o.output_prefix,
+                                  dir.string()));
+  PreprocessJsonResult r;
+  try {
+    write_datasets(in, o, tok, say, r);
+  } catch (...) {  // no half-written dataset stays behind
+    for (const PreprocessJsonResult::Output& out : r.outputs)
+      for (const char* ext : {".bin", ".idx"}) std::filesystem::remove(out.prefix + ext, ec);
+    throw;
+  }
+  return r;
+}
+
+namespace {
+
+void write_datasets(std::istream& in, const PreprocessJsonOptions& o, const DocumentTokenizer& tok,
+                    const std::function<void(const std::string&)>& say, PreprocessJsonResult& r) {
+  const TokenDType dtype = optimal_token_dtype(tok.vocab_size());
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
+  for (const std::string& key : o.json_keys) {  // an output joins r.outputs once its files are created
+    const std::string prefix = fmt::format("{}_{}_document", o.output_prefix, key);
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(prefix, dtype, "--output-prefix"));
+    r.outputs.push_back({key, prefix});
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const size_t workers = size_t(std::max(o.workers, 1));
+  const size_t batch = 256 * workers;
+  std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text)
+  std::vector<Encoded> encoded;
+  int64_t docs = 0, lineno = 0;
+  bool more = true;
+  while (more) {
+    lines.clear();
+    std::string line;
+    while (lines.size() < batch && (more = bool(std::getline(in, line)))) {
+      ++lineno;
+      r.bytes += int64_t(line.size()) + 1;
+      if (line.find_first_not_of(" \t\r\n") == std::string::npos) {
+        ++r.blank_lines;
+        continue;
+      }
+      lines.emplace_back(lineno, std::move(line));
+    }
+    encoded.assign(lines.size(), Encoded{});
+    std::vector<std::thread> pool;
+    for (size_t w = 0; w < std::min(workers, lines.size()); ++w)
+      pool.emplace_back([&, w] {
+        for (size_t i = w; i < lines.size(); i += workers) {
+          try {
+            encoded[i] = encode_line(lines[i].second, lines[i].first, o, tok);
+          } catch (const std::exception& ex) {
+            encoded[i].error = fmt::format("--input {}: line {}: {}", o.input, lines[i].first, ex.what());
+          }
+        }
+      });
+    for (std::thread& t : pool) t.join();
+    for (const Encoded& e : encoded) {
+      if (!e.error.empty()) throw ConfigError(e.error);
+      for (size_t k = 0; k < writers.size(); ++k) {
+        writers[k]->add_document(e.tokens[k], e.lengths[k]);
+        r.outputs[k].tokens += int64_t(e.tokens[k].size());
+      }
+      if (++docs % std::max<int64_t>(o.log_interval, 1) == 0) {
+        const double s = std::max(std::chrono::duration<double>(Clock::now() - t0).count(), 1e-9);
+        say(fmt::format("Processed {} documents ({:.1f} docs/s, {:.2f} MB/s).", docs, double(docs) / s,
+                        double(r.bytes) / s / 1024 / 1024));
+      }
+    }
+  }
+  if (in.bad()) throw ConfigError(fmt::format("--input {}: the file cannot be read", o.input));
+  for (size_t k = 0; k < writers.size(); ++k) {
+    writers[k]->finalize();
+    r.outputs[k].documents = writers[k]->documents();
+  }
+  r.lines = lineno;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+}  // namespace ampipe::train
