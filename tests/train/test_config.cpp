@@ -199,6 +199,26 @@ TEST(TrainConfig, PipeExpertsWithNothingToPipelineRunsWithoutItAndSaysSo) {
 
 // The configuration's keys (train/train_config.h, config_keys): what a checkpoint records (to_json), the model's
 // shape a resume must match, and what --use-checkpoint-args takes, all from the one table.
+// --data-path in a checkpoint's config: a string while it holds one path (as before blends; "" for the bundled corpus),
+// an array for a blend, and either reads back.
+TEST(TrainConfig, DataPathIsAStringWhileItHoldsOnePath) {
+  train::TrainConfig c;
+  EXPECT_EQ(train::to_json(c)["data_path"], "");
+  c.data_path = {"corpus.txt"};
+  EXPECT_EQ(train::to_json(c)["data_path"], "corpus.txt");
+  c.data_path = {"0.7", "A", "0.3", "B"};
+  c.valid_data_path = {"V"};
+  const nlohmann::json j = train::to_json(c);
+  EXPECT_EQ(j["data_path"], nlohmann::json({"0.7", "A", "0.3", "B"}));
+  EXPECT_EQ(j["valid_data_path"], "V");
+  train::TrainConfig back;
+  for (const train::ConfigKey& k : train::config_keys())
+    if (std::string(k.key).ends_with("data_path")) k.set(back, j[k.key]);
+  EXPECT_EQ(back.data_path, c.data_path);
+  EXPECT_EQ(back.valid_data_path, c.valid_data_path);
+  EXPECT_TRUE(back.train_data_path.empty());
+}
+
 TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
   const std::set<std::string> recorded = {
       "num_layers", "seq_length", "micro_batch_size", "hidden_size", "ffn_hidden_size", "num_attention_heads",

@@ -65,6 +65,18 @@ constexpr const char* kPerSplitDataFlags[] = {"--train-data-path", "--valid-data
 constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {{"--train-iters", "--train-samples"},
                                                                      {"--valid-fraction", "--split"}};
 
+// Megatron's two kinds of data source: one on the command line overrides the --config file's other kind.
+void add_data_source_alternatives(const CLI::App& app, std::vector<std::string>& overridden) {
+  auto on_command_line = [&](const char* f) {
+    const CLI::Option* o = app.get_option_no_throw(f);
+    return o != nullptr && o->count() > 0;
+  };
+  for (const char* f : kPerSplitDataFlags)
+    if (on_command_line(f)) overridden.insert(overridden.end(), {"--data-path", "--split"});
+  if (on_command_line("--data-path"))
+    overridden.insert(overridden.end(), std::begin(kPerSplitDataFlags), std::end(kPerSplitDataFlags));
+}
+
 std::string json_to_arg(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
@@ -107,15 +119,7 @@ train::TrainConfig TrainFlags::finish() {
       for (const auto& [given, other] : {std::pair{a, b}, std::pair{b, a}})
         if (const CLI::Option* o = app->get_option_no_throw(given); o != nullptr && o->count() > 0)
           alternatives_given.push_back(other);
-    // Megatron's two kinds of data source: one on the command line overrides the file's other kind.
-    auto on_command_line = [&](const char* f) {
-      const CLI::Option* o = app->get_option_no_throw(f);
-      return o != nullptr && o->count() > 0;
-    };
-    for (const char* f : kPerSplitDataFlags)
-      if (on_command_line(f)) alternatives_given.insert(alternatives_given.end(), {"--data-path", "--split"});
-    if (on_command_line("--data-path"))
-      alternatives_given.insert(alternatives_given.end(), std::begin(kPerSplitDataFlags), std::end(kPerSplitDataFlags));
+    add_data_source_alternatives(*app, alternatives_given);
     for (const auto& item : j.items()) {
       std::string key = item.key();
       nlohmann::json value = item.value();
