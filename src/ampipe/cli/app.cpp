@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
   si.add_to(*si_cmd);
   PreprocessArgs pp;
   CLI::App* pp_cmd = app.add_subcommand(
-      "preprocess", "train a SentencePiece model on a text (or take one) and write its token file for --data-path");
+      "preprocess",
+      "tokenize JSON lines into Megatron's indexed dataset (preprocess_data.py's flags), or a text into a token file "
+      "(training a SentencePiece model for it), for --data-path");
   pp.add_to(*pp_cmd);
 
   // Every flag, its help group and whether it is a path (an empty one is refused) come from flag_registry.cpp.

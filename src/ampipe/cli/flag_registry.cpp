@@ -402,8 +402,8 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
                    AT(train->cfg.valid_fraction),
                    kDef));
   v.push_back(flag("--split", T, kGroupData, G::text,
-                   "train,valid,test weights of the token stream, in that order (Megatron's default with "
-                   "--data-path: 969,30,1)",
+                   "train,valid,test weights of the token stream, or of each indexed dataset's documents, in that "
+                   "order (Megatron's default with --data-path: 969,30,1)",
                    AT(train->cfg.split), kDef));
   v.push_back(flag("--eval-interval", T, kGroupData, G::integer, "evaluate every N iterations (0: never)",
                    AT(train->cfg.eval_interval), kDef));
@@ -658,7 +658,7 @@ CLI::Option* add_option(CLI::App& app, const FlagSpec& s, const FlagRef& ref) {
           return app.add_option(s.name, *p, s.help)
               ->expected(1, CLI::detail::expected_max_vector_size)
               ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-              ->type_name(s.attrs & kPath ? "PATH ..." : "TEXT ...");
+              ->type_name("TEXT");
         } else {
           CLI::Option* o = app.add_option(s.name, *p, s.help);
           if (s.grammar == Grammar::uint64) o->check(uint64_validator());
