@@ -112,13 +112,13 @@ int run_preprocess_json(PreprocessArgs& args) {
     std::fflush(stdout);
   });
   const train::TokenDType dtype = train::optimal_token_dtype(tok->vocab_size());
+  const std::string blank =
+      r.blank_lines > 0 ? fmt::format(", {} blank line{} skipped", r.blank_lines, r.blank_lines == 1 ? "" : "s") : "";
+  const std::string with =
+      spm ? fmt::format(" --tokenizer-type SentencePieceTokenizer --tokenizer-model {}", args.tokenizer_model) : "";
   for (const auto& out : r.outputs)
     fmt::print("preprocess: wrote {}.bin and {}.idx: {} documents, {} tokens ({}){}; train with{} --data-path {}\n",
-               out.prefix, out.prefix, out.documents, out.tokens, train::token_dtype_name(dtype),
-               r.blank_lines > 0 ? fmt::format(", {} blank line{} skipped", r.blank_lines, r.blank_lines == 1 ? "" : "s")
-                                 : std::string(),
-               spm ? fmt::format(" --tokenizer-type SentencePieceTokenizer --tokenizer-model {}", args.tokenizer_model)
-                   : std::string(),
+               out.prefix, out.prefix, out.documents, out.tokens, train::token_dtype_name(dtype), blank, with,
                out.prefix);
   fmt::print("preprocess: {} lines, {} bytes in {:.1f} s\n", r.lines, r.bytes, r.seconds);
   return 0;

@@ -1,10 +1,10 @@
 // What every rank of `ampipe train` must agree on before the first collective of the run (check_ranks_agree in
 // layer_flags.h compares it with rank 0's and names the first differing setting): every field of the training
 // configuration (to_json's model and optimizer settings plus parallelism, data, checkpoint, evaluation and output
-// settings), the runtime flags (--check-collectives, --comm-timeout), and the identity of the data the rank read
-// (TextData::fingerprint: its token count and XXH64, as "data_path contents"), and the iteration of the checkpoint it resumes from (-1:
-// none): ranks that read different files under one path, or were
-// given different flags or --config files, would otherwise train apart silently or fail later inside MPI.
+// settings), the runtime flags (--check-collectives, --comm-timeout), the identity of the data the rank read
+// (TextData::fingerprint: its token count and XXH64s, as "data_path contents"), and the iteration of the checkpoint
+// it resumes from (-1: none): ranks that read different files under one path, or were given different flags or
+// --config files, would otherwise train apart silently or fail later inside MPI.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -191,7 +191,7 @@ void BlendedSamples::sample(int64_t j, std::span<int32_t> inputs, std::span<int3
 
 bool is_indexed_prefix(const std::string& value) {
   std::error_code ec;
-  if (std::filesystem::exists(value, ec)) return false;
+  if (std::filesystem::exists(value, ec) && !std::filesystem::is_directory(value, ec)) return false;  // a file
   return std::filesystem::exists(value + ".bin", ec) || std::filesystem::exists(value + ".idx", ec);
 }
 

@@ -127,8 +127,8 @@ struct MegatronDataArgs {
   uint64_t seed = 0;
 };
 
-// Whether `value` (one --data-path value) names an indexed dataset rather than a file: no file of that name, and
-// PREFIX.bin or PREFIX.idx exists.
+// Whether `value` (one --data-path value) names an indexed dataset rather than a file: no file of that name (a
+// directory of that name does not count), and PREFIX.bin or PREFIX.idx exists.
 bool is_indexed_prefix(const std::string& value);
 
 // The three splits. train always; valid and test null where there is none (per-split flags not given, a --split
