@@ -17,6 +17,9 @@
 #   preprocess  a JSON-lines file (license paragraphs, Unicode, an empty text, a list of sentences, a blank line) ->
 #               ampipe preprocess --append-eod --workers 2 -> the bytes the script expects (byte-level: UTF-8 bytes,
 #               eod 0; Megatron's names PREFIX_text_document), read back as the texts plus eod; then 3 iterations on it
+#   gpt2        JSON lines through --tokenizer-type GPT2BPETokenizer with a small byte-level vocab.json (GPT-2's 256
+#               byte characters, the merges "t h" and "th e", <|endoftext|>) and merges.txt: every document ends in
+#               <|endoftext|> (258), "the" is one token (257), and the ids train (V = 384)
 #   spm         (SPM_DIR: the SentencePiece fixture's corpus.model) JSON lines through --tokenizer-type
 #               SentencePieceTokenizer --append-eod: every document ends in the model's </s> (id 2), ids < 2000, and
 #               train with the model reads it (V = 2048)
@@ -103,6 +106,41 @@ EOF
     run python3 "$py" check-jsonl "$dir/docs.jsonl" "$dir/pp_text_document" --append-eod
     run "$bin" train --data-path "$dir/pp_text_document" "${small[@]}"
     grep -q " V=256 " "$out" || { echo "the byte-level vocabulary is not 256"; exit 1; }
+    losses 3
+    echo "ok"
+    ;;
+  gpt2)
+    python3 - "$dir" <<'PY'
+import json, sys
+d = sys.argv[1]
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+cs, n = bs[:], 0
+for b in range(256):  # GPT-2's bytes_to_unicode
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+vocab = {chr(c): i for i, c in enumerate(cs)}
+vocab.update({"th": 256, "the": 257, "<|endoftext|>": 258})
+json.dump(vocab, open(d + "/vocab.json", "w"))
+open(d + "/merges.txt", "w").write("#version: 0.2\nt h\nth e\n")
+text = open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()
+with open(d + "/gpt2.jsonl", "w") as f:
+    for para in text.split("\n\n"):
+        f.write(json.dumps({"text": para}) + "\n")
+PY
+    run "$bin" preprocess --input "$dir/gpt2.jsonl" --output-prefix "$dir/gpt2" --tokenizer-type GPT2BPETokenizer \
+      --vocab-file "$dir/vocab.json" --merge-file "$dir/merges.txt" --append-eod
+    python3 "$py" read "$dir/gpt2_text_document" | python3 -c "
+import json, sys
+docs = json.load(sys.stdin)['documents']
+assert all(doc and doc[-1] == 258 for doc in docs), 'a document does not end in <|endoftext|> (258)'
+assert sum(doc.count(257) for doc in docs) > 100, 'the merge of \"the\" is not used'
+assert all(0 <= t <= 258 for doc in docs for t in doc)
+print('ok: %d documents, %d tokens' % (len(docs), sum(map(len, docs))))
+" || exit 1
+    run "$bin" train --data-path "$dir/gpt2_text_document" "${small[@]}"
+    grep -q " V=384 " "$out" || { echo "the vocabulary is not ids < 259 padded to 384"; exit 1; }
     losses 3
     echo "ok"
     ;;

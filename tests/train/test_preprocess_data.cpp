@@ -16,18 +16,23 @@ using namespace ampipe;
 
 namespace {
 
-// Words to ids: "w<number>" is that number, anything else 1; end of document kEod. Stands for any tokenizer.
+// Words to ids: "w<number>" is that number, anything else 1; end of document kEod. Stands for any train::Tokenizer.
 constexpr int32_t kEod = 69999;
-class WordTokenizer : public train::DocumentTokenizer {
+class WordTokenizer : public train::Tokenizer {
  public:
-  std::vector<int32_t> tokenize(const std::string& text) const override {
+  int64_t vocab_size() const override { return 70000; }  // int32 ids (Megatron's choice from 65500 up)
+  std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int32_t> ids;
     std::istringstream in(text);
     for (std::string w; in >> w;) ids.push_back(w.size() > 1 && w[0] == 'w' ? std::stoi(w.substr(1)) : 1);
     return ids;
   }
-  int64_t vocab_size() const override { return 70000; }  // int32 ids (Megatron's choice from 65500 up)
-  std::optional<int32_t> eod() const override { return kEod; }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (int32_t id : ids) s += (s.empty() ? "w" : " w") + std::to_string(id);
+    return s;
+  }
+  int32_t eod() const override { return kEod; }
   std::string describe() const override { return "words"; }
 };
 
@@ -56,7 +61,7 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-train::PreprocessJsonResult run(const std::string& input, const std::string& out, const train::DocumentTokenizer& t,
+train::PreprocessJsonResult run(const std::string& input, const std::string& out, const train::Tokenizer& t,
                                 bool eod, int workers = 1, std::vector<std::string> keys = {"text"}) {
   train::PreprocessJsonOptions o;
   o.input = input;
@@ -90,7 +95,7 @@ TEST(PreprocessData, DocumentsAreTheTokenizedTextsPlusEod) {
   EXPECT_EQ(documents(r.outputs[1].prefix), (std::vector<std::vector<int32_t>>{{1, kEod}, {2, kEod}, {}, {3, 4, kEod}}));
   EXPECT_EQ(train::IndexedDataset(r.outputs[0].prefix, "--data-path").dtype(), train::TokenDType::int32);
   // Without --append-eod; byte-level: the UTF-8 bytes, uint16.
-  const train::ByteLevelDocumentTokenizer bytes;
+  const train::ByteLevelTokenizer bytes;
   const train::PreprocessJsonResult b = run(in, "bytes", bytes, false);
   EXPECT_EQ(documents(b.outputs[0].prefix)[0], (std::vector<int32_t>{'w', '5', ' ', 'w', '6', ' ', 'w', '7'}));
   EXPECT_EQ(train::IndexedDataset(b.outputs[0].prefix, "--data-path").dtype(), train::TokenDType::uint16);
@@ -110,11 +115,11 @@ TEST(PreprocessData, OutputDoesNotDependOnWorkers) {
 
 TEST(PreprocessData, BadLinesAreRefusedAndLeaveNoDataset) {
   const WordTokenizer words;
-  const train::ByteLevelDocumentTokenizer bytes;
+  const train::ByteLevelTokenizer bytes;
   struct Case {
     const char* name;
     const char* text;
-    const train::DocumentTokenizer& tok;
+    const train::Tokenizer& tok;
     const char* expect;
   };
   const Case cases[] = {
@@ -136,6 +141,8 @@ TEST(PreprocessData, BadLinesAreRefusedAndLeaveNoDataset) {
     EXPECT_NE(e.find(c.expect), std::string::npos) << c.name << ": " << e;
     EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "/pp_bad_" + c.name + "_text_document.bin"));
   }
-  EXPECT_THROW(train::sentencepiece_control_piece(write_input("notamodel", "hello"), "</s>", "--tokenizer-model"),
-               ConfigError);
+  // The byte-level tokenizer decodes its ids back to the text (invalid UTF-8 as U+FFFD, Python's errors="replace").
+  EXPECT_EQ(bytes.decode(bytes.encode("Ünï ✓")), "Ünï ✓");
+  EXPECT_EQ(bytes.decode({0x66, 0xff}), "f\xef\xbf\xbd");
+  EXPECT_THROW(bytes.decode({256}), ConfigError);
 }

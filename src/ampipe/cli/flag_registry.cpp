@@ -483,14 +483,12 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
 // preprocess's flags of Megatron's tools/preprocess_data.py (JSON lines in, indexed datasets out).
 void add_preprocess_json_flags(std::vector<FlagSpec>& v) {
   const unsigned P = kPreprocess;
-  constexpr const char* kNoBpe =
-      "GPT2BPETokenizer and HuggingFaceTokenizer are not built yet: refused (use SentencePieceTokenizer or the "
-      "byte-level default)";
   v.push_back(flag("--json-keys", P, kGroupData, G::string_list,
                    "the keys of each JSON object to tokenize, each into its own dataset (default: text)",
                    AT(preprocess->json_keys)));
   v.push_back(flag("--tokenizer-type", P, kGroupData, G::text,
-                   "SentencePieceTokenizer (with --tokenizer-model); default: byte-level (the UTF-8 bytes, V = 256, "
+                   "JSON lines: SentencePieceTokenizer or HuggingFaceTokenizer (with --tokenizer-model), "
+                   "GPT2BPETokenizer (with --vocab-file, --merge-file); default: byte-level (the UTF-8 bytes, V = 256, "
                    "end of document 0)",
                    AT(preprocess->tokenizer_type)));
   v.push_back(flag("--append-eod", P, kGroupData, G::on_off,
@@ -510,8 +508,10 @@ void add_preprocess_json_flags(std::vector<FlagSpec>& v) {
                    AT(preprocess->partitions), kDef));
   v.push_back(flag("--keep-sequential-samples", P, kGroupOptions, G::on_off,
                    "no effect: one partition keeps the input's order", AT(preprocess->keep_sequential_samples)));
-  v.push_back(flag("--vocab-file", P, kGroupData, G::text, kNoBpe, AT(preprocess->vocab_file)));
-  v.push_back(flag("--merge-file", P, kGroupData, G::text, kNoBpe, AT(preprocess->merge_file)));
+  v.push_back(flag("--vocab-file", P, kGroupData, G::text, "GPT2BPETokenizer's vocab.json",
+                   AT(preprocess->vocab_file), kPath));
+  v.push_back(flag("--merge-file", P, kGroupData, G::text, "GPT2BPETokenizer's merges.txt",
+                   AT(preprocess->merge_file), kPath));
 }
 
 // simulate's own flags (after the train flags, which it takes too), calibrate and preprocess.
@@ -559,8 +559,8 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
                    "PREFIX.vocab",
                    AT(preprocess->output_prefix), kPath | kRequired));
   v.push_back(flag("--tokenizer-model", P, kGroupData, G::text,
-                   "a SentencePiece model to tokenize with (JSON lines: with --tokenizer-type "
-                   "SentencePieceTokenizer; plain text: default, train one)",
+                   "JSON lines: the SentencePiece model or Hugging Face tokenizer.json of --tokenizer-type; plain "
+                   "text: a SentencePiece model to tokenize with (default: train one)",
                    AT(preprocess->tokenizer_model), kPath));
   v.push_back(flag("--vocab-size", P, kGroupModel, G::integer,
                    fmt::format("plain text: pieces of the SentencePiece model trained on --input, in [{}, {}]",

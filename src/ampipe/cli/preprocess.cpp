@@ -54,18 +54,11 @@ int run_preprocess_json(PreprocessArgs& args) {
   for (const char* f : {"--vocab-size", "--check-roundtrip"})
     if (given(args, f))
       throw ConfigError(fmt::format("{} is for a plain-text --input; {} is JSON lines (Megatron's preprocess_data.py "
-                                    "interface: give --tokenizer-type SentencePieceTokenizer --tokenizer-model FILE, "
-                                    "or no tokenizer for bytes)",
+                                    "interface: give --tokenizer-type and its files, or no tokenizer for bytes)",
                                     f, args.input));
   if (args.split_sentences)
     throw ConfigError("--split-sentences is not supported: Megatron splits sentences with NLTK's punkt models, which "
                       "this engine does not have; leave it out (one sequence per document, what GPT training reads)");
-  for (const auto& [flag, value] : {std::pair{"--vocab-file", &args.vocab_file}, {"--merge-file", &args.merge_file}})
-    if (!value->empty())
-      throw ConfigError(fmt::format("{} {}: GPT2BPETokenizer and HuggingFaceTokenizer (which take it) are not built "
-                                    "yet; use --tokenizer-type SentencePieceTokenizer --tokenizer-model FILE or the "
-                                    "byte-level default",
-                                    flag, *value));
   if (args.partitions != 1)
     throw ConfigError(fmt::format("--partitions {} is not supported: this engine reads one --input file in one "
                                   "partition (give 1, the default)",
@@ -75,23 +68,11 @@ int run_preprocess_json(PreprocessArgs& args) {
     throw ConfigError(fmt::format("--log-interval {} is invalid: it must be >= 1", args.log_interval));
   for (const std::string& k : args.json_keys)
     if (k.empty()) throw ConfigError("--json-keys: a key is empty");
-  std::unique_ptr<train::SentencePieceTokenizer> spm;
-  std::unique_ptr<train::DocumentTokenizer> tok;
-  if (args.tokenizer_type == "SentencePieceTokenizer") {
-    if (args.tokenizer_model.empty())
-      throw ConfigError("--tokenizer-type SentencePieceTokenizer needs --tokenizer-model FILE (a SentencePiece model)");
-    spm = std::make_unique<train::SentencePieceTokenizer>(args.tokenizer_model, "--tokenizer-model");
-    tok = std::make_unique<train::SentencePieceDocumentTokenizer>(*spm);
-  } else if (args.tokenizer_type.empty()) {
-    if (!args.tokenizer_model.empty())
-      throw ConfigError(fmt::format("--tokenizer-model {} needs --tokenizer-type SentencePieceTokenizer",
-                                    args.tokenizer_model));
-    tok = std::make_unique<train::ByteLevelDocumentTokenizer>();
-  } else {
-    throw ConfigError(fmt::format("--tokenizer-type {} is not supported: give SentencePieceTokenizer (with "
-                                  "--tokenizer-model) or leave it out for the byte-level tokenizer",
-                                  args.tokenizer_type));
-  }
+  // Megatron's tokenizer flags (make_tokenizer refuses a type's missing files and the files it does not use); none:
+  // the UTF-8 bytes.
+  std::unique_ptr<train::Tokenizer> tok =
+      train::make_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file);
+  if (!tok) tok = std::make_unique<train::ByteLevelTokenizer>();
   for (const auto& [flag, on] : {std::pair{"--keep-newlines", args.keep_newlines},
                                  {"--lang", given(args, "--lang")},
                                  {"--keep-sequential-samples", args.keep_sequential_samples}})
@@ -114,8 +95,11 @@ int run_preprocess_json(PreprocessArgs& args) {
   const train::TokenDType dtype = train::optimal_token_dtype(tok->vocab_size());
   const std::string blank =
       r.blank_lines > 0 ? fmt::format(", {} blank line{} skipped", r.blank_lines, r.blank_lines == 1 ? "" : "s") : "";
-  const std::string with =
-      spm ? fmt::format(" --tokenizer-type SentencePieceTokenizer --tokenizer-model {}", args.tokenizer_model) : "";
+  // What train takes with the data (it reads SentencePiece models; other tokenizers' ids train as they are).
+  const std::string with = args.tokenizer_type == "SentencePieceTokenizer"
+                               ? fmt::format(" --tokenizer-type SentencePieceTokenizer --tokenizer-model {}",
+                                             args.tokenizer_model)
+                               : "";
   for (const auto& out : r.outputs)
     fmt::print("preprocess: wrote {}.bin and {}.idx: {} documents, {} tokens ({}){}; train with{} --data-path {}\n",
                out.prefix, out.prefix, out.documents, out.tokens, train::token_dtype_name(dtype), blank, with,

@@ -1,6 +1,6 @@
 // `ampipe preprocess`, two interfaces of one subcommand:
 //  - Megatron's tools/preprocess_data.py (train/preprocess_data.h): --input FILE.jsonl [--json-keys K ...]
-//    --output-prefix PREFIX [--tokenizer-type SentencePieceTokenizer --tokenizer-model FILE] [--append-eod]
+//    --output-prefix PREFIX [--tokenizer-type TYPE and its files, as train::make_tokenizer takes them] [--append-eod]
 //    [--workers N] [--log-interval N] writes {PREFIX}_{K}_document.bin/.idx, Megatron's indexed dataset, for
 //    `ampipe train --data-path {PREFIX}_{K}_document`. Chosen when --input ends in .json or .jsonl, or any of its own
 //    flags is given. Without --tokenizer-type the tokenizer is byte-level (UTF-8 bytes, end of document 0).

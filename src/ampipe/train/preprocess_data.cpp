@@ -6,121 +6,28 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "ampipe/core/error.h"
+#include "ampipe/train/bpe_tokenizer.h"
 #include "ampipe/train/indexed_dataset.h"
-#include "ampipe/train/tokenizer.h"
 
 namespace ampipe::train {
 
-std::vector<int32_t> ByteLevelDocumentTokenizer::tokenize(const std::string& text) const {
+std::vector<int32_t> ByteLevelTokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids(text.size());
   for (size_t i = 0; i < text.size(); ++i) ids[i] = int32_t(static_cast<unsigned char>(text[i]));
   return ids;
 }
 
-SentencePieceDocumentTokenizer::SentencePieceDocumentTokenizer(const SentencePieceTokenizer& tokenizer)
-    : tok_(tokenizer), eod_(sentencepiece_control_piece(tokenizer.path(), "</s>", "--tokenizer-model")) {}
-
-std::vector<int32_t> SentencePieceDocumentTokenizer::tokenize(const std::string& text) const {
-  return tok_.encode(text);
-}
-
-int64_t SentencePieceDocumentTokenizer::vocab_size() const { return tok_.vocab_size(); }
-
-std::string SentencePieceDocumentTokenizer::describe() const {
-  return fmt::format("SentencePiece {} ({} pieces, end of document {})", tok_.path(), tok_.vocab_size(),
-                     eod_ ? std::to_string(*eod_) : std::string("none"));
-}
-
-namespace {
-
-// Protocol-buffer wire format, as much as a SentencePiece ModelProto needs.
-struct Wire {
-  const unsigned char* p;
-  const unsigned char* end;
-  bool ok = true;
-  uint64_t varint() {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && p < end; shift += 7) {
-      const unsigned char b = *p++;
-      v |= uint64_t(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) return v;
-    }
-    ok = false;
-    return 0;
+std::string ByteLevelTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string bytes(ids.size(), '\0');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] > 255)
+      throw ConfigError(fmt::format("byte-level tokenizer: token id {} is not a byte (ids 0..255)", ids[i]));
+    bytes[i] = char(ids[i]);
   }
-  // Skips a field's value of wire type `type`; false on a type that ModelProto does not use.
-  bool skip(uint64_t type) {
-    uint64_t n = 0;
-    switch (type) {
-      case 0:
-        varint();
-        return ok;
-      case 1:
-        n = 8;
-        break;
-      case 2:
-        n = varint();
-        break;
-      case 5:
-        n = 4;
-        break;
-      default:
-        return ok = false;
-    }
-    if (!ok || n > uint64_t(end - p)) return ok = false;
-    p += n;
-    return true;
-  }
-};
-
-}  // namespace
-
-std::optional<int32_t> sentencepiece_control_piece(const std::string& model_path, const std::string& piece,
-                                                   const std::string& flag) {
-  std::ifstream in(model_path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string bytes = ss.str();
-  Wire w{reinterpret_cast<const unsigned char*>(bytes.data()),
-         reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size()};
-  int32_t id = 0;
-  std::optional<int32_t> found;
-  while (w.ok && w.p < w.end) {
-    const uint64_t key = w.varint();
-    if (key >> 3 != 1 || (key & 7) != 2) {  // not ModelProto.pieces
-      w.skip(key & 7);
-      continue;
-    }
-    const uint64_t n = w.varint();
-    if (!w.ok || n > uint64_t(w.end - w.p)) break;
-    Wire m{w.p, w.p + n};
-    w.p += n;
-    std::string text;
-    uint64_t type = 1;  // SentencePiece.Type NORMAL
-    while (m.ok && m.p < m.end) {
-      const uint64_t k = m.varint();
-      if (k == (1 << 3 | 2)) {  // piece
-        const uint64_t len = m.varint();
-        if (!m.ok || len > uint64_t(m.end - m.p)) break;
-        text.assign(reinterpret_cast<const char*>(m.p), size_t(len));
-        m.p += len;
-      } else if (k == (3 << 3 | 0)) {  // type
-        type = m.varint();
-      } else {
-        m.skip(k & 7);
-      }
-    }
-    w.ok = w.ok && m.ok;
-    if (!found && text == piece && type == 3) found = id;  // CONTROL
-    ++id;
-  }
-  if (!w.ok || id == 0)
-    throw ConfigError(fmt::format("{} {}: cannot read its pieces (not a SentencePiece model file)", flag, model_path));
-  return found;
+  return bpe::utf8_lossy(bytes);
 }
 
 namespace {
@@ -132,8 +39,7 @@ struct Encoded {
   std::string error;
 };
 
-Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJsonOptions& o,
-                    const DocumentTokenizer& tok) {
+Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJsonOptions& o, const Tokenizer& tok) {
   Encoded e;
   auto fail = [&](const std::string& rule) {
     e.error = fmt::format("--input {}: line {}: {}", o.input, lineno, rule);
@@ -146,8 +52,11 @@ Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJso
     return fail(fmt::format("not valid JSON ({}); each line must be one JSON object", ex.what()));
   }
   if (!j.is_object()) return fail("not a JSON object; each line must be one JSON object");
-  const bool add_eod = o.append_eod && tok.eod().has_value();
-  const int32_t eod = add_eod ? tok.eod().value_or(-1) : -1;
+  const bool add_eod = o.append_eod && tok.eod() >= 0;
+  const int32_t eod = add_eod ? tok.eod() : -1;
+  // A NUL in a byte-level text would read as a document end; a subword tokenizer's eod inside a text (a tokenizer.json
+  // that parses its special tokens) stays, as in Megatron.
+  const bool refuse_eod = add_eod && dynamic_cast<const ByteLevelTokenizer*>(&tok) != nullptr;
   for (const std::string& key : o.json_keys) {
     if (!j.contains(key)) return fail(fmt::format("the object has no key \"{}\" (--json-keys {})", key, key));
     const nlohmann::json& v = j[key];
@@ -162,9 +71,9 @@ Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJso
     std::vector<int32_t>& ids = e.tokens.emplace_back();
     std::vector<int64_t>& lens = e.lengths.emplace_back();
     for (const std::string& s : sentences) {
-      const std::vector<int32_t> t = tok.tokenize(s);
+      const std::vector<int32_t> t = tok.encode(s);
       if (t.empty()) continue;
-      if (add_eod && std::find(t.begin(), t.end(), eod) != t.end())
+      if (refuse_eod && std::find(t.begin(), t.end(), eod) != t.end())
         return fail(fmt::format("the text of \"{}\" holds the end-of-document id {} of {} (with --append-eod it "
                                 "would read as the end of a document)",
                                 key, eod, tok.describe()));
@@ -182,11 +91,11 @@ Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJso
 }  // namespace
 
 namespace {
-void write_datasets(std::istream& in, const PreprocessJsonOptions& o, const DocumentTokenizer& tok,
+void write_datasets(std::istream& in, const PreprocessJsonOptions& o, const Tokenizer& tok,
                     const std::function<void(const std::string&)>& say, PreprocessJsonResult& r);
 }  // namespace
 
-PreprocessJsonResult preprocess_json(const PreprocessJsonOptions& o, const DocumentTokenizer& tok,
+PreprocessJsonResult preprocess_json(const PreprocessJsonOptions& o, const Tokenizer& tok,
                                      const std::function<void(const std::string&)>& say) {
   std::error_code ec;
   if (!std::filesystem::exists(o.input, ec))
@@ -195,7 +104,7 @@ PreprocessJsonResult preprocess_json(const PreprocessJsonOptions& o, const Docum
     throw ConfigError(fmt::format("--input {}: is not a regular file", o.input));
   std::ifstream in(o.input, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("--input {}: the file cannot be read", o.input));
-  if (o.append_eod && !tok.eod())
+  if (o.append_eod && tok.eod() < 0)
     throw ConfigError(fmt::format("--append-eod: the tokenizer {} has no end-of-document id", tok.describe()));
   const std::filesystem::path dir = std::filesystem::path(o.output_prefix).parent_path();
   if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
@@ -214,7 +123,7 @@ PreprocessJsonResult preprocess_json(const PreprocessJsonOptions& o, const Docum
 
 namespace {
 
-void write_datasets(std::istream& in, const PreprocessJsonOptions& o, const DocumentTokenizer& tok,
+void write_datasets(std::istream& in, const PreprocessJsonOptions& o, const Tokenizer& tok,
                     const std::function<void(const std::string&)>& say, PreprocessJsonResult& r) {
   const TokenDType dtype = optimal_token_dtype(tok.vocab_size());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
