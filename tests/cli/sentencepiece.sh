@@ -66,7 +66,7 @@ case $case_ in
   outside_vocab)
     run "$bin" preprocess --input "$dir/corpus.txt" --output-prefix "$dir/small" --vocab-size 500
     exec "$(dirname "$0")/expect_error.sh" \
-      "--data-path .*corpus.bin: token [0-9]+ has id [0-9]+, outside --tokenizer-model .*small.model's vocabulary of 500 pieces" \
+      "--data-path .*corpus.bin: token [0-9]+ has id [0-9]+, outside the vocabulary of SentencePieceTokenizer \\(.*small.model: 500 ids\\)" \
       "$bin" train --num-experts 4 --tokenizer-type SentencePieceTokenizer --tokenizer-model "$dir/small.model" \
       --data-path "$dir/corpus.bin"
     ;;

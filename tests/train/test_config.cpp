@@ -230,7 +230,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",
       "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "adam_beta1", "adam_beta2",
       "adam_eps", "clip_grad", "data_path", "train_data_path", "valid_data_path", "test_data_path", "tokenizer_type",
-      "tokenizer_model", "split", "max_position_embeddings"};
+      "tokenizer_model", "vocab_file", "merge_file", "split", "max_position_embeddings"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;

@@ -391,12 +391,17 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
                    "the test data with --train-data-path (without it: no test evaluation)",
                    AT(train->cfg.test_data_path), kPath));
   v.push_back(flag("--tokenizer-type", T, kGroupData, G::text,
-                   "SentencePieceTokenizer (with --tokenizer-model); default: bytes of plain text, ids of a token file",
+                   "SentencePieceTokenizer or HuggingFaceTokenizer (with --tokenizer-model), GPT2BPETokenizer (with "
+                   "--vocab-file, --merge-file); default: bytes of plain text, ids of a token file or dataset",
                    AT(train->cfg.tokenizer_type)));
   v.push_back(flag("--tokenizer-model", T, kGroupData, G::text,
-                   "SentencePiece model (e.g. from ampipe preprocess): tokenizes a plain-text --data-path at load, "
-                   "and gives the vocabulary size",
+                   "SentencePiece model, or a Hugging Face tokenizer.json (or its directory): tokenizes a plain-text "
+                   "--data-path at load, and gives the vocabulary size",
                    AT(train->cfg.tokenizer_model), kPath));
+  v.push_back(flag("--vocab-file", T, kGroupData, G::text, "GPT2BPETokenizer's vocab.json",
+                   AT(train->cfg.vocab_file), kPath));
+  v.push_back(flag("--merge-file", T, kGroupData, G::text, "GPT2BPETokenizer's merges.txt",
+                   AT(train->cfg.merge_file), kPath));
   v.push_back(flag("--valid-fraction", T, kGroupData, G::number,
                    "tail of the text held out for validation: the split 1-f,f,0 instead of --split (0: --split)",
                    AT(train->cfg.valid_fraction),
@@ -458,7 +463,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
                    AT(train->cfg.moe_per_layer_logging)));
   constexpr const char* kNoPipeline =
       "this engine has no pipeline parallelism (AMPipe pipelines inside a block); use data and expert parallelism";
-  constexpr const char* kTokenizer = RefusedFlags::kTokenizerReason;
   constexpr const char* kNoGqa = "the attention is multi-head attention only (no grouped queries)";
   v.push_back(refused("--pipeline-model-parallel-size", G::text, kNoPipeline, "1"));
   v.push_back(refused("--num-layers-per-virtual-pipeline-stage", G::text, kNoPipeline));
@@ -468,8 +472,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
                       "loss scaling belongs to fp16 training, which this engine does not have; use --bf16"));
   v.push_back(refused("--use-distributed-optimizer", G::on_off,
                       "the optimizer state is not sharded: every data-parallel rank keeps the whole AdamW state"));
-  v.push_back(refused("--vocab-file", G::text, kTokenizer));
-  v.push_back(refused("--merge-file", G::text, kTokenizer));
   v.push_back(refused("--position-embedding-type", G::text,
                       "the model has learned absolute position embeddings only (no rope)", "learned_absolute",
                       kTrain));  // simulate costs rope: its own flag below

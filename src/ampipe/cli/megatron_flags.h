@@ -16,12 +16,6 @@
 namespace ampipe::cli {
 
 struct RefusedFlags {
-  // Why a tokenizer other than the byte level, the token file's ids and SentencePiece is refused (--vocab-file,
-  // --merge-file, --tokenizer-type other than SentencePieceTokenizer).
-  static constexpr const char* kTokenizerReason =
-      "this engine reads plain text byte by byte (V = 256), pre-tokenized data (llm.c token files, Megatron's "
-      "indexed datasets: --data-path), or SentencePiece models (--tokenizer-type SentencePieceTokenizer "
-      "--tokenizer-model FILE; ampipe preprocess)";
   // The flags, their reasons and the values they accept are the registry's (flag_registry.cpp, refused());
   // add_flags puts one Entry here for each flag the subcommand takes.
   struct Entry {

@@ -54,9 +54,8 @@ namespace {
 // The data, before any collective (a bad file fails identically on every rank); sets cfg.vocab_size, and caps
 // --eval-iters to what the validation split holds (a note), refusing a split below one global batch.
 std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, TrainFlags& flags, int world) {
-  std::unique_ptr<train::SentencePieceTokenizer> tokenizer;
-  if (!cfg.tokenizer_model.empty())
-    tokenizer = std::make_unique<train::SentencePieceTokenizer>(cfg.tokenizer_model, "--tokenizer-model");
+  const std::unique_ptr<train::Tokenizer> tokenizer =
+      train::make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file);
   std::shared_ptr<const train::TextData> data = train::load_training_data(cfg, tokenizer.get());
   // Megatron evaluates nothing without validation data (per-split paths without --valid-data-path).
   if (cfg.evaluates() && data->valid_samples() == 0 && !cfg.train_data_path.empty() && cfg.valid_data_path.empty()) {

@@ -174,16 +174,8 @@ train::TrainConfig TrainFlags::finish() {
     }
     if (std::string note = refused.noop_note(extra); !note.empty()) layer.notices.push_back(note);
   }
-  if (!cfg.tokenizer_type.empty() && cfg.tokenizer_type != "SentencePieceTokenizer")
-    throw ConfigError(fmt::format("--tokenizer-type {} is not supported: {}", cfg.tokenizer_type,
-                                  RefusedFlags::kTokenizerReason));
-  if (cfg.tokenizer_type == "SentencePieceTokenizer" && cfg.tokenizer_model.empty())
-    throw ConfigError("--tokenizer-type SentencePieceTokenizer needs --tokenizer-model FILE (a SentencePiece model, "
-                      "e.g. PREFIX.model from ampipe preprocess)");
-  if (!cfg.tokenizer_model.empty() && cfg.tokenizer_type != "SentencePieceTokenizer")
-    throw ConfigError(fmt::format("--tokenizer-model {} needs --tokenizer-type SentencePieceTokenizer (the only "
-                                  "tokenizer type that takes a model here)",
-                                  cfg.tokenizer_model));
+  // The tokenizer flags (which type takes which files) are make_tokenizer's rules (train/tokenizer.h); the files are
+  // read when the data are (run_train).
   for (const auto& [a, b] : kAlternativeFlags)
     if (given(a) && given(b))
       throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));

@@ -327,7 +327,7 @@ const IndexedDataset* MegatronData::outside_vocab(int64_t vocab) const {
   return nullptr;
 }
 
-std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const SentencePieceTokenizer* tokenizer) {
+std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const Tokenizer* tokenizer) {
   const bool per_split = !cfg.train_data_path.empty() || !cfg.valid_data_path.empty() || !cfg.test_data_path.empty();
   const bool megatron =
       per_split || cfg.data_path.size() > 1 || (cfg.data_path.size() == 1 && is_indexed_prefix(cfg.data_path[0]));
@@ -351,12 +351,12 @@ std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const Sente
   const int64_t ids = tokenizer != nullptr ? tokenizer->vocab_size() : int64_t(data->max_token()) + 1;
   if (tokenizer != nullptr)
     if (const IndexedDataset* d = data->outside_vocab(ids))
-      throw ConfigError(fmt::format("{} {}: its largest token id {} is outside --tokenizer-model {}'s vocabulary of {} "
-                                    "pieces (ids must be < {}): the data were tokenized with another model",
-                                    d->flag(), d->prefix(), d->max_token(), tokenizer->path(), ids, ids));
+      throw ConfigError(fmt::format("{} {}: its largest token id {} is outside the vocabulary of {} (ids must be < "
+                                    "{}): the data were tokenized with another tokenizer",
+                                    d->flag(), d->prefix(), d->max_token(), tokenizer->describe(), ids));
   cfg.vocab_size = (ids + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   std::string source = data->describe();
-  if (tokenizer != nullptr) source += fmt::format(", SentencePiece {} pieces", ids);
+  if (tokenizer != nullptr) source += ", " + tokenizer->describe();
   return std::make_shared<const TextData>(data, source);
 }
 

@@ -44,7 +44,7 @@
 
 namespace ampipe::train {
 
-class SentencePieceTokenizer;
+class Tokenizer;
 
 // A --data-path value (or a per-split flag's): prefixes, and weights as given (empty: none given).
 struct Blend {
@@ -162,6 +162,6 @@ struct TrainConfig;
 // else the plain text / llm.c token file / bundled corpus of load_corpus. Sets cfg.vocab_size: the tokenizer's pieces
 // (every id of the data must be below them, else a ConfigError naming the file and --tokenizer-model), or else the
 // largest id + 1 (256 for byte-level text), rounded up to a multiple of 128 for token data.
-std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const SentencePieceTokenizer* tokenizer);
+std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const Tokenizer* tokenizer);
 
 }  // namespace ampipe::train

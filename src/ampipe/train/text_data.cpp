@@ -123,7 +123,7 @@ std::string bundled_corpus_text() {
 
 Corpus load_corpus(const std::string& data_path) { return load_corpus(data_path, nullptr); }
 
-Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* tokenizer) {
+Corpus load_corpus(const std::string& data_path, const Tokenizer* tokenizer) {
   std::string text;
   if (!data_path.empty()) {
     std::error_code ec;
@@ -138,12 +138,11 @@ Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* t
         const int64_t V = tokenizer->vocab_size();
         for (size_t i = 0; i < c.tokens.size(); ++i)
           if (c.tokens[i] >= V)
-            throw ConfigError(fmt::format("--data-path {}: token {} has id {}, outside --tokenizer-model {}'s "
-                                          "vocabulary of {} pieces (ids must be < {}): the file was tokenized with "
-                                          "another model",
-                                          data_path, i, c.tokens[i], tokenizer->path(), V, V));
+            throw ConfigError(fmt::format("--data-path {}: token {} has id {}, outside the vocabulary of {} (ids "
+                                          "must be < {}): the file was tokenized with another tokenizer",
+                                          data_path, i, c.tokens[i], tokenizer->describe(), V));
         c.vocab_size = (V + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
-        c.format += ", SentencePiece " + std::to_string(V) + " pieces";
+        c.format += ", " + tokenizer->describe();
       }
       return c;
     }
@@ -162,7 +161,7 @@ Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* t
   c.tokens = tokenizer->encode(text);
   const int64_t V = tokenizer->vocab_size();
   c.vocab_size = (V + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
-  c.format = "text (SentencePiece " + std::to_string(V) + " pieces)";
+  c.format = "text (" + tokenizer->describe() + ")";
   return c;
 }
 

@@ -51,7 +51,7 @@ inline constexpr int kTokenFileHeaderInts = 256;      // int32 header words
 inline constexpr int64_t kTokenFileMaxVocab = 65536;  // uint16 ids
 inline constexpr int64_t kVocabPadding = 128;         // Megatron's --make-vocab-size-divisible-by default
 
-class SentencePieceTokenizer;
+class Tokenizer;
 class MegatronData;
 
 // A token stream and the vocabulary it needs.
@@ -67,7 +67,7 @@ struct Corpus {
 Corpus load_corpus(const std::string& data_path);
 // The same with a SentencePiece model: text is tokenized with it; a token file with an id >= the model's piece
 // count is refused (ConfigError naming --data-path, the id and --tokenizer-model). tokenizer == nullptr: as above.
-Corpus load_corpus(const std::string& data_path, const SentencePieceTokenizer* tokenizer);
+Corpus load_corpus(const std::string& data_path, const Tokenizer* tokenizer);
 // The bundled corpus's text (kBundledCorpusDir's files in name order, each followed by a newline).
 std::string bundled_corpus_text();
 // A plain-text file, checked as --data-path's text is (missing, unreadable, empty, binary: ConfigError naming

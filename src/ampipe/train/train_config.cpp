@@ -327,6 +327,8 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_PATHS(test_data_path),
       AMPIPE_FIELD(tokenizer_type, kC | kA, kNo, c.tokenizer_type),
       AMPIPE_FIELD(tokenizer_model, kC | kA, kNo, c.tokenizer_model),
+      AMPIPE_FIELD(vocab_file, kC | kA, kNo, c.vocab_file),
+      AMPIPE_FIELD(merge_file, kC | kA, kNo, c.merge_file),
       AMPIPE_FIELD(vocab_size, kA, kNo, c.vocab_size),
       // --valid-fraction f is the split 1-f,f,0
       ConfigKey{"split", kC | kA, kNo, [](const TrainConfig& c) -> nlohmann::json { return split_str(data_split(c)); }},

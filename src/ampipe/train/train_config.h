@@ -78,7 +78,8 @@ struct TrainConfig {
   // the bundled corpus. --train-data-path, --valid-data-path, --test-data-path: Megatron's per-split blends.
   std::vector<std::string> data_path, train_data_path, valid_data_path, test_data_path;
   std::string tokenizer_type;   // empty: byte-level (text) or the token file's ids; or SentencePieceTokenizer
-  std::string tokenizer_model;  // the SentencePiece model of tokenizer_type SentencePieceTokenizer
+  std::string tokenizer_model;  // SentencePieceTokenizer's model, HuggingFaceTokenizer's tokenizer.json (or its dir)
+  std::string vocab_file, merge_file;  // GPT2BPETokenizer's vocab.json and merges.txt (train::make_tokenizer)
   int64_t vocab_size = 256;     // set from the data (train/text_data.h): 256 for byte-level text
   double valid_fraction = 0;     // > 0 (--valid-fraction): the split 1-f, f, 0 instead of --split
   int64_t eval_interval = 1000;  // 0: no evaluation during training
