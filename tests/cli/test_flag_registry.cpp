@@ -41,7 +41,9 @@ TEST(FlagRegistry, EveryFlagHasOneHelpGroupAndOneEntryPerSubcommand) {
     EXPECT_NE(s.subs, 0u);
     EXPECT_FALSE(s.help.empty());
     EXPECT_TRUE(is_group(s.group)) << "group \"" << s.group << "\" is not one of --help's";
-    if (s.refused == nullptr) {  // (train refuses --position-embedding-type, which simulate takes)
+    // (train refuses --position-embedding-type, which simulate takes; train's no-op --profile is simulate's
+    // hardware profile)
+    if (s.refused == nullptr && s.noop == nullptr) {
       EXPECT_EQ(std::string(flag_group(s.name)), s.group) << "one flag, one group in every subcommand";
     }
     EXPECT_EQ(s.field == nullptr, s.refused != nullptr || s.noop != nullptr);
@@ -159,7 +161,9 @@ TEST(FlagRegistry, NoEffectFlagsAreOneNote) {
             "kernel choice), --num-workers 2 (dataloader workers), --distributed-backend nccl (this engine "
             "communicates over MPI)");
   EXPECT_EQ(find_flag(kSimulate, "--num-workers")->noop, find_flag(kTrain, "--num-workers")->noop);
-  EXPECT_EQ(find_flag(kTrain, "--no-save-optim"), nullptr);  // the optimizer state is saved here
+  // the optimizer state is always saved here: refused, not ignored
+  ASSERT_NE(find_flag(kTrain, "--no-save-optim"), nullptr);
+  EXPECT_NE(find_flag(kTrain, "--no-save-optim")->refused, nullptr);
 }
 
 TEST(FlagRegistry, NoEffectFlagsKeepMegatronsGrammar) {
@@ -271,4 +275,100 @@ TEST(FlagRegistry, LeftOutFlagsTakeMegatronsDefaults) {
   f.add_to(app);
   app.parse("--swiglu --hidden-size 16", false);
   EXPECT_THROW(f.finish(), ConfigError);  // the rule gives 0: --ffn-hidden-size must be given
+}
+
+namespace {
+
+// A value of `s`'s grammar that Megatron accepts (its first choice where it has choices), as command-line text.
+std::string megatron_value(const FlagSpec& s) {
+  if (s.choices != nullptr) {
+    const std::string c = s.choices;
+    return c.substr(0, c.find('|'));
+  }
+  switch (s.grammar) {
+    case Grammar::on_off:
+      return "";
+    case Grammar::integer:
+      return "7";
+    case Grammar::number:
+      return "0.5";
+    case Grammar::text_list:
+      return "a b";
+    default:
+      return "x";
+  }
+}
+
+std::string given(const FlagSpec& s) {
+  const std::string v = megatron_value(s);
+  return v.empty() ? s.name : s.name + " " + v;
+}
+
+}  // namespace
+
+// Every no-op flag of train and simulate parses with its Megatron grammar, and all of them given at once are one
+// start-up note, each with its value and why, in the registry's order.
+TEST(FlagRegistry, EveryNoEffectFlagParsesAndJoinsTheNote) {
+  for (Sub sub : {kTrain, kSimulate}) {
+    SCOPED_TRACE(sub_name(sub));
+    std::string args;
+    std::vector<std::string> items;
+    for (const FlagSpec* s : flags_of(sub)) {
+      if (s->noop == nullptr) continue;
+      args += " " + given(*s);
+      items.push_back(given(*s) + " (" + s->noop + ")");
+    }
+    ASSERT_GT(items.size(), 190u);
+    CLI::App app;
+    SimulateArgs si;
+    TrainFlags tr;
+    if (sub == kSimulate)
+      si.add_to(app);
+    else
+      tr.add_to(app);
+    TrainFlags& f = sub == kSimulate ? si.train : tr;
+    app.parse(args + (sub == kSimulate ? " --profile p.json" : ""), false);
+    (void)f.finish();
+    ASSERT_EQ(f.layer.notices.size(), 1u);
+    std::string note = "no effect on this engine: ";
+    for (size_t i = 0; i < items.size(); ++i) note += (i ? ", " : "") + items[i];
+    EXPECT_EQ(f.layer.notices[0], note);
+  }
+}
+
+// Every refused flag given a value this engine does not run stops with one line naming it, its value and why;
+// the values it does run pass (numbers compared as numbers).
+TEST(FlagRegistry, EveryRefusedFlagIsOneLine) {
+  size_t n = 0;
+  for (const FlagSpec* s : flags_of(kTrain)) {
+    if (s->refused == nullptr) continue;
+    SCOPED_TRACE(s->name);
+    ++n;
+    CLI::App app;
+    TrainFlags f;
+    f.add_to(app);
+    const std::string v = s->grammar == Grammar::on_off ? "" : s->grammar == Grammar::text_list ? "a b" : "7";
+    app.parse(v.empty() ? s->name : s->name + " " + v, false);
+    try {
+      (void)f.finish();
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(s->name + (v.empty() ? "" : " " + v) + " is not supported: " + s->refused,
+                                            0),
+                0u)
+          << e.what();
+    }
+  }
+  EXPECT_GT(n, 200u);
+  for (const char* ok : {"--moe-z-loss-coeff 0.0", "--embedding-multiplier-scale 1e0", "--moe-layer-freq 1",
+                         "--first-k-dense-replace 0", "--make-vocab-size-divisible-by 128", "--optimizer adam",
+                         "--dataloader-type cyclic", "--moe-router-dtype fp32", "--cp-comm-type p2p",
+                         "--attention-mask-type causal", "--lr-warmup-init 0.0", "--moe-z-loss-coeff 0"}) {
+    SCOPED_TRACE(ok);
+    CLI::App app;
+    TrainFlags f;
+    f.add_to(app);
+    app.parse(ok, false);
+    EXPECT_NO_THROW((void)f.finish());
+  }
 }

@@ -44,8 +44,8 @@ FlagSpec flag(const char* name, unsigned subs, const char* group, Grammar gramma
   return s;
 }
 
-// Megatron flags `ampipe train` (and simulate) parse only to refuse (megatron_flags.h); with `accepted`, that one
-// value passes.
+// Megatron flags `ampipe train` (and simulate) parse only to refuse (megatron_flags.h); with `accepted` ("a|b"),
+// those values pass (numbers compared as numbers: --moe-z-loss-coeff 0.0 is 0).
 FlagSpec refused(const char* name, Grammar grammar, const char* reason, const char* accepted = nullptr,
                  unsigned subs = kTrainSubs) {
   FlagSpec s = flag(name, subs, kGroupRefused, grammar, std::string("not supported: ") + reason, nullptr);
@@ -56,31 +56,161 @@ FlagSpec refused(const char* name, Grammar grammar, const char* reason, const ch
 
 // Megatron / MindSpeed flags `ampipe train` (and simulate) accept with no effect on this engine: parsed with their
 // grammar (and `choices`, "a|b"), named by one start-up note with `why` (RefusedFlags::noop_note).
-FlagSpec noop(const char* name, Grammar grammar, const char* why, const char* choices = nullptr) {
+FlagSpec noop(const char* name, Grammar grammar, const char* why, const char* choices = nullptr,
+             unsigned subs = kTrainSubs) {
   std::string help = std::string("no effect: ") + why;
   if (choices != nullptr) {
     std::string c = choices;
     std::replace(c.begin(), c.end(), '|', ',');
     help += " (Megatron's values: " + c + ")";
   }
-  FlagSpec s = flag(name, kTrainSubs, kGroupNoEffect, grammar, help, nullptr);
+  FlagSpec s = flag(name, subs, kGroupNoEffect, grammar, help, nullptr);
   s.noop = why;
   s.choices = choices;
   return s;
 }
 
+// Why a no-op flag has no effect here: the start-up note says it after each one given.
+constexpr const char* kFusion = "GPU kernel fusion";
+constexpr const char* kKernel = "GPU kernel choice";
+constexpr const char* kCuda = "NCCL/CUDA only";
+constexpr const char* kOverlap = "GPU/NPU communication overlap";
+constexpr const char* kLoader = "dataloader workers";
+constexpr const char* kTimers = "timers/logging detail";
+constexpr const char* kCkpt = "checkpoint format details";
+constexpr const char* kFp16 = "fp16 loss scaling only; --fp16 is refused";
+constexpr const char* kHccl = "Ascend HCCL only";
+constexpr const char* kDispatch = "GPU token dispatcher choice; this engine's is its all-to-all";
+constexpr const char* kFramework = "the Python framework MindSpeed runs on";
+constexpr const char* kDeterministic =
+    "this engine's runs are always deterministic, bitwise at the same seed and layout";
+constexpr const char* kRouterFp32 = "the router runs in fp32 here";
+constexpr const char* kFp32Weights = "every weight is fp32 here";
+constexpr const char* kFp32Grads = "gradients accumulate and are all-reduced in fp32 here";
+constexpr const char* kNoBias = "the linear layers have no biases here";
+constexpr const char* kInputJitter = "the router input has no jitter here unless --noisy-gate-policy Jitter";
+constexpr const char* kDdpAverage = "where the data-parallel mean is taken; the same mean";
+constexpr const char* kRankOrder = "rank order in the process groups; the result is the same";
+constexpr const char* kUlyssesKv = "Ulysses context parallelism only, and on by default in MindSpeed-LLM";
+constexpr const char* kFsdpDetail = "Megatron-FSDP detail; --use-megatron-fsdp is refused";
+constexpr const char* kMetaInit = "model construction detail: the weights are initialised on the CPU here";
+constexpr const char* kMemory = "GPU/NPU memory saving; the result is the same";
+constexpr const char* kRecompute =
+    "recomputation for GPU/NPU memory; the result is the same, and --recompute-granularity is this engine's";
+constexpr const char* kHandler = "MindSpeed-LLM's preprocessing handler: no effect on reading preprocessed data";
+constexpr const char* kVarSeq = "variable-length batches: every sequence here has --seq-length tokens";
+constexpr const char* kPerToken =
+    "every sequence has --seq-length unmasked tokens here: the per-token mean is the mean";
+constexpr const char* kBert = "BERT/T5 datasets only";
+constexpr const char* kWandb = "Weights & Biases logging";
+constexpr const char* kProfile = "profiling; this engine's is --trace";
+constexpr const char* kStraggler = "straggler detection";
+constexpr const char* kDiagnostic = "a diagnostic check";
+constexpr const char* kRerun = "Megatron's result-validation re-runs";
+constexpr const char* kExperimental = "it only unlocks Megatron's experimental flags, each checked on its own";
+constexpr const char* kInference = "inference and generation only";
+constexpr const char* kRetain = "checkpoint retention: every checkpoint is kept here";
+constexpr const char* kCkptTokenizer = "--use-checkpoint-args never takes the tokenizer here";
+constexpr const char* kHighAvailability = "NPU fault tolerance";
+
+// Why a refused flag is refused: its one line says it. A flag whose meaning is the engine's only for one value
+// accepts that value (refused()'s `accepted`).
+constexpr const char* kNoPipeline =
+    "this engine has no pipeline parallelism (AMPipe pipelines inside a block); use data and expert parallelism";
+constexpr const char* kTokenizer =
+    "a Hugging Face tokenizer is --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json here (the "
+    "other tokenizers: SentencePieceTokenizer, GPT2BPETokenizer)";
+constexpr const char* kNoGqa = "the attention is multi-head attention only (no grouped queries)";
+constexpr const char* kNoRope = "the model has learned absolute position embeddings (no rotary embeddings)";
+constexpr const char* kPositions = "the model has learned absolute position embeddings (Megatron's default)";
+constexpr const char* kDocMask =
+    "the attention and the positions span the whole sequence (no reset at end-of-document tokens)";
+constexpr const char* kCausal = "the attention is causal";
+constexpr const char* kNoMla = "multi-latent attention is not implemented (the attention is multi-head)";
+constexpr const char* kNoSparseAttention =
+    "sparse attention (DeepSeek's indexer, compressed keys and values) is not implemented (the attention is dense)";
+constexpr const char* kNoLinearAttention =
+    "linear attention (gated delta net) is not implemented (every block has softmax attention)";
+constexpr const char* kNoMamba = "Mamba layers are not implemented (every block has softmax attention)";
+constexpr const char* kNoWindow =
+    "sliding-window attention is not implemented (the attention sees the whole causal prefix)";
+constexpr const char* kNoAlibi = "ALiBi is not implemented";
+constexpr const char* kNoHyperConnections = "hyper-connections are not implemented (one residual stream)";
+constexpr const char* kNoCla = "every layer has its own keys and values (no cross-layer sharing)";
+constexpr const char* kFusedQkv = "q, k and v come from one linear layer here";
+constexpr const char* kNoQkNorm = "q and k are not normalized in the attention";
+constexpr const char* kQkScale = "the attention scores are scaled by 1/sqrt(head dim) only (no per-layer scaling)";
+constexpr const char* kAttnScale = "the attention scores are scaled by 1/sqrt(head dim)";
+constexpr const char* kNoAttnGate = "the attention output has no gate";
+constexpr const char* kSoftmax = "the attention softmax is the plain one";
+constexpr const char* kNoSoftcap = "the logits are not capped";
+constexpr const char* kPreLn =
+    "the blocks are pre-LN: one LayerNorm before the attention and one before the MoE, none after";
+constexpr const char* kEmbeddings = "the embeddings enter the first block as they are (no scaling or normalization)";
+constexpr const char* kNormGain = "the norm weights are the gains themselves (no 1 + w parametrization)";
+constexpr const char* kNoBiases = "the linear layers have no biases (only the LayerNorms have)";
+constexpr const char* kActivation = "the experts use GeLU, or SwiGLU with --swiglu";
+constexpr const char* kFcType = "the expert FFN is fc1, the activation, fc2";
+constexpr const char* kNoScale = "the embeddings, the residual branches and the logits are not rescaled";
+constexpr const char* kNoMtp = "multi-token prediction is not implemented (the loss is next-token prediction)";
+constexpr const char* kNoSharedExperts = "shared experts are not implemented (the MoE layer has routed experts only)";
+constexpr const char* kAllMoe = "every block has an MoE layer here (no dense layers)";
+constexpr const char* kNoNoopLayers = "every layer is a transformer block here (no identity layers)";
+constexpr const char* kRouter =
+    "a Megatron-core router option; the router here is DeepSpeed-MoE's top-k softmax gate (--moe-model-type "
+    "deepspeed_moe)";
+constexpr const char* kCapacity =
+    "Megatron-core's expert capacity; the capacity here is DeepSpeed-MoE's (--moe-train-capacity-factor, "
+    "--moe-min-capacity, --moe-no-drop)";
+constexpr const char* kNoZLoss = "the router has no z-loss";
+constexpr const char* kAuxLoss = "the only balancing loss here is the aux loss (--moe-aux-loss-coeff)";
+constexpr const char* kJitter = "router jitter here is DeepSpeed-MoE's (--noisy-gate-policy Jitter)";
+constexpr const char* kVocabPadding = "the vocabulary is padded to a multiple of 128 here (Megatron's default)";
+constexpr const char* kVocab =
+    "the vocabulary comes from the data here: the tokenizer's (256 bytes without one) or a token file's ids, padded to "
+    "a multiple of 128";
+constexpr const char* kNoMup = "MuP is not implemented";
+constexpr const char* kNoFp8 = "fp8 training is not implemented; use --bf16";
+constexpr const char* kNoQat = "quantization-aware training is not implemented";
+constexpr const char* kFp32Moments = "the AdamW moments are fp32 here";
+constexpr const char* kAdamW = "the optimizer is AdamW (Megatron's adam)";
+constexpr const char* kOneLr = "one learning rate for every parameter (no separate embedding and output-layer rate)";
+constexpr const char* kWarmupInit = "the warm-up starts from 0 here";
+constexpr const char* kConstantWd = "the weight decay is constant here (--weight-decay)";
+constexpr const char* kConstantBatch = "the global batch size is constant here";
+constexpr const char* kEvalBatch = "evaluation uses --global-batch-size";
+constexpr const char* kExitDuration =
+    "a wall-clock limit is not implemented: the run stops at --train-iters, --exit-interval or SIGTERM (which saves)";
+constexpr const char* kSaveOptim =
+    "the checkpoints always hold the optimizer state here (a resume continues the run exactly); --no-load-optim loads "
+    "without it";
+constexpr const char* kNoHf = "HuggingFace weights are neither read nor written here (checkpoints: --save, --load)";
+constexpr const char* kNoModelOpt = "ModelOpt distillation and export are not implemented";
+constexpr const char* kNoSft =
+    "fine-tuning datasets (instruction prompts, packing, padding) are not read here: training reads a token stream "
+    "(--data-path)";
+constexpr const char* kNoRl = "reinforcement learning and preference training (GRPO, DPO, PPO) are not implemented";
+constexpr const char* kNoLora = "LoRA is not implemented (every weight is trained)";
+constexpr const char* kNoFim = "fill-in-the-middle data is not implemented";
+constexpr const char* kNoMock = "mock data is not implemented: without --data-path training reads the bundled corpus";
+constexpr const char* kDataOrder = "the data order is this engine's seeded shuffle per epoch (docs/training.md)";
+constexpr const char* kPreprocessing = "preprocessing is ampipe preprocess's (a training run reads --data-path)";
+constexpr const char* kNoYaml = "--config takes a JSON file here (no YAML)";
+constexpr const char* kNoErrorInjection = "error injection is not implemented";
+constexpr const char* kNoSharding =
+    "parameters, gradients and optimizer state are not sharded over data-parallel ranks here";
+constexpr const char* kExpertTp =
+    "the experts are sharded over the tensor-parallel ranks here (no tp-extended expert parallelism)";
+constexpr const char* kTp1d = "tensor parallelism here is Megatron's 1-D column/row split";
+constexpr const char* kAlignedTp =
+    "the tensor-parallel shards are equal here (sizes divisible by --tensor-model-parallel-size)";
+constexpr const char* kNoUlysses = "context parallelism here is ring attention (megatron_cp_algo), not Ulysses";
+constexpr const char* kRingCp = "context parallelism here is ring attention over load-balanced halves (p2p)";
+
 // The Megatron-LM / MindSpeed / MindSpeed-LLM flags with no effect here, with Megatron's value grammar
 // (megatron/training/arguments.py, mindspeed/arguments.py). Those whose meaning would change the result are refused
 // instead (add_train_output_flags); --no-save-optim is not here: this engine saves the optimizer state.
 void add_noop_flags(std::vector<FlagSpec>& v) {
-  constexpr const char* kFusion = "GPU kernel fusion";
-  constexpr const char* kKernel = "GPU kernel choice";
-  constexpr const char* kCuda = "NCCL/CUDA only";
-  constexpr const char* kOverlap = "GPU/NPU communication overlap";
-  constexpr const char* kLoader = "dataloader workers";
-  constexpr const char* kTimers = "timers/logging detail";
-  constexpr const char* kCkpt = "checkpoint format details";
-  constexpr const char* kFp16 = "fp16 loss scaling only; --fp16 is refused";
   for (const char* f : {"--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion", "--no-bias-dropout-fusion",
                         "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion", "--use-fused-swiglu",
                         "--use-fused-rmsnorm", "--use-fused-rotary-pos-emb", "--no-persist-layer-norm"})
@@ -129,6 +259,329 @@ void add_noop_flags(std::vector<FlagSpec>& v) {
   // (docs/training.md): a run without NaN is the same, and a run with one does not go on silently.
   v.push_back(noop("--no-check-for-nan-in-loss-and-grad", G::on_off,
                    "ignored: this engine always stops on a NaN loss or gradient"));
+}
+
+// More flags with no effect here: kernels, fusions, communication overlap, process groups and precision details of
+// GPUs and NPUs (Megatron-LM's arguments.py and TransformerConfig, mindspeed/arguments.py and its features,
+// MindSpeed-LLM's features). A precision flag is here only when this engine already computes that way (fp32 router,
+// fp32 weights and gradients).
+void add_noop_kernel_flags(std::vector<FlagSpec>& v) {
+  for (const char* f :
+       {"--gemm-gradient-accumulation-fusion", "--moe-permute-fusion", "--use-fused-ring-attention-update",
+        "--use-fused-moe-token-permute-and-unpermute", "--use-fused-lightning-indexer", "--coc-fused-kernel",
+        "--use-fused-lightning-indexer-loss", "--cross-entropy-loss-fusion", "--use-fused-mhc", "--moe-router-fusion",
+        "--use-transformer-engine-op-fuser"})
+    v.push_back(noop(f, G::on_off, kFusion));
+  for (const char* f :
+       {"--mla-fa-without-pad", "--mla-mm-split", "--enable-mla-absorb", "--use-triton-mhc", "--use-triton-gdn",
+        "--enable-token-rearrange-opt", "--use-fusion-attn-v2", "--use-triton-swiglu-limit"})
+    v.push_back(noop(f, G::on_off, kKernel));
+  v.push_back(noop("--shape-order", G::text, kKernel, "SBH|BSH|BSND|BNSD"));
+  v.push_back(noop("--cross-entropy-fusion-impl", G::text, kKernel, "native|te"));
+  v.push_back(noop("--output-layer-slice-num", G::integer, kKernel));
+  for (const char* f :
+       {"--moe-alltoall-overlap-comm", "--moe-fb-overlap", "--use-ascend-coc", "--mla-up-proj-tp-overlap",
+        "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--overlap-p2p-communication-warmup-flush",
+        "--defer-embedding-wgrad-compute", "--moe-shared-expert-overlap", "--overlap-param-gather-with-optimizer-step",
+        "--moe-allgather-overlap-comm", "--delay-wgrad-compute", "--enable-backward-overlap-ag-with-matmul",
+        "--enable-overlap-ag-with-matmul", "--enable-overlap-matmul-with-rs"})
+    v.push_back(noop(f, G::on_off, kOverlap));
+  for (const char* f : {"--wgrad-deferral-limit", "--coc-parallel-num"}) v.push_back(noop(f, G::integer, kOverlap));
+  v.push_back(noop("--tp-comm-overlap-cfg", G::text, kOverlap));
+  for (const char* f : {"--disable-gloo-group", "--use-nccl-ub", "--disable-gloo-process-groups",
+                        "--disable-bf16-reduced-precision-matmul", "--te-rng-tracker"})
+    v.push_back(noop(f, G::on_off, kCuda));
+  v.push_back(noop("--cuda-graph-impl", G::text, kCuda, "none|local|transformer_engine"));
+  v.push_back(noop("--cuda-graph-modules", G::text_list, kCuda));
+  v.push_back(noop("--cuda-graph-warmup-steps", G::integer, kCuda));
+  v.push_back(noop("--hccl-op-mode", G::text, kHccl));
+  v.push_back(noop("--hccl-group-buffer-adaptive", G::on_off, kHccl));
+  v.push_back(noop("--moe-token-dispatcher-type", G::text, kDispatch, "allgather|alltoall|alltoall_seq|flex"));
+  v.push_back(noop("--moe-flex-dispatcher-backend", G::text, kDispatch, "deepep|hybridep"));
+  v.push_back(noop("--ai-framework", G::text, kFramework, "pytorch|mindspore"));
+  v.push_back(noop("--enable-share-memory", G::on_off, kFramework));
+  for (const char* f : {"--deterministic-mode", "--npu-deterministic"}) v.push_back(noop(f, G::on_off, kDeterministic));
+  for (const char* f : {"--router-gating-in-fp32", "--topk-softmax-in-fp32", "--moe-revert-type-after-topk"})
+    v.push_back(noop(f, G::on_off, kRouterFp32));
+  for (const char* f : {"--init-norm-weight-in-fp32", "--rmsnorm-weight-in-fp32"})
+    v.push_back(noop(f, G::on_off, kFp32Weights));
+  v.push_back(noop("--accumulate-allreduce-grads-in-fp32", G::on_off, kFp32Grads));
+  v.push_back(noop("--skip-bias-add", G::on_off, kNoBias));
+  v.push_back(noop("--input-jitter", G::on_off, kInputJitter));
+  v.push_back(noop("--ddp-average-in-collective", G::on_off, kDdpAverage));
+  v.push_back(noop("--use-tp-pp-dp-mapping", G::on_off, kRankOrder));
+  v.push_back(noop("--kv-head-repeat-before-uly-alltoall", G::on_off, kUlyssesKv));
+  v.push_back(noop("--megatron-fsdp-grad-comm-dtype", G::text, kFsdpDetail, "fp32|fp16|bf16|auto"));
+  for (const char* f : {"--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-main-params-dtype"})
+    v.push_back(noop(f, G::text, kFsdpDetail, "fp32|bf16|fp16|auto"));
+  for (const char* f : {"--fsdp-double-buffer", "--fsdp-manual-registration"})
+    v.push_back(noop(f, G::on_off, kFsdpDetail));
+  v.push_back(noop("--init-model-with-meta-device", G::on_off, kMetaInit));
+}
+
+// More flags with no effect here: memory saving (offloading, swapping, recomputation: the result is the same),
+// data loading, logging, profiling, diagnostics, checkpoint format and inference-only settings.
+void add_noop_run_flags(std::vector<FlagSpec>& v) {
+  for (const char* f : {"--swap-optimizer", "--swap-attention", "--mtp-mem-efficient-logits",
+                        "--mla-swap-core-attn-out", "--fine-grained-activation-offloading"})
+    v.push_back(noop(f, G::on_off, kMemory));
+  v.push_back(noop("--moe-zero-memory", G::text, kMemory, "disable|level0|level1"));
+  for (const char* f : {"--loss-chunk-size", "--swap-optimizer-times", "--context-parallel-cache-interval",
+                        "--moe-zero-memory-num-layers"})
+    v.push_back(noop(f, G::integer, kMemory));
+  v.push_back(noop("--loss-compute-mode", G::text, kMemory, "default|chunk"));
+  v.push_back(noop("--offload-modules", G::text_list, kMemory));
+  v.push_back(noop("--context-parallel-kv-cache-policy", G::text, kMemory, "full|half"));
+  for (const char* f : {"--recompute-activation-function", "--enable-recompute-layers-per-pp-rank",
+                        "--recompute-mla-up-proj", "--recompute-norm"})
+    v.push_back(noop(f, G::on_off, kRecompute));
+  for (const char* f : {"--recompute-activation-function-num-layers", "--recompute-norm-num-layers"})
+    v.push_back(noop(f, G::integer, kRecompute));
+  v.push_back(noop("--recompute-modules", G::text_list, kRecompute));
+  v.push_back(noop("--workers", G::integer, kLoader));
+  v.push_back(noop("--handler-name", G::text, kHandler));
+  v.push_back(noop("--variable-seq-lengths", G::on_off, kVarSeq));
+  v.push_back(noop("--calculate-per-token-loss", G::on_off, kPerToken));
+  v.push_back(noop("--short-seq-prob", G::number, kBert));
+  v.push_back(noop("--logging-level", G::integer, kTimers));
+  for (const char* f : {"--log-progress", "--op-cal-tflops"}) v.push_back(noop(f, G::on_off, kTimers));
+  for (const char* f : {"--wandb-exp-name", "--wandb-project", "--wandb-entity", "--wandb-save-dir"})
+    v.push_back(noop(f, G::text, kWandb));
+  // (simulate's --profile is its hardware profile)
+  v.push_back(noop("--profile", G::on_off, kProfile, nullptr, kTrain));
+  for (const char* f : {"--profile-record-shapes", "--profile-with-cpu", "--record-memory-history"})
+    v.push_back(noop(f, G::on_off, kProfile));
+  for (const char* f : {"--profile-step-end", "--profile-step-start"}) v.push_back(noop(f, G::integer, kProfile));
+  v.push_back(noop("--profile-ranks", G::text_list, kProfile));
+  v.push_back(noop("--profile-level", G::text, kProfile, "level_none|level0|level1|level2"));
+  v.push_back(noop("--profile-save-path", G::text, kProfile));
+  v.push_back(noop("--straggler-minmax-count", G::integer, kStraggler));
+  v.push_back(noop("--check-weight-hash-across-dp-replicas-interval", G::integer, kDiagnostic));
+  v.push_back(noop("--test-mode", G::on_off, kDiagnostic));
+  v.push_back(noop("--rerun-mode", G::text, kRerun, "disabled|validate_results|report_stats"));
+  v.push_back(noop("--error-injection-type", G::text, kRerun, "correct_result|transient_error|persistent_error"));
+  v.push_back(noop("--enable-experimental", G::on_off, kExperimental));
+  for (const char* f : {"--inference-logging-step-interval", "--inference-max-seq-length",
+                        "--inference-dynamic-batching-num-cuda-graphs", "--max-tokens-to-oom", "--max-new-tokens"})
+    v.push_back(noop(f, G::integer, kInference));
+  v.push_back(noop("--inference-dynamic-batching-buffer-size-gb", G::number, kInference));
+  v.push_back(noop("--inference-dynamic-batching-unified-memory-level", G::integer, kInference, "0|1"));
+  v.push_back(
+      noop("--inference-dynamic-batching-cuda-graph-sizing-distribution", G::text, kInference, "exponential|linear"));
+  v.push_back(noop("--moe-pad-experts-for-cuda-graph-inference", G::on_off, kInference));
+  for (const char* f : {"--async-save", "--use-persistent-ckpt-worker", "--dist-ckpt-optim-fully-reshardable",
+                        "--ckpt-fully-parallel-load", "--ckpt-assume-constant-structure", "--auto-detect-ckpt-format",
+                        "--no-ckpt-fully-parallel-save", "--verify-integrity", "--ckpt-fully-parallel-save",
+                        "--async-ckpt-use-cpu-shm", "--use-dist-ckpt"})
+    v.push_back(noop(f, G::on_off, kCkpt));
+  v.push_back(noop("--dist-ckpt-strictness", G::text, kCkpt,
+                   "assume_ok_unexpected|log_unexpected|log_all|raise_unexpected|raise_all|return_unexpected|return_"
+                   "all|ignore_all"));
+  v.push_back(noop("--async-strategy", G::text, kCkpt, "nvrx|mcore"));
+  v.push_back(noop("--dist-ckpt-format", G::text, kCkpt));
+  v.push_back(noop("--save-retain-interval", G::integer, kRetain));
+  v.push_back(noop("--no-use-tokenizer-model-from-checkpoint-args", G::on_off, kCkptTokenizer));
+  for (const char* f : {"--enable-hbmfault-repair", "--enable-high-availability"})
+    v.push_back(noop(f, G::on_off, kHighAvailability));
+}
+
+// Megatron-LM / MindSpeed / MindSpeed-LLM model features this engine does not have: honouring the flag would train
+// another model, so a script that gives it stops with one line (megatron_flags.cpp). The value that means this
+// engine's model passes (--moe-layer-freq 1, --first-k-dense-replace 0, ...).
+void add_refused_model_flags(std::vector<FlagSpec>& v) {
+  for (const char* f :
+       {"--rotary-base", "--rope-scaling-original-max-position-embeddings", "--beta-fast", "--beta-slow"})
+    v.push_back(refused(f, G::integer, kNoRope));
+  for (const char* f :
+       {"--use-rotary-position-embeddings", "--use-glm-rope", "--rotary-interleaved", "--enable-gpt-oss"})
+    v.push_back(refused(f, G::on_off, kNoRope));
+  for (const char* f :
+       {"--rope-scaling-type", "--long-factor", "--longrope-freqs-type", "--short-factor", "--rope-type"})
+    v.push_back(refused(f, G::text, kNoRope));
+  for (const char* f : {"--rope-scaling-factor", "--rope-scaling-mscale", "--rope-scaling-mscale-all-dim",
+                        "--rotary-percent", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
+                        "--high-freq-factor", "--low-freq-factor", "--original-max-position-embeddings",
+                        "--partial-rotary-factor", "--long-mscale", "--short-mscale", "--dynamic-factor"})
+    v.push_back(refused(f, G::number, kNoRope));
+  v.push_back(refused("--no-position-embedding", G::on_off, kPositions));
+  for (const char* f : {"--reset-attention-mask", "--reset-position-ids"}) v.push_back(refused(f, G::on_off, kDocMask));
+  v.push_back(refused("--fix-sub-seq-length", G::integer, kDocMask));
+  for (const char* f : {"--attention-mask-type", "--cp-attention-mask-type"})
+    v.push_back(refused(f, G::text, kCausal, "causal"));
+  // MindSpeed's flash-attention mask modes: 0 (the mask given: causal here), 2 and 3 (causal); the others mask
+  // differently (all, band, prefix)
+  v.push_back(refused("--sparse-mode", G::integer, kCausal, "0|2|3"));
+  for (const char* f : {"--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank"})
+    v.push_back(refused(f, G::integer, kNoMla));
+  for (const char* f : {"--multi-latent-attention", "--enable-mla-scale-kv-lora", "--enable-mla-scale-q-lora"})
+    v.push_back(refused(f, G::on_off, kNoMla));
+  for (const char* f : {"--enable-dsa-indexer", "--use-sparse-flash-attn", "--kv-compress",
+                        "--apply-rope-no-in-complex", "--index-share-for-mtp-iteration", "--no-use-sparse-c8-indexer"})
+    v.push_back(refused(f, G::on_off, kNoSparseAttention));
+  for (const char* f : {"--index-topk", "--index-n-heads", "--index-head-dim", "--max-batch-size", "--o-groups",
+                        "--o-lora-rank", "--original-seq-len", "--index-skip-topk-offset", "--index-topk-freq",
+                        "--dsa-indexer-head-dim", "--dsa-indexer-n-heads", "--dsa-indexer-topk"})
+    v.push_back(refused(f, G::integer, kNoSparseAttention));
+  for (const char* f : {"--indexer-loss-coeff", "--compress-rope-theta", "--rope-factor", "--dsa-indexer-loss-coeff"})
+    v.push_back(refused(f, G::number, kNoSparseAttention));
+  v.push_back(refused("--compress-ratios", G::text_list, kNoSparseAttention));
+  v.push_back(refused("--experimental-attention-variant", G::text, kNoSparseAttention));
+  for (const char* f : {"--linear-key-head-dim", "--linear-num-key-heads", "--linear-num-value-heads",
+                        "--linear-value-head-dim", "--full-attention-interval", "--linear-conv-kernel-dim"})
+    v.push_back(refused(f, G::integer, kNoLinearAttention));
+  v.push_back(refused("--linear-attention-freq", G::text, kNoLinearAttention));
+  for (const char* f : {"--mamba-chunk-size", "--mamba-d-conv", "--mamba-expand"})
+    v.push_back(refused(f, G::integer, kNoMamba));
+  for (const char* f : {"--sliding-window-size", "--interleave-sliding-window"})
+    v.push_back(refused(f, G::integer, kNoWindow));
+  for (const char* f : {"--window-attn-skip-freq", "--window-size"}) v.push_back(refused(f, G::text, kNoWindow));
+  v.push_back(refused("--alibi-fusion-attn-type", G::integer, kNoAlibi));
+  for (const char* f : {"--fill-neg-inf", "--square-alibi-mask"}) v.push_back(refused(f, G::on_off, kNoAlibi));
+  v.push_back(refused("--enable-mhc", G::on_off, kNoHyperConnections));
+  v.push_back(refused("--hc-mult", G::integer, kNoHyperConnections));
+  v.push_back(refused("--cla-share-factor", G::integer, kNoCla, "1"));
+  v.push_back(refused("--share-kvstates", G::on_off, kNoCla));
+  v.push_back(refused("--no-enable-linear-qkv", G::on_off, kFusedQkv));
+  for (const char* f : {"--qk-layernorm", "--apply-wd-to-qk-layernorm"}) v.push_back(refused(f, G::on_off, kNoQkNorm));
+  v.push_back(refused("--apply-query-key-layer-scaling", G::on_off, kQkScale));
+  v.push_back(refused("--query-pre-attn-scalar", G::integer, kAttnScale));
+  v.push_back(refused("--attention-output-gate", G::on_off, kNoAttnGate));
+  v.push_back(refused("--softmax-type", G::text, kSoftmax, "vanilla"));
+  v.push_back(refused("--output-logit-softcapping", G::number, kNoSoftcap));
+  v.push_back(refused("--post-norm", G::on_off, kPreLn));
+  v.push_back(refused("--input-embeds-norm", G::on_off, kEmbeddings));
+  for (const char* f : {"--apply-layernorm-1p", "--add-rmsnorm-offset"}) v.push_back(refused(f, G::on_off, kNormGain));
+  for (const char* f : {"--add-qkv-bias", "--add-dense-bias", "--add-output-layer-bias"})
+    v.push_back(refused(f, G::on_off, kNoBiases));
+  for (const char* f : {"--squared-relu", "--gelu-tanh", "--quick-geglu"})
+    v.push_back(refused(f, G::on_off, kActivation));
+  for (const char* f : {"--swiglu-limit", "--glu-linear-offset"}) v.push_back(refused(f, G::number, kActivation, "0"));
+  v.push_back(refused("--activation-func-clamp-value", G::number, kActivation));
+  v.push_back(refused("--fc-type", G::text, kFcType));
+  v.push_back(refused("--embedding-multiplier-scale", G::number, kNoScale, "1"));
+  for (const char* f : {"--output-multiplier-scale", "--scale-depth"}) v.push_back(refused(f, G::number, kNoScale));
+  v.push_back(refused("--mtp-num-layers", G::integer, kNoMtp));
+  v.push_back(refused("--mtp-loss-scaling-factor", G::number, kNoMtp));
+  v.push_back(refused("--mtp-spec", G::text_list, kNoMtp));
+  for (const char* f : {"--moe-shared-expert-intermediate-size", "--n-shared-experts"})
+    v.push_back(refused(f, G::integer, kNoSharedExperts));
+  for (const char* f : {"--shared-expert-gate", "--moe-shared-expert-gate"})
+    v.push_back(refused(f, G::on_off, kNoSharedExperts));
+  v.push_back(refused("--moe-layer-freq", G::text, kAllMoe, "1"));
+  v.push_back(refused("--first-k-dense-replace", G::integer, kAllMoe, "0"));
+  v.push_back(refused("--noop-layers", G::text, kNoNoopLayers));
+  v.push_back(refused("--moe-router-load-balancing-type", G::text_list, kRouter));
+  for (const char* f : {"--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate"})
+    v.push_back(refused(f, G::number, kRouter));
+  v.push_back(refused("--moe-router-dtype", G::text, kRouter, "fp32"));
+  for (const char* f : {"--moe-router-enable-expert-bias", "--norm-topk-prob", "--fix-router", "--seq-aux",
+                        "--moe-router-pre-softmax", "--moe-router-force-load-balancing"})
+    v.push_back(refused(f, G::on_off, kRouter));
+  for (const char* f : {"--moe-router-num-groups", "--moe-router-group-topk", "--num-zero-experts", "--n-hash-layers"})
+    v.push_back(refused(f, G::integer, kRouter));
+  v.push_back(refused("--moe-router-score-function", G::text, kRouter));
+  v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
+  v.push_back(refused("--moe-pad-expert-input-to-capacity", G::on_off, kCapacity));
+  v.push_back(refused("--moe-z-loss-coeff", G::number, kNoZLoss, "0"));
+  for (const char* f : {"--moe-comm-aux-loss-coeff", "--moe-device-level-aux-loss-coeff"})
+    v.push_back(refused(f, G::number, kAuxLoss, "0"));
+  v.push_back(refused("--moe-input-jitter-eps", G::number, kJitter));
+  v.push_back(refused("--make-vocab-size-divisible-by", G::integer, kVocabPadding, "128"));
+  v.push_back(refused("--padded-vocab-size", G::integer, kVocab));
+  v.push_back(refused("--vocab-size", G::integer, kVocab, nullptr, kTrain));  // simulate's --vocab-size sizes its head
+  for (const char* f : {"--tokenizer-name-or-path", "--tiktoken-pattern", "--tokenizer-padding-side"})
+    v.push_back(refused(f, G::text, kTokenizer));
+  v.push_back(refused("--tokenizer-not-use-fast", G::on_off, kTokenizer));
+  v.push_back(refused("--mup-base-hidden-size", G::integer, kNoMup));
+  v.push_back(refused("--use-mup", G::on_off, kNoMup));
+}
+
+// Training features this engine does not have (precision, optimizer and schedule variants, fine-tuning and RL
+// data, HuggingFace conversion, parallel layouts it cannot run): refused with their reason, as above.
+void add_refused_training_flags(std::vector<FlagSpec>& v) {
+  for (const char* f : {"--fp8-format", "--fp8-recipe", "--fp8-amax-compute-algo"})
+    v.push_back(refused(f, G::text, kNoFp8));
+  for (const char* f : {"--fp8-param-gather", "--first-last-layers-bf16", "--fp8-reuse-quantized-weight"})
+    v.push_back(refused(f, G::on_off, kNoFp8));
+  v.push_back(refused("--fp8-amax-history-len", G::integer, kNoFp8));
+  v.push_back(refused("--qat-scheme", G::text, kNoQat));
+  for (const char* f : {"--o2-gradient", "--grad-reduce-in-bf16"}) v.push_back(refused(f, G::on_off, kFp32Grads));
+  v.push_back(refused("--o2-optimizer", G::on_off, kFp32Moments));
+  v.push_back(refused("--optimizer", G::text, kAdamW, "adam"));
+  for (const char* f : {"--muon-extra-scale-factor", "--muon-momentum", "--ema-decay"})
+    v.push_back(refused(f, G::number, kAdamW));
+  v.push_back(refused("--muon-scale-mode", G::text, kAdamW));
+  v.push_back(refused("--optimizer-selection", G::text, kAdamW, "fused_adamw|fused_torch_adamw"));
+  v.push_back(refused("--no-use-layer-wise-param-layout", G::on_off, kAdamW));
+  for (const char* f : {"--decoupled-lr", "--decoupled-min-lr"}) v.push_back(refused(f, G::number, kOneLr));
+  v.push_back(refused("--lr-warmup-init", G::number, kWarmupInit, "0"));
+  for (const char* f : {"--end-weight-decay", "--start-weight-decay"}) v.push_back(refused(f, G::number, kConstantWd));
+  v.push_back(refused("--weight-decay-incr-style", G::text, kConstantWd, "constant"));
+  v.push_back(refused("--step-batch-size-schedule", G::text, kConstantBatch));
+  v.push_back(refused("--eval-global-batch-size", G::integer, kEvalBatch));
+  v.push_back(refused("--exit-duration-in-mins", G::integer, kExitDuration));
+  v.push_back(refused("--no-save-optim", G::on_off, kSaveOptim));
+  for (const char* f : {"--enable-hf2mg-convert", "--enable-mg2hf-convert"}) v.push_back(refused(f, G::on_off, kNoHf));
+  for (const char* f : {"--model-type-hf", "--mg-save-dir", "--hf-cfg-dir"}) v.push_back(refused(f, G::text, kNoHf));
+  for (const char* f : {"--export-kd-cfg", "--export-kd-teacher-load"}) v.push_back(refused(f, G::text, kNoModelOpt));
+  for (const char* f : {"--export-te-mcore-model", "--export-force-local-attention"})
+    v.push_back(refused(f, G::on_off, kNoModelOpt));
+  for (const char* f : {"--stage", "--prompt-type", "--enable-thinking"}) v.push_back(refused(f, G::text, kNoSft));
+  for (const char* f : {"--is-instruction-dataset", "--no-pad-to-seq-lengths", "--neat-pack", "--pack",
+                        "--padded-samples", "--cut-max-seqlen"})
+    v.push_back(refused(f, G::on_off, kNoSft));
+  v.push_back(refused("--pad-to-multiple-of", G::integer, kNoSft));
+  for (const char* f : {"--grpo-clamp-eps-lower", "--grpo-clamp-eps-upper", "--grpo-entropy-term-weight",
+                        "--grpo-kl-beta", "--rl-generation-lag"})
+    v.push_back(refused(f, G::number, kNoRl));
+  for (const char* f : {"--grpo-group-size", "--grpo-iterations", "--grpo-prompts-per-step",
+                        "--rl-inference-tensor-model-parallel-size", "--rl-inference-pipeline-model-parallel-size",
+                        "--rl-inference-expert-model-parallel-size", "--rl-inference-expert-tensor-model-parallel-size",
+                        "--rl-inference-model-unified-memory-level"})
+    v.push_back(refused(f, G::integer, kNoRl));
+  for (const char* f : {"--langrl-env-config", "--rl-sequence-packing-algo", "--dpo-loss-type", "--refit-method",
+                        "--rl-consumption-granularity", "--rl-submission-granularity"})
+    v.push_back(refused(f, G::text, kNoRl));
+  for (const char* f : {"--perform-rl-step", "--rl-offload-optimizer-during-inference", "--rl-partial-rollouts",
+                        "--rl-use-sequence-packing", "--is-pairwise-dataset", "--rl-training-cuda-graphs",
+                        "--rl-offload-inference-model-weights-when-idle"})
+    v.push_back(refused(f, G::on_off, kNoRl));
+  for (const char* f : {"--lora-alpha", "--lora-r", "--lu-lora-final-layer-index"})
+    v.push_back(refused(f, G::integer, kNoLora));
+  v.push_back(refused("--lora-target-modules", G::text_list, kNoLora));
+  for (const char* f : {"--lora-fusion", "--lora-ckpt-filter"}) v.push_back(refused(f, G::on_off, kNoLora));
+  for (const char* f : {"--lu-lora-lr", "--lu-lora-lr-ratio"}) v.push_back(refused(f, G::number, kNoLora));
+  v.push_back(refused("--fim-data", G::on_off, kNoFim));
+  for (const char* f : {"--fim-rate", "--fim-spm-rate"}) v.push_back(refused(f, G::number, kNoFim));
+  v.push_back(refused("--mock-data", G::on_off, kNoMock));
+  v.push_back(refused("--no-shuffle", G::on_off, kDataOrder));
+  v.push_back(refused("--dataloader-type", G::text, kDataOrder, "single|cyclic"));
+  v.push_back(refused("--output-prefix", G::text, kPreprocessing));
+  v.push_back(refused("--yaml-cfg", G::text, kNoYaml));
+  v.push_back(refused("--error-injection-rate", G::integer, kNoErrorInjection, "0"));
+  for (const char* f : {"--num-layer-list", "--schedules-method", "--pipeline-model-parallel-layout",
+                        "--pipeline-num-transformer-layers"})
+    v.push_back(refused(f, G::text, kNoPipeline));
+  for (const char* f : {"--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage",
+                        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"})
+    v.push_back(refused(f, G::integer, kNoPipeline));
+  for (const char* f : {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"})
+    v.push_back(refused(f, G::on_off, kNoPipeline));
+  for (const char* f : {"--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy"})
+    v.push_back(refused(f, G::text, kNoSharding, "no_shard"));
+  for (const char* f : {"--use-megatron-fsdp", "--use-torch-fsdp2", "--use-custom-fsdp", "--layerzero"})
+    v.push_back(refused(f, G::on_off, kNoSharding));
+  v.push_back(refused("--num-distributed-optimizer-instances", G::integer, kNoSharding, "1"));
+  for (const char* f : {"--fsdp2-config-path", "--layerzero-config"}) v.push_back(refused(f, G::text, kNoSharding));
+  v.push_back(refused("--moe-tp-extend-ep", G::on_off, kExpertTp));
+  v.push_back(refused("--tp-2d", G::on_off, kTp1d));
+  for (const char* f : {"--tp-x", "--tp-y"}) v.push_back(refused(f, G::integer, kTp1d));
+  v.push_back(refused("--unaligned-linear", G::on_off, kAlignedTp));
+  v.push_back(refused("--ulysses-degree-in-cp", G::integer, kNoUlysses));
+  v.push_back(refused("--use-ulysses-allgather-kv", G::on_off, kNoUlysses));
+  v.push_back(refused("--cp-window-size", G::integer, kRingCp, "1"));
+  v.push_back(refused("--cp-comm-type", G::text_list, kRingCp, "p2p"));
+  v.push_back(refused("--hierarchical-context-parallel-sizes", G::text_list, kRingCp));
 }
 
 // The layer (LayerFlags), shared by every subcommand that builds a layer, and the runtime flags.
@@ -461,9 +914,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--moe-per-layer-logging", T, kGroupLogging, G::on_off,
                    "one log line per MoE layer: tokens kept per expert, max/mean load, dropped share",
                    AT(train->cfg.moe_per_layer_logging)));
-  constexpr const char* kNoPipeline =
-      "this engine has no pipeline parallelism (AMPipe pipelines inside a block); use data and expert parallelism";
-  constexpr const char* kNoGqa = "the attention is multi-head attention only (no grouped queries)";
   v.push_back(refused("--pipeline-model-parallel-size", G::text, kNoPipeline, "1"));
   v.push_back(refused("--num-layers-per-virtual-pipeline-stage", G::text, kNoPipeline));
   v.push_back(
@@ -583,7 +1033,11 @@ std::vector<FlagSpec> make_registry() {
   add_train_model_flags(v);
   add_train_schedule_flags(v);
   add_train_output_flags(v);
+  add_refused_model_flags(v);
+  add_refused_training_flags(v);
   add_noop_flags(v);
+  add_noop_kernel_flags(v);
+  add_noop_run_flags(v);
   add_tool_flags(v);
   return v;
 }
@@ -725,13 +1179,13 @@ const FlagSpec* find_flag(Sub sub, const std::string& flag) {
 }
 
 const char* flag_group(const std::string& flag) {
-  const char* refused_group = nullptr;  // a refused flag's group, unless a subcommand gives it a meaning
+  const char* megatron_group = nullptr;  // a refused or no-op flag's group, unless a subcommand gives it a meaning
   for (const FlagSpec& s : flag_registry())
     if (s.name == flag) {
-      if (s.refused == nullptr) return s.group.c_str();
-      refused_group = s.group.c_str();
+      if (s.refused == nullptr && s.noop == nullptr) return s.group.c_str();
+      megatron_group = s.group.c_str();
     }
-  return refused_group;
+  return megatron_group;
 }
 
 void add_flags(CLI::App& app, Sub sub, const FlagTargets& t) {

@@ -112,7 +112,8 @@ struct FlagSpec {
                                                    // values)
   unsigned attrs = 0;
   const char* refused = nullptr;   // Megatron's flags parsed only to be refused: the reason
-  const char* accepted = nullptr;  // ... and the one value accepted (nullptr: none)
+  const char* accepted = nullptr;  // ... and the values accepted, "|"-separated, numbers compared as numbers
+                                   // (nullptr: none)
   const char* noop = nullptr;      // Megatron / MindSpeed flags accepted with no effect: why ("GPU kernel fusion");
                                    // the start-up note names each one given with it (RefusedFlags::noop_note)
   const char* choices = nullptr;   // a no-op's values Megatron accepts, "|"-separated ("local|transformer_engine");
@@ -128,8 +129,9 @@ const std::vector<FlagSpec>& flag_registry();
 std::vector<const FlagSpec*> flags_of(Sub sub);
 // The entry of `sub` named `flag` ("--hidden-size"), or nullptr.
 const FlagSpec* find_flag(Sub sub, const std::string& flag);
-// The help group of `flag` ("--hidden-size": "Model"; a refused flag's only where no subcommand takes it), or
-// nullptr when no subcommand has it.
+// The help group of `flag` ("--hidden-size": "Model"; a refused or no-op flag's only where no subcommand gives it a
+// meaning: train's Megatron --profile is a no-op, simulate's --profile its hardware profile), or nullptr when no
+// subcommand has it.
 const char* flag_group(const std::string& flag);
 
 // Adds the options of `sub` to `app`, bound to `t`. Refused flags go to t.train->refused.
