@@ -372,3 +372,43 @@ TEST(FlagRegistry, EveryRefusedFlagIsOneLine) {
     EXPECT_NO_THROW((void)f.finish());
   }
 }
+
+// Megatron's flags honoured through this engine's own settings: the experts' size, the head and expert-tp sizes
+// when they are the engine's, the warm-up as a fraction of the decay.
+TEST(FlagRegistry, MegatronSizesAndWarmupAreHonoured) {
+  EXPECT_EQ(parse_train("--num-experts 4 --ffn-hidden-size 512 --moe-ffn-hidden-size 96").layer.ffn_hidden_size, 96);
+  EXPECT_EQ(parse_train("--num-experts 4 --moe-intermediate-size 160").layer.ffn_hidden_size, 160);
+  EXPECT_NO_THROW(parse_train("--hidden-size 128 --num-attention-heads 4 --kv-channels 32"));
+  EXPECT_NO_THROW(parse_train("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 2"));
+  for (const char* bad : {"--kv-channels 64", "--expert-tensor-parallel-size 2", "--moe-ffn-hidden-size -1"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(parse_train(bad), ConfigError);
+  }
+  EXPECT_EQ(parse_train("--train-iters 50 --lr-warmup-fraction 0.1").lr_warmup_iters, 5);
+  EXPECT_EQ(parse_train("--train-iters 50 --lr-decay-iters 40 --lr-warmup-fraction 0.25").lr_warmup_iters, 10);
+  for (const char* bad : {"--train-iters 50 --lr-warmup-fraction 0.01",  // 0.5 iterations
+                          "--train-iters 10 --lr-decay-iters 1000 --lr-warmup-fraction 0.1",  // beyond the run
+                          "--lr-warmup-fraction 0.1 --lr-warmup-iters 3", "--lr-warmup-samples 8",
+                          "--lr-decay-samples 8",
+                          "--use-checkpoint-opt_param-scheduler --override-opt-param-scheduler"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(parse_train(bad), ConfigError);
+  }
+  // --train-samples: the samples become iterations of the global batch once the world size is known
+  CLI::App app;
+  TrainFlags f;
+  f.add_to(app);
+  app.parse("--micro-batch-size 4 --train-samples 400 --lr-warmup-samples 40 --lr-decay-samples 320", false);
+  train::TrainConfig c = f.finish();
+  f.resolve(c, 1);
+  EXPECT_EQ(c.train_iters, 100);
+  EXPECT_EQ(c.lr_warmup_iters, 10);
+  EXPECT_EQ(c.lr_decay_iters, 80);
+  CLI::App app2;
+  TrainFlags f2;
+  f2.add_to(app2);
+  app2.parse("--micro-batch-size 4 --train-samples 400 --lr-warmup-fraction 0.05", false);
+  c = f2.finish();
+  f2.resolve(c, 1);
+  EXPECT_EQ(c.lr_warmup_iters, 5);
+}

@@ -77,5 +77,16 @@ case $case_name in
       fail "--trace-iteration 3 of a 2-iteration run was accepted"
     expect "error: --trace-iteration 3 is invalid for this run: it trains iterations 5..6"
     ;;
+  schedule_from_checkpoint)  # Megatron's --use-checkpoint-opt_param-scheduler: the checkpoint's schedule (a linear
+    # decay over its 4 iterations: lr 0 at iteration 5); --override-opt-param-scheduler: this run's (0.2 x 0.01)
+    run "${small[@]}" --load "$dir/ck" --train-iters 5 --eval-interval 0 --lr 0.01 --lr-decay-style linear \
+        --use-checkpoint-opt_param-scheduler || fail "the resume failed"
+    expect "note: --use-checkpoint-opt-param-scheduler: --lr 0.01 -> "
+    expect "note: --use-checkpoint-opt-param-scheduler: --lr-decay-iters 0 -> 4 \(from the checkpoint\)"
+    expect "iteration +5/ +5 .*learning rate: 0.000000E\+00 "
+    run "${small[@]}" --load "$dir/ck" --train-iters 5 --eval-interval 0 --lr 0.01 --lr-decay-style linear \
+        --override-opt-param-scheduler || fail "the resume failed"
+    expect "iteration +5/ +5 .*learning rate: 2.000000E-03 "
+    ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

@@ -595,6 +595,20 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    "expert FFN hidden size F (default: Megatron's 4 x --hidden-size; with --swiglu 4h x 2/3 rounded "
                    "down to a multiple of 64)",
                    AT(layer->cfg.ffn_hidden_size)));
+  v.push_back(flag("--moe-ffn-hidden-size", L, kGroupMoe, G::integer,
+                   "the experts' FFN hidden size F (Megatron's; every block here is an MoE block, so it replaces "
+                   "--ffn-hidden-size)",
+                   AT(layer->moe_ffn_hidden_size)));
+  v.push_back(flag("--moe-intermediate-size", L, kGroupMoe, G::integer,
+                   "MindSpeed-LLM's deprecated spelling of --moe-ffn-hidden-size", AT(layer->moe_intermediate_size)));
+  v.push_back(flag("--kv-channels", L, kGroupModel, G::integer,
+                   "Megatron's attention head dimension: accepted when it is --hidden-size / --num-attention-heads "
+                   "(the head dimension here)",
+                   AT(layer->kv_channels)));
+  v.push_back(flag("--expert-tensor-parallel-size", L, kGroupParallel, G::integer,
+                   "Megatron's tensor-parallel size of the experts: accepted when it is --tensor-model-parallel-size "
+                   "(the experts are sharded over the tp ranks)",
+                   AT(layer->expert_tensor_parallel_size)));
   v.push_back(flag("--num-attention-heads", L, kGroupModel, G::integer, "attention heads n",
                    AT(layer->cfg.num_attention_heads), kDef));
   v.push_back(flag("--num-experts", L, kGroupMoe, G::integer,
@@ -821,6 +835,17 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--lr-decay-iters", T, kGroupLr, G::integer,
                    "iteration at which the decay reaches --min-lr (0: --train-iters)", AT(train->cfg.lr_decay_iters),
                    kDef));
+  v.push_back(flag("--lr-warmup-fraction", T, kGroupLr, G::number,
+                   "warm up over this fraction of the decay (Megatron's: f x --lr-decay-iters, or with --train-samples "
+                   "of --lr-decay-samples; a whole number of iterations) instead of --lr-warmup-iters",
+                   AT(train->lr_warmup_fraction)));
+  v.push_back(flag("--lr-warmup-samples", T, kGroupLr, G::integer,
+                   "with --train-samples: warm up over this many samples (a multiple of the global batch)",
+                   AT(train->lr_warmup_samples)));
+  v.push_back(flag("--lr-decay-samples", T, kGroupLr, G::integer,
+                   "with --train-samples: the decay reaches --min-lr after this many samples (a multiple of the global "
+                   "batch; default --train-samples)",
+                   AT(train->lr_decay_samples)));
   v.push_back(flag("--weight-decay", T, kGroupTraining, G::number, "AdamW decoupled weight decay (matrices only)",
                    AT(train->cfg.weight_decay), kDef));
   v.push_back(flag("--adam-beta1", T, kGroupTraining, G::number, "AdamW beta1", AT(train->cfg.adam_beta1), kDef));
@@ -886,6 +911,25 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--use-checkpoint-args", T, kGroupCheckpoint, G::on_off,
                    "take the model flags (layers, sizes, heads, experts, top-k, ...) from the --load checkpoint",
                    AT(train->cfg.use_checkpoint_args)));
+  constexpr const char* kFromCheckpoint =
+      "take the learning-rate schedule (--lr, --min-lr, --lr-warmup-iters, --lr-decay-iters, --lr-decay-style, "
+      "--weight-decay) from the --load checkpoint";
+  constexpr const char* kFromRun =
+      "the learning-rate schedule is this run's flags, not the --load checkpoint's (always so here: a note names "
+      "each setting that differs)";
+  v.push_back(flag("--use-checkpoint-opt-param-scheduler", T, kGroupCheckpoint, G::on_off, kFromCheckpoint,
+                   AT(train->use_checkpoint_opt_param_scheduler), kAgree));
+  v.push_back(flag("--use-checkpoint-opt_param-scheduler", T, kGroupCheckpoint, G::on_off,
+                   "Megatron's other spelling of --use-checkpoint-opt-param-scheduler",
+                   AT(train->use_checkpoint_opt_param_scheduler), kNoConfig));
+  v.push_back(flag("--override-opt-param-scheduler", T, kGroupCheckpoint, G::on_off, kFromRun,
+                   AT(train->override_opt_param_scheduler)));
+  v.push_back(flag("--override-opt_param-scheduler", T, kGroupCheckpoint, G::on_off,
+                   "Megatron's other spelling of --override-opt-param-scheduler", AT(train->override_opt_param_scheduler),
+                   kNoConfig));
+  v.push_back(flag("--exit-on-missing-checkpoint", T, kGroupCheckpoint, G::on_off,
+                   "with --load: exit with an error when it holds no checkpoint, instead of starting from iteration 0",
+                   AT(train->exit_on_missing_checkpoint), kAgree));
   v.push_back(flag("--exit-signal-handler", T, kGroupTraining, G::on_off,
                    "on SIGTERM or SIGINT finish the iteration on every rank, save (with --save) and exit (always on)",
                    AT(train->exit_signal_handler)));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/collectives.h"
@@ -21,7 +22,36 @@ int64_t megatron_ffn_hidden_size(int64_t hidden_size, bool swiglu) {
   return swiglu ? (4 * hidden_size * 2 / 3) / 64 * 64 : 4 * hidden_size;
 }
 
+namespace {
+
+// Megatron's sizes that this engine derives: a value that is not the derived one is refused.
+void check_derived_sizes(const LayerFlags& f) {
+  const model::LayerConfig& c = f.cfg;
+  for (const auto& [flag, v] : {std::pair{"--moe-ffn-hidden-size", f.moe_ffn_hidden_size},
+                                {"--moe-intermediate-size", f.moe_intermediate_size},
+                                {"--kv-channels", f.kv_channels},
+                                {"--expert-tensor-parallel-size", f.expert_tensor_parallel_size}})
+    if (v < 0) throw ConfigError(fmt::format("{} {} is invalid: it must be >= 1", flag, v));
+  if (f.kv_channels > 0 && c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0 &&
+      f.kv_channels != c.hidden_size / c.num_attention_heads)
+    throw ConfigError(fmt::format("--kv-channels {} is not supported: the attention heads have --hidden-size {} / "
+                                  "--num-attention-heads {} = {} channels here (Megatron's default)",
+                                  f.kv_channels, c.hidden_size, c.num_attention_heads,
+                                  c.hidden_size / c.num_attention_heads));
+  if (f.expert_tensor_parallel_size > 0 && f.expert_tensor_parallel_size != c.tensor_model_parallel_size)
+    throw ConfigError(fmt::format("--expert-tensor-parallel-size {} is not supported: the experts are sharded over "
+                                  "the --tensor-model-parallel-size {} ranks here (Megatron's default)",
+                                  f.expert_tensor_parallel_size, c.tensor_model_parallel_size));
+}
+
+}  // namespace
+
 model::LayerConfig LayerFlags::finish() {
+  check_derived_sizes(*this);
+  // Every block is an MoE block: Megatron's expert size, when given, is F (MindSpeed-LLM's deprecated spelling sets
+  // it as MindSpeed-LLM does, over --moe-ffn-hidden-size).
+  if (moe_intermediate_size > 0) moe_ffn_hidden_size = moe_intermediate_size;
+  if (moe_ffn_hidden_size > 0) cfg.ffn_hidden_size = moe_ffn_hidden_size;
   if (cfg.ffn_hidden_size == 0) {
     // (a --hidden-size too large for the rule keeps it: the size checks refuse that hidden size itself)
     cfg.ffn_hidden_size = cfg.hidden_size > INT64_MAX / 8 ? cfg.hidden_size

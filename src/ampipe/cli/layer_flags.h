@@ -21,6 +21,14 @@ struct LayerFlags {
   std::string normalization = "LayerNorm";  // --normalization: LayerNorm or RMSNorm (Megatron's spelling)
   double norm_epsilon = 1e-5;               // --norm-epsilon (Megatron's default)
   double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
+  // Megatron's sizes of the experts and the attention heads (0: not given). --moe-ffn-hidden-size is the experts' F
+  // (every block here is an MoE block, so it replaces --ffn-hidden-size; MindSpeed-LLM's deprecated
+  // --moe-intermediate-size is the same); --kv-channels and --expert-tensor-parallel-size are accepted when they are
+  // what this engine computes: head dim h / n, experts sharded over --tensor-model-parallel-size.
+  int64_t moe_ffn_hidden_size = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t kv_channels = 0;
+  int64_t expert_tensor_parallel_size = 0;
   std::vector<std::string> notices;  // said once at start-up by rank 0 (flags that are accepted but adjusted)
 
   // Converts the parsed strings and validates (throws ConfigError naming the flag).

@@ -225,20 +225,28 @@ namespace {
 // from scratch with a note, so one launch script both starts and resumes a run (--load DIR --save DIR); the options
 // that shape a load then have nothing to act on, as in Megatron. A marker that exists is loaded and verified (a
 // corrupt one is an error, never a fresh start).
-void start_or_resume(train::TrainConfig& cfg, std::vector<std::string>& notices) {
+// With --exit-on-missing-checkpoint (Megatron's) a --load without a checkpoint is an error instead.
+void start_or_resume(train::TrainConfig& cfg, TrainFlags& flags) {
+  std::vector<std::string>& notices = flags.layer.notices;
   if (!cfg.load.empty() && !train::checkpoint_exists(cfg.load)) {
+    const std::string why = std::filesystem::is_directory(cfg.load)
+                                ? std::string(train::kLatestMarker) + " is missing"
+                                : "the directory does not exist";
+    if (flags.exit_on_missing_checkpoint)
+      throw ConfigError(fmt::format("--load {}: no checkpoint there ({}); --exit-on-missing-checkpoint: exiting "
+                                    "instead of starting from iteration 0",
+                                    cfg.load, why));
     notices.push_back(fmt::format("--load {}: no checkpoint there ({}): starting from iteration 0, as Megatron does",
-                                  cfg.load,
-                                  std::filesystem::is_directory(cfg.load)
-                                      ? std::string(train::kLatestMarker) + " is missing"
-                                      : "the directory does not exist"));
+                                  cfg.load, why));
     cfg.load.clear();
   }
   if (!cfg.load.empty()) return;
   for (const auto& [flag, on] : {std::pair{"--no-load-optim", cfg.no_load_optim}, {"--finetune", cfg.finetune},
-                                 {"--use-checkpoint-args", cfg.use_checkpoint_args}})
+                                 {"--use-checkpoint-args", cfg.use_checkpoint_args},
+                                 {"--use-checkpoint-opt-param-scheduler", flags.use_checkpoint_opt_param_scheduler}})
     if (on) notices.push_back(fmt::format("{} has no effect: no checkpoint is loaded", flag));
   cfg.no_load_optim = cfg.finetune = cfg.use_checkpoint_args = false;
+  flags.use_checkpoint_opt_param_scheduler = false;
 }
 
 }  // namespace
@@ -252,12 +260,16 @@ int run_train(TrainFlags& flags) {
   flags.resolve(cfg, rt.size());
   // The checkpoint's configuration (files only, every rank): --use-checkpoint-args takes its model flags, and
   // every other setting this run changes is said (load_checkpoint refuses a different model shape).
-  start_or_resume(cfg, flags.layer.notices);
+  start_or_resume(cfg, flags);
   std::optional<train::CheckpointInfo> ckpt;
-  if (!cfg.load.empty()) ckpt = train::read_checkpoint_info(cfg.load, cfg.use_checkpoint_args);
+  const bool from_checkpoint = cfg.use_checkpoint_args || flags.use_checkpoint_opt_param_scheduler;
+  if (!cfg.load.empty()) ckpt = train::read_checkpoint_info(cfg.load, from_checkpoint);
   if (ckpt && cfg.use_checkpoint_args)
     for (const std::string& line : train::apply_checkpoint_model_args(cfg, ckpt->config))
       flags.layer.notices.push_back("--use-checkpoint-args: " + line + " (from the checkpoint)");
+  if (ckpt && flags.use_checkpoint_opt_param_scheduler)
+    for (const std::string& line : train::apply_checkpoint_schedule(cfg, ckpt->config))
+      flags.layer.notices.push_back("--use-checkpoint-opt-param-scheduler: " + line + " (from the checkpoint)");
   cfg.validate(rt.size());
   std::vector<std::string> resume_notes;  // said once the checkpoint has loaded (a model mismatch is an error)
   if (ckpt)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -62,8 +63,30 @@ namespace {
 constexpr const char* kPerSplitDataFlags[] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
 
 // Flags that say the same thing in two ways: give one (on the command line, or in --config).
-constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {{"--train-iters", "--train-samples"},
-                                                                     {"--valid-fraction", "--split"}};
+constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {
+    {"--train-iters", "--train-samples"},         {"--valid-fraction", "--split"},
+    {"--lr-warmup-iters", "--lr-warmup-fraction"}, {"--lr-warmup-iters", "--lr-warmup-samples"},
+    {"--lr-warmup-fraction", "--lr-warmup-samples"}, {"--lr-decay-iters", "--lr-decay-samples"}};
+
+// --lr-warmup-fraction f: Megatron's warm-up over f x the decay's length (lr_warmup_steps = f x lr_decay_steps),
+// `decay_iters` iterations here. This engine's schedule steps once per iteration: a warm-up that is not a whole
+// number of iterations, or longer than the run, is refused.
+void apply_warmup_fraction(double f, double decay_iters, train::TrainConfig& c) {
+  if (!(f >= 0 && f < 1))
+    throw ConfigError(fmt::format("--lr-warmup-fraction {} is invalid: it must be in [0, 1) (the warm-up ends before "
+                                  "the decay does)",
+                                  f));
+  const double w = f * decay_iters, whole = std::round(w);
+  if (std::abs(w - whole) > 1e-9 * std::max(1.0, w))
+    throw ConfigError(fmt::format("--lr-warmup-fraction {} of the decay's {} iterations is {} warm-up iterations: "
+                                  "this engine warms up over a whole number of iterations (give --lr-warmup-iters)",
+                                  f, decay_iters, w));
+  if (whole > double(c.train_iters))
+    throw ConfigError(fmt::format("--lr-warmup-fraction {} of the decay's {} iterations is {} warm-up iterations, "
+                                  "more than --train-iters {}: the warm-up must end within the run here",
+                                  f, decay_iters, whole, c.train_iters));
+  c.lr_warmup_iters = int64_t(whole);
+}
 
 // Megatron's two kinds of data source: one on the command line overrides the --config file's other kind.
 void add_data_source_alternatives(const CLI::App& app, std::vector<std::string>& overridden) {
@@ -87,6 +110,26 @@ std::string json_to_arg(const nlohmann::json& v) {
     return s;
   }
   throw ConfigError("unsupported value");
+}
+
+// The learning-rate schedule's Megatron flags that need the others: the iteration- and sample-based spellings
+// (Megatron's pairing), the warm-up default and --lr-warmup-fraction of an iteration-based run (with --train-samples:
+// resolve), the two sources of a resumed schedule.
+void finish_schedule(const TrainFlags& f, train::TrainConfig& cfg) {
+  for (const char* flag : {"--lr-warmup-samples", "--lr-decay-samples"})
+    if (f.given(flag) && cfg.train_samples <= 0)
+      throw ConfigError(fmt::format("{} needs --train-samples: with --train-iters the schedule is in iterations "
+                                    "(--lr-warmup-iters or --lr-warmup-fraction, --lr-decay-iters), as in Megatron",
+                                    flag));
+  if (f.use_checkpoint_opt_param_scheduler && f.override_opt_param_scheduler)
+    throw ConfigError("--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler are both given: the "
+                      "schedule comes from the checkpoint or from this run, not both (as in Megatron)");
+  // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
+  // checked as it is.
+  if (!f.given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
+  if (f.given("--lr-warmup-fraction") && cfg.train_samples <= 0)
+    apply_warmup_fraction(f.lr_warmup_fraction,
+                          double(cfg.lr_decay_iters > 0 ? cfg.lr_decay_iters : cfg.train_iters), cfg);
 }
 
 }  // namespace
@@ -180,9 +223,7 @@ train::TrainConfig TrainFlags::finish() {
     if (given(a) && given(b))
       throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
   check_data_sources();
-  // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
-  // checked as it is.
-  if (!given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
+  finish_schedule(*this, cfg);
   if (given("--tensorboard-log-interval")) {
     if (tensorboard_log_interval < 1)
       throw ConfigError(fmt::format("--tensorboard-log-interval {} is invalid: it must be >= 1",
@@ -248,6 +289,23 @@ void TrainFlags::resolve(train::TrainConfig& c, int world) const {
   train::resolve_train_samples(c, world);
   static const train::TrainConfig defaults;
   if (!given("--lr-warmup-iters")) c.lr_warmup_iters = std::min(defaults.lr_warmup_iters, c.train_iters);
+  // Megatron's sample-based schedule (lr_decay_steps = --lr-decay-samples, default --train-samples; the warm-up in
+  // samples or as a fraction of them), in this engine's iterations of G samples each.
+  const int64_t G = c.global_batch(world);
+  auto iterations = [G](const char* flag, int64_t samples) {
+    if (samples < 0 || samples % G != 0)
+      throw ConfigError(fmt::format("{} {} is not a multiple of the global batch ({} sequences): this engine's "
+                                    "schedule steps once per iteration",
+                                    flag, samples, G));
+    return samples / G;
+  };
+  if (given("--lr-decay-samples") && lr_decay_samples < 1)
+    throw ConfigError(fmt::format("--lr-decay-samples {} is invalid: it must be >= 1", lr_decay_samples));
+  if (given("--lr-decay-samples")) c.lr_decay_iters = iterations("--lr-decay-samples", lr_decay_samples);
+  if (given("--lr-warmup-samples")) c.lr_warmup_iters = iterations("--lr-warmup-samples", lr_warmup_samples);
+  if (given("--lr-warmup-fraction"))
+    apply_warmup_fraction(lr_warmup_fraction,
+                          double(given("--lr-decay-samples") ? lr_decay_samples : c.train_samples) / double(G), c);
 }
 
 }  // namespace ampipe::cli

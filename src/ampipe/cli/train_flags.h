@@ -28,6 +28,16 @@ struct TrainFlags {
   RefusedFlags refused;        // Megatron flags parsed only to be refused with their reason
   int64_t tensorboard_log_interval = 0;  // Megatron's flag: accepted; --log-interval governs TensorBoard (a note)
   bool exit_signal_handler = true;  // Megatron's --exit-signal-handler: accepted; this engine always does it
+  // Megatron's warm-up and decay in other units, turned into cfg's iterations (finish, resolve): a fraction of the
+  // decay iterations, and with --train-samples samples (0: not given).
+  double lr_warmup_fraction = 0;
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_decay_samples = 0;
+  // Megatron's loading flags kept here (run_train): exit when --load holds no checkpoint; take the learning-rate
+  // schedule from the checkpoint, or (Megatron's --override-opt-param-scheduler, always so here) from this run.
+  bool exit_on_missing_checkpoint = false;
+  bool use_checkpoint_opt_param_scheduler = false;
+  bool override_opt_param_scheduler = false;
   CLI::App* app = nullptr;
   Sub sub = kTrain;  // the subcommand whose flags these are (simulate takes train's)
 
@@ -37,8 +47,9 @@ struct TrainFlags {
   // Applies --config (options not given on the command line), converts the layer flags. Validation of the whole
   // configuration is TrainConfig::validate. Throws ConfigError naming the flag or file.
   train::TrainConfig finish();
-  // What needs the number of ranks: --train-samples becomes --train-iters (Megatron's samples / global batch), and
-  // the default warm-up adapts to it. run_train calls it after finish, before validate.
+  // What needs the number of ranks: --train-samples becomes --train-iters (Megatron's samples / global batch),
+  // --lr-warmup-samples and --lr-decay-samples become iterations, and the default warm-up adapts to it. run_train
+  // calls it after finish, before validate.
   void resolve(train::TrainConfig& c, int world) const;
   // Whether `flag` was given, on the command line or in --config (else it has its default).
   bool given(const char* flag) const;

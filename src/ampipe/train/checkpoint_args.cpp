@@ -111,6 +111,31 @@ std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohm
   return changed;
 }
 
+std::vector<std::string> apply_checkpoint_schedule(TrainConfig& c, const nlohmann::json& ckpt) {
+  nlohmann::json schedule = nlohmann::json::object();
+  for (const char* k : {"lr", "min_lr", "lr_warmup_iters", "lr_decay_iters", "lr_decay_style", "weight_decay"})
+    if (ckpt.contains(k)) schedule[k] = ckpt[k];
+  // lr_decay_iters 0 is "over --train-iters": the checkpoint's run's length, whatever this run's is
+  if (schedule.contains("lr_decay_iters") && schedule["lr_decay_iters"] == 0 && ckpt.contains("train_iters"))
+    schedule["lr_decay_iters"] = ckpt["train_iters"];
+  std::vector<std::string> changed;
+  const nlohmann::json mine = to_json(c);
+  for (const ConfigKey& key : config_keys()) {
+    const std::string k = key.key;
+    if (key.set == nullptr || !schedule.contains(k) || (mine.contains(k) && schedule[k] == mine[k])) continue;
+    try {
+      key.set(c, schedule[k]);
+    } catch (const nlohmann::json::exception&) {
+      throw ConfigError(fmt::format("--use-checkpoint-opt-param-scheduler: the checkpoint's {} is {}, not a value of "
+                                    "that flag",
+                                    flag_of(k), schedule[k].dump()));
+    }
+    changed.push_back(fmt::format("{} {} -> {}", flag_of(k), mine.contains(k) ? value_str(k, mine[k]) : "?",
+                                  value_str(k, schedule[k])));
+  }
+  return changed;
+}
+
 std::vector<std::string> describe_resume_changes(const nlohmann::json& ckpt, const nlohmann::json& run) {
   std::vector<std::string> out;
   const auto& model = model_arg_keys();

@@ -41,6 +41,12 @@ const std::vector<std::string>& model_arg_keys();
 // Returns one line per flag that changed ("--hidden-size 128 -> 64").
 std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohmann::json& ckpt);
 
+// Megatron's --use-checkpoint-opt-param-scheduler: the learning-rate schedule of `ckpt` (--lr, --min-lr,
+// --lr-warmup-iters, --lr-decay-iters, --lr-decay-style, --weight-decay: Megatron's OptimizerParamScheduler state)
+// replaces this run's; a decay over the checkpoint's --train-iters (--lr-decay-iters 0) keeps that length. Returns
+// one line per flag that changed ("--lr 0.001 -> 0.0003").
+std::vector<std::string> apply_checkpoint_schedule(TrainConfig& c, const nlohmann::json& ckpt);
+
 // Every setting outside the model's shape whose value in `run` differs from the checkpoint's `ckpt` (both as
 // to_json writes them): one line each, "--global-batch-size 8 -> 16". Keys a checkpoint does not have are skipped.
 std::vector<std::string> describe_resume_changes(const nlohmann::json& ckpt, const nlohmann::json& run);
