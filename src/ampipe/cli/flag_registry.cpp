@@ -148,6 +148,8 @@ constexpr const char* kPreLn =
     "the blocks are pre-LN: one LayerNorm before the attention and one before the MoE, none after";
 constexpr const char* kEmbeddings = "the embeddings enter the first block as they are (no scaling or normalization)";
 constexpr const char* kNormGain = "the norm weights are the gains themselves (no 1 + w parametrization)";
+constexpr const char* kFinalNorm = "the last block is followed by the final norm";
+constexpr const char* kNoLossMask = "the loss counts every token (no end-of-document masking)";
 constexpr const char* kNoBiases = "the linear layers have no biases (only the LayerNorms have)";
 constexpr const char* kActivation = "the experts use GeLU, or SwiGLU with --swiglu";
 constexpr const char* kFcType = "the expert FFN is fc1, the activation, fc2";
@@ -172,7 +174,10 @@ constexpr const char* kVocab =
 constexpr const char* kNoMup = "MuP is not implemented";
 constexpr const char* kNoFp8 = "fp8 training is not implemented; use --bf16";
 constexpr const char* kNoQat = "quantization-aware training is not implemented";
+constexpr const char* kNoMc2 =
+    "Ascend MC2 (tensor-parallel matmul fused with its communication) is not run by this engine (--use-ascend-mc2)";
 constexpr const char* kFp32Moments = "the AdamW moments are fp32 here";
+constexpr const char* kFp32Optimizer = "the master weights, gradients and AdamW moments are fp32 here";
 constexpr const char* kAdamW = "the optimizer is AdamW (Megatron's adam)";
 constexpr const char* kOneLr = "one learning rate for every parameter (no separate embedding and output-layer rate)";
 constexpr const char* kWarmupInit = "the warm-up starts from 0 here";
@@ -288,6 +293,10 @@ void add_noop_kernel_flags(std::vector<FlagSpec>& v) {
     v.push_back(noop(f, G::on_off, kOverlap));
   for (const char* f : {"--wgrad-deferral-limit", "--coc-parallel-num"}) v.push_back(noop(f, G::integer, kOverlap));
   v.push_back(noop("--tp-comm-overlap-cfg", G::text, kOverlap));
+  // (older Megatron-LM and MindSpeed-LLM spellings)
+  for (const char* f : {"--delay-param-gather", "--no-delay-grad-reduce", "--align-param-gather",
+                        "--no-overlap-p2p-communication", "--no-scatter-gather-tensors-in-pipeline", "--moe-zerc"})
+    v.push_back(noop(f, G::on_off, kOverlap));
   for (const char* f : {"--disable-gloo-group", "--use-nccl-ub", "--disable-gloo-process-groups",
                         "--disable-bf16-reduced-precision-matmul", "--te-rng-tracker"})
     v.push_back(noop(f, G::on_off, kCuda));
@@ -300,7 +309,8 @@ void add_noop_kernel_flags(std::vector<FlagSpec>& v) {
   v.push_back(noop("--moe-flex-dispatcher-backend", G::text, kDispatch, "deepep|hybridep"));
   v.push_back(noop("--ai-framework", G::text, kFramework, "pytorch|mindspore"));
   v.push_back(noop("--enable-share-memory", G::on_off, kFramework));
-  for (const char* f : {"--deterministic-mode", "--npu-deterministic"}) v.push_back(noop(f, G::on_off, kDeterministic));
+  for (const char* f : {"--deterministic-mode", "--npu-deterministic", "--use-deter-comp"})
+    v.push_back(noop(f, G::on_off, kDeterministic));
   for (const char* f : {"--router-gating-in-fp32", "--topk-softmax-in-fp32", "--moe-revert-type-after-topk"})
     v.push_back(noop(f, G::on_off, kRouterFp32));
   for (const char* f : {"--init-norm-weight-in-fp32", "--rmsnorm-weight-in-fp32"})
@@ -317,6 +327,12 @@ void add_noop_kernel_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--fsdp-double-buffer", "--fsdp-manual-registration"})
     v.push_back(noop(f, G::on_off, kFsdpDetail));
   v.push_back(noop("--init-model-with-meta-device", G::on_off, kMetaInit));
+  // (older Megatron-LM flags)
+  v.push_back(noop("--DDP-impl", G::text, "Megatron's data-parallel implementation choice", "local|torch"));
+  v.push_back(noop("--no-query-key-layer-scaling", G::on_off,
+                   "the attention scores are scaled by 1/sqrt(head dim) only, as it asks"));
+  v.push_back(noop("--use-precision-aware-optimizer", G::on_off,
+                   "GPU optimizer kernel choice; the lower precisions it allows are refused"));
 }
 
 // More flags with no effect here: memory saving (offloading, swapping, recomputation: the result is the same),
@@ -332,19 +348,26 @@ void add_noop_run_flags(std::vector<FlagSpec>& v) {
   v.push_back(noop("--loss-compute-mode", G::text, kMemory, "default|chunk"));
   v.push_back(noop("--offload-modules", G::text_list, kMemory));
   v.push_back(noop("--context-parallel-kv-cache-policy", G::text, kMemory, "full|half"));
+  v.push_back(noop("--moe-unperm2-mem-optim", G::on_off, kMemory));
+  v.push_back(noop("--optimizer-cpu-offload", G::on_off, kMemory));
+  v.push_back(noop("--optimizer-offload-fraction", G::number, kMemory));
+  v.push_back(noop("--cpu-offloading-num-layers", G::integer, kMemory));
   for (const char* f : {"--recompute-activation-function", "--enable-recompute-layers-per-pp-rank",
                         "--recompute-mla-up-proj", "--recompute-norm"})
     v.push_back(noop(f, G::on_off, kRecompute));
   for (const char* f : {"--recompute-activation-function-num-layers", "--recompute-norm-num-layers"})
     v.push_back(noop(f, G::integer, kRecompute));
   v.push_back(noop("--recompute-modules", G::text_list, kRecompute));
+  v.push_back(noop("--moe-layer-recompute", G::on_off, kRecompute));
   v.push_back(noop("--workers", G::integer, kLoader));
+  v.push_back(noop("--data-impl", G::text, kLoader, "mmap|infer"));
   v.push_back(noop("--handler-name", G::text, kHandler));
   v.push_back(noop("--variable-seq-lengths", G::on_off, kVarSeq));
   v.push_back(noop("--calculate-per-token-loss", G::on_off, kPerToken));
   v.push_back(noop("--short-seq-prob", G::number, kBert));
   v.push_back(noop("--logging-level", G::integer, kTimers));
-  for (const char* f : {"--log-progress", "--op-cal-tflops"}) v.push_back(noop(f, G::on_off, kTimers));
+  for (const char* f : {"--log-progress", "--op-cal-tflops", "--log-batch-size-to-tensorboard"})
+    v.push_back(noop(f, G::on_off, kTimers));
   for (const char* f : {"--wandb-exp-name", "--wandb-project", "--wandb-entity", "--wandb-save-dir"})
     v.push_back(noop(f, G::text, kWandb));
   // (simulate's --profile is its hardware profile)
@@ -369,6 +392,7 @@ void add_noop_run_flags(std::vector<FlagSpec>& v) {
   v.push_back(
       noop("--inference-dynamic-batching-cuda-graph-sizing-distribution", G::text, kInference, "exponential|linear"));
   v.push_back(noop("--moe-pad-experts-for-cuda-graph-inference", G::on_off, kInference));
+  v.push_back(noop("--max-length", G::integer, kInference));
   for (const char* f : {"--async-save", "--use-persistent-ckpt-worker", "--dist-ckpt-optim-fully-reshardable",
                         "--ckpt-fully-parallel-load", "--ckpt-assume-constant-structure", "--auto-detect-ckpt-format",
                         "--no-ckpt-fully-parallel-save", "--verify-integrity", "--ckpt-fully-parallel-save",
@@ -404,17 +428,27 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
                         "--partial-rotary-factor", "--long-mscale", "--short-mscale", "--dynamic-factor"})
     v.push_back(refused(f, G::number, kNoRope));
   v.push_back(refused("--no-position-embedding", G::on_off, kPositions));
+  v.push_back(refused("--use-partial-rope", G::on_off, kNoRope));  // (older MindSpeed-LLM spellings)
+  for (const char* f : {"--rope-scaling-beta-fast", "--rope-scaling-beta-slow"})
+    v.push_back(refused(f, G::integer, kNoRope));
+  v.push_back(refused("--rotary-seq-len-interpolation-factor", G::integer, kNoRope));
   for (const char* f : {"--reset-attention-mask", "--reset-position-ids"}) v.push_back(refused(f, G::on_off, kDocMask));
   v.push_back(refused("--fix-sub-seq-length", G::integer, kDocMask));
+  v.push_back(refused("--eod-mask-loss", G::on_off, kNoLossMask));
   for (const char* f : {"--attention-mask-type", "--cp-attention-mask-type"})
     v.push_back(refused(f, G::text, kCausal, "causal"));
   // MindSpeed's flash-attention mask modes: 0 (the mask given: causal here), 2 and 3 (causal); the others mask
   // differently (all, band, prefix)
   v.push_back(refused("--sparse-mode", G::integer, kCausal, "0|2|3"));
+  // MindSpeed-LLM's flash-attention window: tokens before and after each query (its defaults: causal)
+  v.push_back(refused("--pre-tockens", G::integer, kCausal, "65536|1048576"));
+  v.push_back(refused("--next-tockens", G::integer, kCausal, "0"));
   for (const char* f : {"--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank"})
     v.push_back(refused(f, G::integer, kNoMla));
   for (const char* f : {"--multi-latent-attention", "--enable-mla-scale-kv-lora", "--enable-mla-scale-q-lora"})
     v.push_back(refused(f, G::on_off, kNoMla));
+  v.push_back(refused("--multi-head-latent-attention", G::on_off, kNoMla));  // (older MindSpeed-LLM spellings)
+  for (const char* f : {"--qk-nope-head-dim", "--qk-rope-head-dim"}) v.push_back(refused(f, G::integer, kNoMla));
   for (const char* f : {"--enable-dsa-indexer", "--use-sparse-flash-attn", "--kv-compress",
                         "--apply-rope-no-in-complex", "--index-share-for-mtp-iteration", "--no-use-sparse-c8-indexer"})
     v.push_back(refused(f, G::on_off, kNoSparseAttention));
@@ -435,6 +469,7 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--sliding-window-size", "--interleave-sliding-window"})
     v.push_back(refused(f, G::integer, kNoWindow));
   for (const char* f : {"--window-attn-skip-freq", "--window-size"}) v.push_back(refused(f, G::text, kNoWindow));
+  v.push_back(refused("--sliding-window", G::integer, kNoWindow));
   v.push_back(refused("--alibi-fusion-attn-type", G::integer, kNoAlibi));
   for (const char* f : {"--fill-neg-inf", "--square-alibi-mask"}) v.push_back(refused(f, G::on_off, kNoAlibi));
   v.push_back(refused("--enable-mhc", G::on_off, kNoHyperConnections));
@@ -450,19 +485,23 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--output-logit-softcapping", G::number, kNoSoftcap));
   v.push_back(refused("--post-norm", G::on_off, kPreLn));
   v.push_back(refused("--input-embeds-norm", G::on_off, kEmbeddings));
+  v.push_back(refused("--embed-layernorm", G::on_off, kEmbeddings));
+  v.push_back(refused("--no-post-layer-norm", G::on_off, kFinalNorm));
   for (const char* f : {"--apply-layernorm-1p", "--add-rmsnorm-offset"}) v.push_back(refused(f, G::on_off, kNormGain));
   for (const char* f : {"--add-qkv-bias", "--add-dense-bias", "--add-output-layer-bias"})
     v.push_back(refused(f, G::on_off, kNoBiases));
-  for (const char* f : {"--squared-relu", "--gelu-tanh", "--quick-geglu"})
+  for (const char* f : {"--squared-relu", "--gelu-tanh", "--quick-geglu", "--geglu"})
     v.push_back(refused(f, G::on_off, kActivation));
   for (const char* f : {"--swiglu-limit", "--glu-linear-offset"}) v.push_back(refused(f, G::number, kActivation, "0"));
   v.push_back(refused("--activation-func-clamp-value", G::number, kActivation));
   v.push_back(refused("--fc-type", G::text, kFcType));
   v.push_back(refused("--embedding-multiplier-scale", G::number, kNoScale, "1"));
   for (const char* f : {"--output-multiplier-scale", "--scale-depth"}) v.push_back(refused(f, G::number, kNoScale));
+  for (const char* f : {"--dim-model-base", "--scale-emb"}) v.push_back(refused(f, G::number, kNoScale));
   v.push_back(refused("--mtp-num-layers", G::integer, kNoMtp));
   v.push_back(refused("--mtp-loss-scaling-factor", G::number, kNoMtp));
   v.push_back(refused("--mtp-spec", G::text_list, kNoMtp));
+  v.push_back(refused("--mtp-after-norm", G::on_off, kNoMtp));
   for (const char* f : {"--moe-shared-expert-intermediate-size", "--n-shared-experts"})
     v.push_back(refused(f, G::integer, kNoSharedExperts));
   for (const char* f : {"--shared-expert-gate", "--moe-shared-expert-gate"})
@@ -480,8 +519,11 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--moe-router-num-groups", "--moe-router-group-topk", "--num-zero-experts", "--n-hash-layers"})
     v.push_back(refused(f, G::integer, kRouter));
   v.push_back(refused("--moe-router-score-function", G::text, kRouter));
+  v.push_back(refused("--routed-scaling-factor", G::number, kRouter));  // (older MindSpeed-LLM spellings)
+  v.push_back(refused("--topk-group", G::integer, kRouter));
   v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
   v.push_back(refused("--moe-pad-expert-input-to-capacity", G::on_off, kCapacity));
+  v.push_back(refused("--moe-token-drop-policy", G::text, kCapacity));
   v.push_back(refused("--moe-z-loss-coeff", G::number, kNoZLoss, "0"));
   for (const char* f : {"--moe-comm-aux-loss-coeff", "--moe-device-level-aux-loss-coeff"})
     v.push_back(refused(f, G::number, kAuxLoss, "0"));
@@ -492,6 +534,7 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--tokenizer-name-or-path", "--tiktoken-pattern", "--tokenizer-padding-side"})
     v.push_back(refused(f, G::text, kTokenizer));
   v.push_back(refused("--tokenizer-not-use-fast", G::on_off, kTokenizer));
+  v.push_back(refused("--tokenizer-kwargs", G::text_list, kTokenizer));
   v.push_back(refused("--mup-base-hidden-size", G::integer, kNoMup));
   v.push_back(refused("--use-mup", G::on_off, kNoMup));
 }
@@ -504,9 +547,13 @@ void add_refused_training_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--fp8-param-gather", "--first-last-layers-bf16", "--fp8-reuse-quantized-weight"})
     v.push_back(refused(f, G::on_off, kNoFp8));
   v.push_back(refused("--fp8-amax-history-len", G::integer, kNoFp8));
+  v.push_back(refused("--fp8-hybrid", G::on_off, kNoFp8));
   v.push_back(refused("--qat-scheme", G::text, kNoQat));
+  v.push_back(refused("--use-mc2", G::on_off, kNoMc2));
   for (const char* f : {"--o2-gradient", "--grad-reduce-in-bf16"}) v.push_back(refused(f, G::on_off, kFp32Grads));
   v.push_back(refused("--o2-optimizer", G::on_off, kFp32Moments));
+  for (const char* f : {"--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-grads-dtype", "--main-params-dtype"})
+    v.push_back(refused(f, G::text, kFp32Optimizer, "fp32"));
   v.push_back(refused("--optimizer", G::text, kAdamW, "adam"));
   for (const char* f : {"--muon-extra-scale-factor", "--muon-momentum", "--ema-decay"})
     v.push_back(refused(f, G::number, kAdamW));
@@ -518,9 +565,12 @@ void add_refused_training_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--end-weight-decay", "--start-weight-decay"}) v.push_back(refused(f, G::number, kConstantWd));
   v.push_back(refused("--weight-decay-incr-style", G::text, kConstantWd, "constant"));
   v.push_back(refused("--step-batch-size-schedule", G::text, kConstantBatch));
+  v.push_back(refused("--rampup-batch-size", G::text_list, kConstantBatch));
   v.push_back(refused("--eval-global-batch-size", G::integer, kEvalBatch));
   v.push_back(refused("--exit-duration-in-mins", G::integer, kExitDuration));
   v.push_back(refused("--no-save-optim", G::on_off, kSaveOptim));
+  v.push_back(refused("--pretrained-checkpoint", G::text,
+                      "the model a run starts from is --load's (with --finetune for a new run)"));
   for (const char* f : {"--enable-hf2mg-convert", "--enable-mg2hf-convert"}) v.push_back(refused(f, G::on_off, kNoHf));
   for (const char* f : {"--model-type-hf", "--mg-save-dir", "--hf-cfg-dir"}) v.push_back(refused(f, G::text, kNoHf));
   for (const char* f : {"--export-kd-cfg", "--export-kd-teacher-load"}) v.push_back(refused(f, G::text, kNoModelOpt));
@@ -546,10 +596,17 @@ void add_refused_training_flags(std::vector<FlagSpec>& v) {
                         "--rl-use-sequence-packing", "--is-pairwise-dataset", "--rl-training-cuda-graphs",
                         "--rl-offload-inference-model-weights-when-idle"})
     v.push_back(refused(f, G::on_off, kNoRl));
+  for (const char* f : {"--ref-model", "--reward-model", "--placeholder-token", "--simpo-loss-type"})
+    v.push_back(refused(f, G::text, kNoRl));  // (older MindSpeed-LLM flags)
+  v.push_back(refused("--reward-tokens", G::text_list, kNoRl));
+  v.push_back(refused("--rollout-batch-size", G::integer, kNoRl));
+  for (const char* f : {"--gamma-beta-ratio", "--simpo-beta"}) v.push_back(refused(f, G::number, kNoRl));
   for (const char* f : {"--lora-alpha", "--lora-r", "--lu-lora-final-layer-index"})
     v.push_back(refused(f, G::integer, kNoLora));
   v.push_back(refused("--lora-target-modules", G::text_list, kNoLora));
   for (const char* f : {"--lora-fusion", "--lora-ckpt-filter"}) v.push_back(refused(f, G::on_off, kNoLora));
+  v.push_back(refused("--qlora", G::on_off, kNoLora));
+  v.push_back(refused("--lora-load", G::text, kNoLora));
   for (const char* f : {"--lu-lora-lr", "--lu-lora-lr-ratio"}) v.push_back(refused(f, G::number, kNoLora));
   v.push_back(refused("--fim-data", G::on_off, kNoFim));
   for (const char* f : {"--fim-rate", "--fim-spm-rate"}) v.push_back(refused(f, G::number, kNoFim));
