@@ -386,8 +386,12 @@ TEST(FlagRegistry, MegatronSizesAndWarmupAreHonoured) {
   }
   EXPECT_EQ(parse_train("--train-iters 50 --lr-warmup-fraction 0.1").lr_warmup_iters, 5);
   EXPECT_EQ(parse_train("--train-iters 50 --lr-decay-iters 40 --lr-warmup-fraction 0.25").lr_warmup_iters, 10);
+  // Megatron's functional tests: a decay (and so a warm-up) longer than the run
+  const train::TrainConfig long_decay = parse_train("--num-experts 4 --train-iters 100 --lr-decay-iters 320000 "
+                                                    "--lr-warmup-fraction 0.01");
+  EXPECT_EQ(long_decay.lr_warmup_iters, 3200);
+  EXPECT_NO_THROW(long_decay.validate(1));
   for (const char* bad : {"--train-iters 50 --lr-warmup-fraction 0.01",  // 0.5 iterations
-                          "--train-iters 10 --lr-decay-iters 1000 --lr-warmup-fraction 0.1",  // beyond the run
                           "--lr-warmup-fraction 0.1 --lr-warmup-iters 3", "--lr-warmup-samples 8",
                           "--lr-decay-samples 8",
                           "--use-checkpoint-opt_param-scheduler --override-opt-param-scheduler"}) {

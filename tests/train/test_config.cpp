@@ -326,6 +326,13 @@ TEST(LearningRate, DecayStylesAndDecayIters) {
   c.lr_decay_style = "linear";
   c.lr_decay_iters = 5;
   EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-decay-iters 5 is invalid: it must be >= --lr-warmup-iters 10"));
+  // A warm-up may outlast the run only with a decay that does (Megatron's lr_warmup_steps < lr_decay_steps)
+  c.lr_warmup_iters = 200;
+  c.lr_decay_iters = 0;
+  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-warmup-iters 200 is invalid: it must be in [0, --train-iters 110]"));
+  c.lr_decay_iters = 1000;
+  EXPECT_NO_THROW(c.validate(1));
+  EXPECT_NEAR(train::learning_rate(c, 99), 0.5, 1e-12);  // still warming up at iteration 100 of 110
 }
 
 TEST(TextData, ShuffledEpochsVisitEveryWindowOnceAndHoldOutTheTail) {

@@ -70,7 +70,7 @@ constexpr std::pair<const char*, const char*> kAlternativeFlags[] = {
 
 // --lr-warmup-fraction f: Megatron's warm-up over f x the decay's length (lr_warmup_steps = f x lr_decay_steps),
 // `decay_iters` iterations here. This engine's schedule steps once per iteration: a warm-up that is not a whole
-// number of iterations, or longer than the run, is refused.
+// number of iterations is refused.
 void apply_warmup_fraction(double f, double decay_iters, train::TrainConfig& c) {
   if (!(f >= 0 && f < 1))
     throw ConfigError(fmt::format("--lr-warmup-fraction {} is invalid: it must be in [0, 1) (the warm-up ends before "
@@ -81,10 +81,6 @@ void apply_warmup_fraction(double f, double decay_iters, train::TrainConfig& c) 
     throw ConfigError(fmt::format("--lr-warmup-fraction {} of the decay's {} iterations is {} warm-up iterations: "
                                   "this engine warms up over a whole number of iterations (give --lr-warmup-iters)",
                                   f, decay_iters, w));
-  if (whole > double(c.train_iters))
-    throw ConfigError(fmt::format("--lr-warmup-fraction {} of the decay's {} iterations is {} warm-up iterations, "
-                                  "more than --train-iters {}: the warm-up must end within the run here",
-                                  f, decay_iters, whole, c.train_iters));
   c.lr_warmup_iters = int64_t(whole);
 }
 

@@ -147,8 +147,12 @@ void TrainConfig::validate(int world) const {
   if (!(lr > 0)) throw ConfigError(fmt::format("--lr {} is invalid: it must be > 0", lr));
   if (!(min_lr >= 0 && min_lr <= lr))
     throw ConfigError(fmt::format("--min-lr {} is invalid: it must be in [0, --lr {}]", min_lr, lr));
-  if (lr_warmup_iters < 0 || lr_warmup_iters > train_iters)
-    throw ConfigError(fmt::format("--lr-warmup-iters {} is invalid: it must be in [0, --train-iters {}]",
+  // The warm-up ends where the decay may start at the latest (Megatron: lr_warmup_steps < lr_decay_steps): within
+  // --train-iters, or within a given --lr-decay-iters, which may outlast the run (then so may the warm-up, as in
+  // Megatron's own tests: --train-iters 100, --lr-decay-iters 320000, --lr-warmup-fraction 0.01).
+  if (lr_warmup_iters < 0 || (lr_decay_iters <= 0 && lr_warmup_iters > train_iters))
+    throw ConfigError(fmt::format("--lr-warmup-iters {} is invalid: it must be in [0, --train-iters {}] (or up to "
+                                  "--lr-decay-iters, when given)",
                                   lr_warmup_iters, train_iters));
   if (lr_decay_style != "constant" && lr_decay_style != "linear" && lr_decay_style != "cosine")
     throw ConfigError(fmt::format("--lr-decay-style {} is not one of constant, linear, cosine", lr_decay_style));
