@@ -926,7 +926,7 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
                    "the test data with --train-data-path (without it: no test evaluation)",
                    AT(train->cfg.test_data_path), kPath));
   v.push_back(flag("--tokenizer-type", T, kGroupData, G::text,
-                   "SentencePieceTokenizer or HuggingFaceTokenizer (with --tokenizer-model), GPT2BPETokenizer (with "
+                   "SentencePieceTokenizer, Llama2Tokenizer or HuggingFaceTokenizer (with --tokenizer-model), GPT2BPETokenizer (with "
                    "--vocab-file, --merge-file); default: bytes of plain text, ids of a token file or dataset",
                    AT(train->cfg.tokenizer_type)));
   v.push_back(flag("--tokenizer-model", T, kGroupData, G::text,
@@ -1040,9 +1040,9 @@ void add_preprocess_json_flags(std::vector<FlagSpec>& v) {
                    "the keys of each JSON object to tokenize, each into its own dataset (default: text)",
                    AT(preprocess->json_keys)));
   v.push_back(flag("--tokenizer-type", P, kGroupData, G::text,
-                   "JSON lines: SentencePieceTokenizer or HuggingFaceTokenizer (with --tokenizer-model), "
-                   "GPT2BPETokenizer (with --vocab-file, --merge-file); default: byte-level (the UTF-8 bytes, V = 256, "
-                   "end of document 0)",
+                   "JSON lines: SentencePieceTokenizer, Llama2Tokenizer or HuggingFaceTokenizer (with "
+                   "--tokenizer-model), GPT2BPETokenizer (with --vocab-file, --merge-file); default: byte-level (the "
+                   "UTF-8 bytes, V = 256, end of document 0)",
                    AT(preprocess->tokenizer_type)));
   v.push_back(flag("--append-eod", P, kGroupData, G::on_off,
                    "end each document with the tokenizer's end-of-document id", AT(preprocess->append_eod)));

@@ -31,8 +31,8 @@ struct SentencePieceTokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
 };
 
-SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, const std::string& flag)
-    : impl_(std::make_unique<Impl>()), path_(model_path) {
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, const std::string& flag, bool add_bos)
+    : impl_(std::make_unique<Impl>()), path_(model_path), add_bos_(add_bos) {
   std::error_code ec;
   if (!std::filesystem::exists(model_path, ec))
     throw ConfigError(fmt::format("{} {}: the file does not exist", flag, model_path));
@@ -42,6 +42,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, co
   if (!status.ok() || impl_->sp.GetPieceSize() < 1)
     throw ConfigError(fmt::format("{} {}: is not a SentencePiece model (a .model file written by its trainer or "
                                   "by ampipe preprocess)",
+                                  flag, model_path));
+  if (add_bos_ && impl_->sp.bos_id() < 0)
+    throw ConfigError(fmt::format("{} {}: Llama2Tokenizer puts <s> before each text, and this SentencePiece model has "
+                                  "no <s> piece",
                                   flag, model_path));
 }
 
@@ -54,7 +58,11 @@ std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) con
   const auto status = impl_->sp.Encode(text, &ids);
   if (!status.ok())
     throw ConfigError(fmt::format("--tokenizer-model {}: cannot encode the text: {}", path_, status.ToString()));
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  std::vector<int32_t> out;
+  out.reserve(ids.size() + 1);
+  if (add_bos_) out.push_back(int32_t(impl_->sp.bos_id()));
+  out.insert(out.end(), ids.begin(), ids.end());
+  return out;
 }
 
 int32_t SentencePieceTokenizer::eod() const { return int32_t(impl_->sp.eos_id()); }
@@ -129,7 +137,7 @@ void train_sentencepiece(const std::string& text, const std::string& prefix, int
 
 bool sentencepiece_available() { return false; }
 struct SentencePieceTokenizer::Impl {};
-SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, const std::string& flag)
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, const std::string& flag, bool)
     : path_(model_path) {
   throw ConfigError(fmt::format("{} {}: {}", flag, model_path, kNoLibrary));
 }
@@ -145,16 +153,18 @@ void train_sentencepiece(const std::string&, const std::string& prefix, int64_t)
 #endif
 
 std::string SentencePieceTokenizer::describe() const {
-  return fmt::format("SentencePieceTokenizer ({}: {} ids)", path_, vocab_size());
+  return fmt::format("{} ({}: {} ids)", add_bos_ ? "Llama2Tokenizer" : "SentencePieceTokenizer", path_, vocab_size());
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model,
                                           const std::string& vocab_file, const std::string& merge_file) {
-  const bool spm = type == "SentencePieceTokenizer", gpt2 = type == "GPT2BPETokenizer",
+  const bool llama2 = type == "Llama2Tokenizer";
+  const bool spm = type == "SentencePieceTokenizer" || llama2, gpt2 = type == "GPT2BPETokenizer",
              hf = type == "HuggingFaceTokenizer";
   if (!type.empty() && !spm && !gpt2 && !hf)
     throw ConfigError(fmt::format("--tokenizer-type {}: not a tokenizer this engine has; it has "
-                                  "SentencePieceTokenizer, GPT2BPETokenizer and HuggingFaceTokenizer (without the "
+                                  "SentencePieceTokenizer, Llama2Tokenizer, GPT2BPETokenizer and HuggingFaceTokenizer "
+                                  "(without the "
                                   "flag: bytes of plain text, ids of a token file)",
                                   type));
   const std::string shown = type.empty() ? std::string("without --tokenizer-type") : "by --tokenizer-type " + type;
@@ -167,14 +177,15 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
     if (value.empty()) throw ConfigError(fmt::format("--tokenizer-type {} needs {} FILE ({})", type, flag, what));
   };
   if (!spm && !hf)
-    refuse_unused("--tokenizer-model", model, "--tokenizer-type SentencePieceTokenizer or HuggingFaceTokenizer");
+    refuse_unused("--tokenizer-model", model,
+                  "--tokenizer-type SentencePieceTokenizer, Llama2Tokenizer or HuggingFaceTokenizer");
   if (!gpt2) {
     refuse_unused("--vocab-file", vocab_file, "--tokenizer-type GPT2BPETokenizer");
     refuse_unused("--merge-file", merge_file, "--tokenizer-type GPT2BPETokenizer");
   }
   if (spm) {
     need("--tokenizer-model", model, "a SentencePiece model");
-    return std::make_unique<SentencePieceTokenizer>(model, "--tokenizer-model");
+    return std::make_unique<SentencePieceTokenizer>(model, "--tokenizer-model", llama2);
   }
   if (gpt2) {
     need("--vocab-file", vocab_file, "GPT-2's vocab.json");

@@ -2,6 +2,7 @@
 // (--tokenizer-type, --tokenizer-model, --vocab-file, --merge-file):
 //   SentencePieceTokenizer  a SentencePiece model (Debian's libsentencepiece-dev), also trained here for
 //                           `ampipe preprocess`;
+//   Llama2Tokenizer         the same model with <s> put before each encoded text (Megatron's _Llama2Tokenizer);
 //   GPT2BPETokenizer        byte-level BPE from GPT-2's vocab.json + merges.txt (train/bpe_tokenizer.h);
 //   HuggingFaceTokenizer    byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama-3, Qwen2 style;
 //                           train/bpe_tokenizer.h).
@@ -53,8 +54,9 @@ bool sentencepiece_available();
 class SentencePieceTokenizer : public Tokenizer {
  public:
   // Loads a model file. Throws ConfigError naming `flag` and the path when it is missing or not a SentencePiece
-  // model.
-  SentencePieceTokenizer(const std::string& model_path, const std::string& flag);
+  // model. add_bos: Megatron's Llama2Tokenizer, whose tokenize puts the model's <s> id before every text it
+  // encodes (a document in preprocess, the corpus at load); the end of document is </s> either way.
+  SentencePieceTokenizer(const std::string& model_path, const std::string& flag, bool add_bos = false);
   ~SentencePieceTokenizer() override;
   SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
@@ -70,6 +72,7 @@ class SentencePieceTokenizer : public Tokenizer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;
+  bool add_bos_ = false;
 };
 
 // Trains a SentencePiece model (unigram, character coverage 1.0, byte fallback, the settings above) on `text`, one
