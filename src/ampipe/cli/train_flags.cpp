@@ -120,9 +120,6 @@ void finish_schedule(const TrainFlags& f, train::TrainConfig& cfg) {
   if (f.use_checkpoint_opt_param_scheduler && f.override_opt_param_scheduler)
     throw ConfigError("--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler are both given: the "
                       "schedule comes from the checkpoint or from this run, not both (as in Megatron)");
-  // The warm-up default adapts to short runs (a default never makes a valid command invalid); a given value is
-  // checked as it is.
-  if (!f.given("--lr-warmup-iters")) cfg.lr_warmup_iters = std::min(cfg.lr_warmup_iters, cfg.train_iters);
   if (f.given("--lr-warmup-fraction") && cfg.train_samples <= 0)
     apply_warmup_fraction(f.lr_warmup_fraction,
                           double(cfg.lr_decay_iters > 0 ? cfg.lr_decay_iters : cfg.train_iters), cfg);
@@ -283,8 +280,6 @@ void TrainFlags::check_data_sources() const {
 void TrainFlags::resolve(train::TrainConfig& c, int world) const {
   if (c.train_samples <= 0) return;
   train::resolve_train_samples(c, world);
-  static const train::TrainConfig defaults;
-  if (!given("--lr-warmup-iters")) c.lr_warmup_iters = std::min(defaults.lr_warmup_iters, c.train_iters);
   // Megatron's sample-based schedule (lr_decay_steps = --lr-decay-samples, default --train-samples; the warm-up in
   // samples or as a fraction of them), in this engine's iterations of G samples each.
   const int64_t G = c.global_batch(world);

@@ -48,7 +48,7 @@ struct TrainFlags {
   // configuration is TrainConfig::validate. Throws ConfigError naming the flag or file.
   train::TrainConfig finish();
   // What needs the number of ranks: --train-samples becomes --train-iters (Megatron's samples / global batch),
-  // --lr-warmup-samples and --lr-decay-samples become iterations, and the default warm-up adapts to it. run_train
+  // --lr-warmup-samples and --lr-decay-samples become iterations. run_train
   // calls it after finish, before validate.
   void resolve(train::TrainConfig& c, int world) const;
   // Whether `flag` was given, on the command line or in --config (else it has its default).
