@@ -41,8 +41,7 @@ TEST(FlagRegistry, EveryFlagHasOneHelpGroupAndOneEntryPerSubcommand) {
     EXPECT_NE(s.subs, 0u);
     EXPECT_FALSE(s.help.empty());
     EXPECT_TRUE(is_group(s.group)) << "group \"" << s.group << "\" is not one of --help's";
-    // (train refuses --position-embedding-type, which simulate takes; train's no-op --profile is simulate's
-    // hardware profile)
+    // (train's no-op --profile is simulate's hardware profile)
     if (s.refused == nullptr && s.noop == nullptr) {
       EXPECT_EQ(std::string(flag_group(s.name)), s.group) << "one flag, one group in every subcommand";
     }
@@ -100,9 +99,11 @@ TEST(FlagRegistry, SubcommandsTakeTheirOwnFlags) {
   ASSERT_NE(step, nullptr);
   EXPECT_EQ(step->grammar, Grammar::on_off);
   EXPECT_EQ(step->subs, unsigned(kPlan));
-  // train refuses rope; simulate costs it
-  EXPECT_NE(find_flag(kTrain, "--position-embedding-type")->refused, nullptr);
-  EXPECT_EQ(find_flag(kSimulate, "--position-embedding-type")->refused, nullptr);
+  // rope is a layer flag: every subcommand that builds a layer takes it (simulate costs what train runs)
+  for (Sub sub : {kTrain, kSimulate, kLayerCheck, kBenchLayer})
+    for (const char* f : {"--position-embedding-type", "--group-query-attention", "--num-query-groups",
+                          "--rotary-base", "--rotary-percent"})
+      EXPECT_EQ(find_flag(sub, f)->refused, nullptr) << f;
   EXPECT_EQ(find_flag(kTrain, "--ampipe-degree")->grammar, Grammar::degree_auto);
   EXPECT_EQ(find_flag(kSimulate, "--ampipe-degree")->grammar, Grammar::degree_list);
   EXPECT_EQ(find_flag(kBenchLayer, "--ampipe-degree")->grammar, Grammar::degree_list);

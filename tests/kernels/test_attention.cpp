@@ -642,3 +642,70 @@ TEST(Attention, DropoutPartialKeyBlocksMergeToFullAttention) {
   EXPECT_LT(scaled_err(dk, rg.dk), 2e-5);
   EXPECT_LT(scaled_err(dv, rg.dv), 2e-5);
 }
+
+// Grouped-query attention (n_kv = g < n, query heads [j*n/g, (j+1)*n/g) read K, V head j): the kernel on k, v of
+// g heads equals the double reference of ordinary attention on K, V repeated n/g times per head, with dK, dV of a
+// K, V head the sum over its group's query heads. fp32 and bf16 (on bf16-representable values), chunks with an
+// offset, blocks that do not divide, dropout on (its mask is keyed by the query head), and dK, dV accumulated.
+TEST(Attention, GroupedQueryMatchesRepeatedKeysReference) {
+  const int64_t s = 23, b = 2, n = 6, d = 8, h = n * d;
+  for (const int64_t g : {int64_t(1), int64_t(2), int64_t(3)}) {
+    for (const DType in : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(testing::Message() << "groups=" << g << " " << dtype_name(in));
+      const int64_t hkv = g * d, group = n / g, ld = h + 2 * hkv;
+      std::mt19937 rng(uint32_t(40 + g));
+      Vec x = randn(size_t(s * b * ld), rng);
+      for (double& e : x) e = double(bf16_to_f32(f32_to_bf16(float(e))));  // exact in either dtype
+      std::vector<float> qkv(x.begin(), x.end());
+      std::vector<bf16> qkv_b(x.size());
+      for (size_t i = 0; i < x.size(); ++i) qkv_b[i] = f32_to_bf16(qkv[i]);
+      const Vec dout_d = randn(size_t(s * b * h), rng);
+      const std::vector<float> dout(dout_d.begin(), dout_d.end());
+      // packed doubles: q [s, b, h]; K, V repeated to n heads [s, b, h]
+      Vec q(size_t(s * b * h)), k(q.size()), v(q.size());
+      for (int64_t r = 0; r < s * b; ++r)
+        for (int64_t hh = 0; hh < n; ++hh)
+          for (int64_t dd = 0; dd < d; ++dd) {
+            const size_t at = size_t(r * h + hh * d + dd);
+            q[at] = x[size_t(r * ld + hh * d + dd)];
+            k[at] = x[size_t(r * ld + h + (hh / group) * d + dd)];
+            v[at] = x[size_t(r * ld + h + hkv + (hh / group) * d + dd)];
+          }
+      AttentionDropout dr;
+      dr.p = 0.25f, dr.key = {5, 1, core::RngPurpose::attn_prob_dropout}, dr.seq = s, dr.head0 = 6;
+      for (auto [off, sq] : {std::pair{int64_t(0), s}, std::pair{int64_t(9), int64_t(14)}}) {
+        AttentionShape sh{sq, s, b, n, d, off};
+        sh.n_kv = g;
+        sh.dropout = dr;
+        const Vec qc(q.begin() + off * b * h, q.begin() + (off + sq) * b * h);
+        const Vec dc(dout_d.begin() + off * b * h, dout_d.begin() + (off + sq) * b * h);
+        const Ref ref = ref_forward(sh, qc, k, v, &dr);
+        const RefGrad rg = ref_backward(sh, qc, k, v, dc, &dr);
+        Vec dk_ref(size_t(s * b * hkv)), dv_ref(dk_ref.size());  // the group sums, onto the starting values
+        std::vector<float> dk(dk_ref.size()), dv(dk_ref.size());
+        for (size_t i = 0; i < dk.size(); ++i) dk[i] = float(i % 7) * 0.5f, dv[i] = -float(i % 5);
+        for (int64_t r = 0; r < s * b; ++r)
+          for (int64_t hh = 0; hh < n; ++hh)
+            for (int64_t dd = 0; dd < d; ++dd) {
+              dk_ref[size_t(r * hkv + (hh / group) * d + dd)] += rg.dk[size_t(r * h + hh * d + dd)];
+              dv_ref[size_t(r * hkv + (hh / group) * d + dd)] += rg.dv[size_t(r * h + hh * d + dd)];
+            }
+        const std::vector<float> dk0 = dk, dv0 = dv;
+        std::vector<float> out(size_t(sq * b * h)), lse(size_t(b * n * sq)), dq(out.size());
+        const void* base = in == DType::f32 ? static_cast<const void*>(qkv.data()) : qkv_b.data();
+        const size_t esz = dtype_size(in);
+        auto at = [&](int64_t row, int64_t col) { return static_cast<const std::byte*>(base) + size_t(row * b * ld + col) * esz; };
+        const AttentionBlocks blocks{5, 7};
+        attention_forward(sh, in, at(off, 0), ld, at(0, h), ld, at(0, h + hkv), ld, out.data(), h, lse.data(), blocks);
+        attention_backward(sh, in, dout.data() + off * b * h, h, at(off, 0), ld, at(0, h), ld, at(0, h + hkv), ld,
+                           out.data(), h, lse.data(), dq.data(), h, dk.data(), hkv, dv.data(), hkv, blocks);
+        const double tol = in == DType::f32 ? 2e-5 : 2e-2;  // bf16: P, dS and dout rounded before the GEMMs
+        EXPECT_LT(scaled_err(out, ref.out), tol);
+        EXPECT_LT(scaled_err(lse, ref.lse), 2e-5);
+        EXPECT_LT(scaled_err(dq, rg.dq), tol);
+        EXPECT_LT(scaled_err(dk, dk_ref, &dk0), tol);
+        EXPECT_LT(scaled_err(dv, dv_ref, &dv0), tol);
+      }
+    }
+  }
+}

@@ -36,6 +36,13 @@ def parse(argv):
     ap.add_argument("--attention-dropout", type=float, default=0.0)
     ap.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     ap.add_argument("--norm-epsilon", type=float, default=1e-5)
+    ap.add_argument("--group-query-attention", action="store_true")
+    ap.add_argument("--num-query-groups", type=int, default=1)
+    ap.add_argument("--position-embedding-type", default="learned_absolute",
+                    choices=["learned_absolute", "rope", "none"])
+    ap.add_argument("--rotary-base", type=int, default=10000)
+    ap.add_argument("--rotary-percent", type=float, default=1.0)
+    ap.add_argument("--rotary-interleaved", action="store_true")
     ap.add_argument("--init-method-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=0.01)
@@ -68,7 +75,9 @@ def main(argv):
                 n=a.num_attention_heads, E=a.num_experts, k=a.moe_router_topk, cf=a.moe_train_capacity_factor,
                 min_cap=a.moe_min_capacity, no_drop=a.moe_no_drop, rts=not a.no_use_rts,
                 noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, pa=a.attention_dropout, norm=a.normalization, eps=a.norm_epsilon,
-                seed=a.seed,
+                seed=a.seed, g=a.num_query_groups if a.group_query_attention else 0,
+                rope=a.position_embedding_type == "rope", rotary_base=a.rotary_base, rotary_percent=a.rotary_percent,
+                rotary_interleaved=a.rotary_interleaved,
                 coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0
 

@@ -110,6 +110,11 @@ class Cfg:
     pa: float = 0.0  # --attention-dropout on the attention probabilities
     norm: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (no biases)
     eps: float = 1e-5  # --norm-epsilon
+    g: int = 0  # --num-query-groups with --group-query-attention (0: n, multi-head attention)
+    rope: bool = False  # --position-embedding-type rope
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    rotary_interleaved: bool = False
     seed: int = 1234
     coeff: float = 0.01
     M: int = 1
@@ -119,6 +124,10 @@ class Cfg:
     @property
     def d(self):
         return self.h // self.n
+
+    @property
+    def groups(self):
+        return self.g if self.g > 0 else self.n
 
     @property
     def T(self):
@@ -140,7 +149,8 @@ def param_names(c: Cfg):
 
 def param_shapes(c: Cfg):
     h = c.h
-    return {"ln1.weight": (h,), "ln1.bias": (h,), "attn.qkv.weight": (3 * h, h), "attn.proj.weight": (h, h),
+    kv = c.groups * c.d  # k and v rows each (grouped-query attention: g heads)
+    return {"ln1.weight": (h,), "ln1.bias": (h,), "attn.qkv.weight": (h + 2 * kv, h), "attn.proj.weight": (h, h),
             "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
             "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F)}
 
@@ -367,11 +377,45 @@ def attention_dropout_mask(c: Cfg, token_base):
     return np.where(u >= float(p32), scale, 0.0)
 
 
+def rope_cos_sin(c: Cfg):
+    """§3.1: Megatron's rotary table: inv_freq = 1 / base^(arange(0, r, 2) / r) and the angles pos * inv_freq in
+    float32 (as Megatron computes them), their cos and sin [s, r/2] in float64."""
+    r = int(c.d * c.rotary_percent) if c.rotary_percent < 1.0 else c.d
+    inv = (np.float32(1.0) / (np.float32(c.rotary_base) ** (np.arange(0, r, 2, dtype=np.float32) / np.float32(r))))
+    ang = np.outer(np.arange(c.s, dtype=np.float32), inv.astype(np.float32)).astype(np.float32)
+    return r, np.cos(ang.astype(np.float64)), np.sin(ang.astype(np.float64))
+
+
+def rope_rotate(c: Cfg, t, inverse=False):
+    """t [b, heads, s, d]: the first r channels rotated as Megatron's rotate_half (pairs (i, i + r/2)) or, with
+    --rotary-interleaved, pairs (2i, 2i+1); inverse: by -angle (the transpose, for the gradient)."""
+    if not c.rope:
+        return t
+    r, cos, sin = rope_cos_sin(c)
+    if inverse:
+        sin = -sin
+    out = t.copy()
+    if c.rotary_interleaved:
+        lo, hi = t[..., 0:r:2], t[..., 1:r:2]
+        out[..., 0:r:2] = lo * cos - hi * sin
+        out[..., 1:r:2] = hi * cos + lo * sin
+    else:
+        lo, hi = t[..., :r // 2], t[..., r // 2:r]
+        out[..., :r // 2] = lo * cos - hi * sin
+        out[..., r // 2:r] = hi * cos + lo * sin
+    return out
+
+
 def attention_fwd(c: Cfg, qkv, token_base=0):
     s, b, n, d, h = c.s, c.b, c.n, c.d, c.h
+    g = c.groups
+    kv = g * d
     q = qkv[:, :h].reshape(s, b, n, d).transpose(1, 2, 0, 3)  # [b, n, s, d]
-    kk = qkv[:, h:2 * h].reshape(s, b, n, d).transpose(1, 2, 0, 3)
-    v = qkv[:, 2 * h:].reshape(s, b, n, d).transpose(1, 2, 0, 3)
+    kk = qkv[:, h:h + kv].reshape(s, b, g, d).transpose(1, 2, 0, 3)  # [b, g, s, d]
+    v = qkv[:, h + kv:].reshape(s, b, g, d).transpose(1, 2, 0, 3)
+    q, kk = rope_rotate(c, q), rope_rotate(c, kk)
+    # grouped-query attention: query head i reads K, V head i // (n / g)
+    kk, v = np.repeat(kk, n // g, axis=1), np.repeat(v, n // g, axis=1)
     sc = q @ kk.transpose(0, 1, 3, 2) / math.sqrt(d)
     mask = np.tril(np.ones((s, s), dtype=bool))
     sc = np.where(mask, sc, -np.inf)
@@ -391,7 +435,11 @@ def attention_bwd(c: Cfg, dout, ctx):
     dS = Pm * (dP - (dP * Pm).sum(axis=-1, keepdims=True)) / math.sqrt(d)
     dq = dS @ kk
     dk = dS.transpose(0, 1, 3, 2) @ q
-    back = lambda t: t.transpose(2, 0, 1, 3).reshape(s * b, h)
+    g = c.groups  # the query heads of a group add their K, V gradients
+    dk = dk.reshape(b, g, n // g, s, d).sum(axis=2)
+    dv = dv.reshape(b, g, n // g, s, d).sum(axis=2)
+    dq, dk = rope_rotate(c, dq, inverse=True), rope_rotate(c, dk, inverse=True)
+    back = lambda t: t.transpose(2, 0, 1, 3).reshape(s * b, t.shape[1] * d)
     return np.concatenate([back(dq), back(dk), back(dv)], axis=1)
 
 

@@ -99,6 +99,28 @@ TEST(Trainer, RmsNormDegreesEqualDegreeOne) {
   EXPECT_NE(run_training(c, *g_groups).losses.back(), ref.losses.back());
 }
 
+// A Llama/Mixtral-style attention (grouped queries, rotary embeddings, RMSNorm, SwiGLU) in training: degree 4 equals
+// degree 1, the model has no position table and a [(n + 2g)d, h] QKV weight.
+TEST(Trainer, GroupedQueryRopeDegreesEqualDegreeOne) {
+  train::TrainConfig c = tiny_config();
+  c.layer.normalization = model::Normalization::rmsnorm;
+  c.layer.expert = model::ExpertKind::swiglu;
+  c.layer.num_attention_heads = 4;  // head dim 4, two query heads per K, V head
+  c.layer.num_query_groups = 2;
+  c.layer.position_embedding = model::PositionEmbedding::rope;
+  c.layer.rotary_base = 1000;
+  const RunResult ref = run_training(c, *g_groups);
+  EXPECT_EQ(ref.weights.count("embedding.position_embeddings.weight"), 0u);
+  const int64_t h = c.layer.hidden_size, kv = 2 * c.layer.head_dim();
+  EXPECT_EQ(ref.weights.at("layers.0.attn.qkv.weight").numel(), (h + 2 * kv) * h);
+  c.ampipe_degree = 4;
+  expect_same_run(run_training(c, *g_groups), ref, 1e-5);
+  // and the rotation is in the model: without it (no positions at all) the run differs
+  c.layer.position_embedding = model::PositionEmbedding::none;
+  c.ampipe_degree = 1;
+  EXPECT_NE(run_training(c, *g_groups).losses.back(), ref.losses.back());
+}
+
 TEST(Trainer, GradientAccumulationEqualsFewerLargerMicroBatches) {
   // 4 micro-batches of 2 = 2 micro-batches of 4 (same samples): the gradient is the mean over the global batch.
   // Without dropout and aux loss: dropout keys are token indices in the [s, b] layout of a micro-batch, and the

@@ -120,9 +120,10 @@ constexpr const char* kNoPipeline =
 constexpr const char* kTokenizer =
     "a Hugging Face tokenizer is --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json here (the "
     "other tokenizers: SentencePieceTokenizer, GPT2BPETokenizer)";
-constexpr const char* kNoGqa = "the attention is multi-head attention only (no grouped queries)";
-constexpr const char* kNoRope = "the model has learned absolute position embeddings (no rotary embeddings)";
-constexpr const char* kPositions = "the model has learned absolute position embeddings (Megatron's default)";
+constexpr const char* kNoRope =
+    "the rotary embeddings here are Megatron's (--rotary-base, --rotary-percent, --rotary-interleaved, "
+    "--rotary-seq-len-interpolation-factor, --use-rope-scaling with --rope-scaling-factor): YaRN, LongRoPE, GLM's and "
+    "the other scalings are not implemented";
 constexpr const char* kDocMask =
     "the attention and the positions span the whole sequence (no reset at end-of-document tokens)";
 constexpr const char* kCausal = "the attention is causal";
@@ -413,25 +414,20 @@ void add_noop_run_flags(std::vector<FlagSpec>& v) {
 // another model, so a script that gives it stops with one line (megatron_flags.cpp). The value that means this
 // engine's model passes (--moe-layer-freq 1, --first-k-dense-replace 0, ...).
 void add_refused_model_flags(std::vector<FlagSpec>& v) {
-  for (const char* f :
-       {"--rotary-base", "--rope-scaling-original-max-position-embeddings", "--beta-fast", "--beta-slow"})
+  for (const char* f : {"--rope-scaling-original-max-position-embeddings", "--beta-fast", "--beta-slow"})
     v.push_back(refused(f, G::integer, kNoRope));
-  for (const char* f :
-       {"--use-rotary-position-embeddings", "--use-glm-rope", "--rotary-interleaved", "--enable-gpt-oss"})
-    v.push_back(refused(f, G::on_off, kNoRope));
+  for (const char* f : {"--use-glm-rope", "--enable-gpt-oss"}) v.push_back(refused(f, G::on_off, kNoRope));
   for (const char* f :
        {"--rope-scaling-type", "--long-factor", "--longrope-freqs-type", "--short-factor", "--rope-type"})
     v.push_back(refused(f, G::text, kNoRope));
-  for (const char* f : {"--rope-scaling-factor", "--rope-scaling-mscale", "--rope-scaling-mscale-all-dim",
-                        "--rotary-percent", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
+  for (const char* f : {"--rope-scaling-mscale", "--rope-scaling-mscale-all-dim",
+                        "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
                         "--high-freq-factor", "--low-freq-factor", "--original-max-position-embeddings",
                         "--partial-rotary-factor", "--long-mscale", "--short-mscale", "--dynamic-factor"})
     v.push_back(refused(f, G::number, kNoRope));
-  v.push_back(refused("--no-position-embedding", G::on_off, kPositions));
   v.push_back(refused("--use-partial-rope", G::on_off, kNoRope));  // (older MindSpeed-LLM spellings)
   for (const char* f : {"--rope-scaling-beta-fast", "--rope-scaling-beta-slow"})
     v.push_back(refused(f, G::integer, kNoRope));
-  v.push_back(refused("--rotary-seq-len-interpolation-factor", G::integer, kNoRope));
   for (const char* f : {"--reset-attention-mask", "--reset-position-ids"}) v.push_back(refused(f, G::on_off, kDocMask));
   v.push_back(refused("--fix-sub-seq-length", G::integer, kDocMask));
   v.push_back(refused("--eod-mask-loss", G::on_off, kNoLossMask));
@@ -690,6 +686,38 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->normalization), kDef));
   v.push_back(flag("--norm-epsilon", L, kGroupModel, G::number, "epsilon inside the normalisation's square root",
                    AT(layer->norm_epsilon), kDef));
+  v.push_back(flag("--group-query-attention", L, kGroupModel, G::on_off,
+                   "grouped-query attention: --num-query-groups K, V heads, each shared by consecutive query heads",
+                   AT(layer->group_query_attention)));
+  v.push_back(flag("--num-query-groups", L, kGroupModel, G::integer,
+                   "K, V heads with --group-query-attention (a divisor of the heads, a multiple of the tp size)",
+                   AT(layer->num_query_groups), kDef));
+  v.push_back(flag("--position-embedding-type", L, kGroupModel, G::text,
+                   "learned_absolute (an [s, h] table added to the token embeddings), rope (q and k rotated by "
+                   "position in every block, no parameters) or none",
+                   AT(layer->position_embedding_type), kDef));
+  v.push_back(flag("--use-rotary-position-embeddings", L, kGroupModel, G::on_off,
+                   "the same as --position-embedding-type rope (Megatron's older spelling)",
+                   AT(layer->use_rotary_position_embeddings)));
+  v.push_back(flag("--no-position-embedding", L, kGroupModel, G::on_off,
+                   "no learned position table: only with rope, which has none (Megatron's rule)",
+                   AT(layer->no_position_embedding)));
+  v.push_back(flag("--rotary-base", L, kGroupModel, G::integer, "RoPE's base: frequencies 1 / base^(2i / rotary dim)",
+                   AT(layer->rotary_base), kDef));
+  v.push_back(flag("--rotary-percent", L, kGroupModel, G::number,
+                   "share of each head's channels RoPE rotates (the rest pass through)", AT(layer->cfg.rotary_percent),
+                   kDef));
+  v.push_back(flag("--rotary-interleaved", L, kGroupModel, G::on_off,
+                   "RoPE rotates channel pairs (2i, 2i+1) instead of (i, i + rotary dim / 2)",
+                   AT(layer->cfg.rotary_interleaved)));
+  v.push_back(flag("--rotary-seq-len-interpolation-factor", L, kGroupModel, G::integer,
+                   "RoPE's positions divided by this factor (linear interpolation)",
+                   AT(layer->cfg.rotary_interpolation_factor)));
+  v.push_back(flag("--use-rope-scaling", L, kGroupModel, G::on_off,
+                   "Llama 3's frequency scaling of RoPE (low 1, high 4, original context 8192)",
+                   AT(layer->cfg.use_rope_scaling)));
+  v.push_back(flag("--rope-scaling-factor", L, kGroupModel, G::number, "Llama 3's scaling factor (--use-rope-scaling)",
+                   AT(layer->cfg.rope_scaling_factor), kDef));
   v.push_back(flag("--hidden-dropout", L, kGroupModel, G::number, "dropout after attention and after the MoE",
                    AT(layer->cfg.hidden_dropout), kDef));
   v.push_back(flag("--attention-dropout", L, kGroupModel, G::number,
@@ -1023,11 +1051,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
                       "loss scaling belongs to fp16 training, which this engine does not have; use --bf16"));
   v.push_back(refused("--use-distributed-optimizer", G::on_off,
                       "the optimizer state is not sharded: every data-parallel rank keeps the whole AdamW state"));
-  v.push_back(refused("--position-embedding-type", G::text,
-                      "the model has learned absolute position embeddings only (no rope)", "learned_absolute",
-                      kTrain));  // simulate costs rope: its own flag below
-  v.push_back(refused("--group-query-attention", G::on_off, kNoGqa));
-  v.push_back(refused("--num-query-groups", G::text, kNoGqa));
   v.push_back(refused("--moe-grouped-gemm", G::on_off, "the experts run as one GEMM each; there is no grouped GEMM"));
   v.push_back(refused("--spec", G::text_list,
                       "a layer spec picks the block's modules; this engine builds its own GPT-MoE block", "local"));
@@ -1070,10 +1093,6 @@ void add_preprocess_json_flags(std::vector<FlagSpec>& v) {
 // simulate's own flags (after the train flags, which it takes too), calibrate and preprocess.
 void add_tool_flags(std::vector<FlagSpec>& v) {
   const unsigned S = kSimulate;
-  v.push_back(flag("--position-embedding-type", S, kGroupModel, G::text,
-                   "learned_absolute (the engine's: s x h parameters, reduced with the dense gradients) or rope "
-                   "(Megatron's rotary embeddings: no parameters, an element-wise rotation of q and k per layer)",
-                   AT(simulate->position_embedding), kDef));
   v.push_back(flag("--ampipe-degree", S, kGroupMoe, G::degree_list,
                    "AMPipe degrees to predict: a comma list (1,2,4,8) or auto (every degree of 1,2,4,8,16 dividing "
                    "--seq-length); the fastest is chosen",

@@ -78,11 +78,42 @@ model::LayerConfig LayerFlags::finish() {
     throw ConfigError(fmt::format("--norm-epsilon {} is invalid: it must be in (0, 1]", norm_epsilon));
   cfg.layernorm_epsilon = float(norm_epsilon);
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
+  finish_attention();
   cfg.validate();
   if (cfg.noisy_gate_policy == model::NoisyGatePolicy::rsample && cfg.moe_router_topk == 2)
     notices.push_back("--noisy-gate-policy RSample has no effect with --moe-router-topk 2 (as in DeepSpeed-MoE, "
                       "whose top-2 gate never samples); the gate runs without noise");
   return cfg;
+}
+
+void LayerFlags::finish_attention() {
+  if (group_query_attention && num_query_groups < 1)
+    throw ConfigError(fmt::format("--num-query-groups {} is invalid: it must be >= 1", num_query_groups));
+  if (group_query_attention && num_query_groups > 0 && cfg.tensor_model_parallel_size > num_query_groups &&
+      cfg.tensor_model_parallel_size % num_query_groups == 0)
+    throw ConfigError(fmt::format("--num-query-groups {} is smaller than --tensor-model-parallel-size {}: Megatron "
+                                  "then replicates K, V heads over the tp ranks, which this engine does not do; use "
+                                  "a multiple of the tp size",
+                                  num_query_groups, cfg.tensor_model_parallel_size));
+  cfg.num_query_groups = group_query_attention ? num_query_groups : 0;
+  if (use_rotary_position_embeddings) position_embedding_type = "rope";  // Megatron's legacy flag wins
+  const bool known = position_embedding_type == "learned_absolute" || position_embedding_type == "rope" ||
+                     position_embedding_type == "none";
+  if (!known) {
+    const bool megatrons = position_embedding_type == "yarn" || position_embedding_type == "mrope" ||
+                           position_embedding_type == "relative";
+    throw ConfigError(fmt::format("--position-embedding-type {} is {}: this engine has learned_absolute, rope and none",
+                                  position_embedding_type,
+                                  megatrons ? "not implemented" : "not a position embedding type"));
+  }
+  cfg.position_embedding = model::position_embedding_from_name(position_embedding_type);
+  if (no_position_embedding && !cfg.rope())
+    throw ConfigError(fmt::format("--no-position-embedding is deprecated and only accepted with rope (Megatron's "
+                                  "rule): use --position-embedding-type none (here: {})",
+                                  position_embedding_type));
+  if (rotary_base < 1)
+    throw ConfigError(fmt::format("--rotary-base {} is invalid: it must be a positive integer", rotary_base));
+  cfg.rotary_base = double(rotary_base);
 }
 
 void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees) {

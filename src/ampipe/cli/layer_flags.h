@@ -20,6 +20,12 @@ struct LayerFlags {
   bool swiglu = false;
   std::string normalization = "LayerNorm";  // --normalization: LayerNorm or RMSNorm (Megatron's spelling)
   double norm_epsilon = 1e-5;               // --norm-epsilon (Megatron's default)
+  bool group_query_attention = false;       // --group-query-attention: --num-query-groups K, V heads
+  int64_t num_query_groups = 1;             // Megatron's default (read only with --group-query-attention)
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute, rope or none
+  bool use_rotary_position_embeddings = false;  // Megatron's older spelling of rope
+  bool no_position_embedding = false;           // deprecated in Megatron: accepted with rope only
+  int64_t rotary_base = 10000;                  // --rotary-base (an integer in Megatron)
   double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
   // Megatron's sizes of the experts and the attention heads (0: not given). --moe-ffn-hidden-size is the experts' F
   // (every block here is an MoE block, so it replaces --ffn-hidden-size; MindSpeed-LLM's deprecated
@@ -33,6 +39,8 @@ struct LayerFlags {
 
   // Converts the parsed strings and validates (throws ConfigError naming the flag).
   model::LayerConfig finish();
+  // The attention flags into cfg: grouped queries, the position embedding and RoPE's settings (ConfigError).
+  void finish_attention();
   // After the subcommand's own checks of its AMPipe degrees: the pipe-experts rules for every degree it runs
   // (model::LayerConfig::check_pipe_experts; throws ConfigError). When the feature has nothing to pipeline (which
   // does not depend on the degree) it is turned off in `c` and in `cfg`, and the reason joins `notices` once.

@@ -69,8 +69,7 @@ void check_output_path(const std::string& flag, const std::string& path) {
 
 void SimulateArgs::add_to(CLI::App& app) {
   // Every flag of `ampipe train` except its --ampipe-degree (one degree or auto; here a list or auto, and
-  // --config's "ampipe_degree" sets this one), its --sim-profile and its refusal of --position-embedding-type
-  // (simulate costs rope); then simulate's own (flag_registry.cpp).
+  // --config's "ampipe_degree" sets this one) and its --sim-profile; then simulate's own (flag_registry.cpp).
   FlagTargets t;
   t.simulate = this;
   train.add_to(app, kSimulate, t);
@@ -116,8 +115,7 @@ struct Prediction {
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_s = 0, hidden = 0;
   double layers_s = 0;       // the iteration less the work outside the layers and the waits for its collectives
   double layer_flops = 0;    // one micro-batch, all layers, this rank
-  double head_s = 0, optim_s = 0, rope_s = 0, dp_allreduce_s = 0, dp_allreduce_bytes = 0;  // one micro-batch's
-                                                                                            // head and rope
+  double head_s = 0, optim_s = 0, dp_allreduce_s = 0, dp_allreduce_bytes = 0;  // head: one micro-batch's
   double tflops_engine = 0, tflops_megatron = 0, megatron_flops = 0, flops_engine = 0;
 };
 
@@ -131,15 +129,15 @@ bool outside_layers(const std::string& stage) {
 }
 
 // The iteration at degree M: the step Plan of the model (schedule/model_step.h, Megatron's vocabulary-parallel
-// head) costed by sim::simulate; RoPE, which the engine's layer Plans do not run yet, is added per micro-batch.
-Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, bool rope, const sim::Profile& prof) {
+// head) costed by sim::simulate (RoPE is part of each layer's QKV stage and its backward).
+Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, const sim::Profile& prof) {
   const model::LayerConfig& l = cfg.layer;
   schedule::ModelShape shape;
   shape.layer = l;
   shape.num_layers = cfg.num_layers;
   shape.vocab = cfg.vocab_size;
   shape.untie_embeddings = cfg.untie_embeddings_and_output_weights;
-  shape.position_embedding = !rope;
+  shape.position_embedding = l.position_embedding == model::PositionEmbedding::learned_absolute;
   shape.dp = lay.dp;
   shape.micro_batches = lay.nmb;
   shape.recompute = cfg.recompute_layers();
@@ -150,12 +148,6 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, bool
   const double s = double(l.seq_length), b = double(l.micro_batch_size), h = double(l.hidden_size),
                F = double(l.ffn_hidden_size), k = double(l.moe_router_topk), T = s * b, V = double(cfg.vocab_size),
                nl = double(cfg.num_layers), tp = double(l.tp()), nmb = double(lay.nmb);
-  // RoPE: q and k of the device's rows and local heads rotated in the forward (again when recomputed) and in the
-  // backward, each a read and a write at elementwise_gbps, one task overhead each
-  const std::vector<bool> recomputed = cfg.recompute_layers();
-  const double rope_passes = rope ? nl * 2 + double(std::count(recomputed.begin(), recomputed.end(), true)) : 0;
-  p.rope_s = rope_passes * (2 * 2 * (T / double(l.cp())) * (h / tp) * (l.bf16 ? 2 : 4) / (prof.elementwise_gbps * 1e9) +
-                            prof.task_overhead_us * 1e-6);
   for (const schedule::StepTask& t : p.step.tasks) {
     if (t.is_layer()) continue;
     const double c = sim::step_task_seconds(t, prof, lay.opts);
@@ -164,8 +156,8 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, bool
     if (t.op == schedule::StepOp::grad_reduce) p.dp_allreduce_s += c;
   }
   p.dp_allreduce_bytes = p.step.collective_bytes(schedule::StepOp::grad_reduce);
-  p.step_s = p.sim.step_s + nmb * p.rope_s;
-  p.compute_s = p.sim.compute_s + nmb * p.rope_s;
+  p.step_s = p.sim.step_s;
+  p.compute_s = p.sim.compute_s;
   p.comm_s = p.sim.comm_s;
   p.exposed_s = p.sim.exposed_s;
   p.layers_s = p.sim.step_s;
@@ -185,7 +177,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, bool
   return p;
 }
 
-void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof, bool rope,
+void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
                        const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
                        const Prediction& best, const Prediction& ref) {
   const model::LayerConfig& l = cfg.layer;
@@ -205,9 +197,9 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
              l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), o.cp_spans_nodes ? " (across nodes)" : "") : std::string(),
              lay.ep, o.ep_spans_nodes ? " (across nodes)" : "", lay.dp, lay.G, lay.nmb, lay.nmb == 1 ? "" : "es",
              prof.name);
-  fmt::print("  per iteration besides the layers: embedding + LM head {} ms x {}{}, optimizer {} ms, gradient "
+  fmt::print("  per iteration besides the layers: embedding + LM head {} ms x {}, optimizer {} ms, gradient "
              "all-reduce {} ms alone ({:.1f} MiB in {} buckets{}, under the last micro-batch's backward){}\n",
-             ms(ref.head_s), lay.nmb, rope ? fmt::format(", RoPE {} ms x {}", ms(ref.rope_s), lay.nmb) : std::string(),
+             ms(ref.head_s), lay.nmb,
              ms(ref.optim_s), ms(ref.dp_allreduce_s), ref.dp_allreduce_bytes / (1 << 20),
              std::count_if(ref.step.tasks.begin(), ref.step.tasks.end(),
                            [](const schedule::StepTask& t) { return t.op == schedule::StepOp::grad_reduce; }),
@@ -285,8 +277,7 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"micro_batches", lay.nmb},
                        {"ep_spans_nodes", lay.opts.ep_spans_nodes},
                        {"head_s", ref.head_s},
-                       {"position_embedding_type", a.position_embedding},
-                       {"rope_s", ref.rope_s},
+                       {"position_embedding_type", model::position_embedding_name(cfg.layer.position_embedding)},
                        {"optimizer_s", ref.optim_s},
                        {"dp_allreduce_bytes", ref.dp_allreduce_bytes},
                        {"dp_allreduce_s", ref.dp_allreduce_s},
@@ -307,11 +298,6 @@ int run_simulate(SimulateArgs& a) {
   if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
   if (a.vocab_size < 0) throw ConfigError(fmt::format("--vocab-size {} is invalid: it must be >= 1", a.vocab_size));
   if (a.vocab_size > 0) cfg.vocab_size = a.vocab_size;
-  if (a.position_embedding != "learned_absolute" && a.position_embedding != "rope")
-    throw ConfigError(fmt::format("--position-embedding-type {} is not supported: simulate costs learned_absolute "
-                                  "or rope",
-                                  a.position_embedding));
-  const bool rope = a.position_embedding == "rope";
   if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
     throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
                                   "the profile's compute rates)",
@@ -376,7 +362,7 @@ int run_simulate(SimulateArgs& a) {
   // ---- the step Plan per degree, costed ----
   const Layout lay = layout_of(cfg, W, K);
   std::vector<Prediction> preds;
-  for (int M : valid) preds.push_back(predict(cfg, lay, M, rope, prof));
+  for (int M : valid) preds.push_back(predict(cfg, lay, M, prof));
   const Prediction* best = &preds[0];
   for (const Prediction& p : preds)
     if (p.step_s < best->step_s) best = &p;
@@ -387,7 +373,7 @@ int run_simulate(SimulateArgs& a) {
   if (!rank0) return 0;
   if (!cfg.trace.empty()) sim::write_chrome_trace(best->sim, cfg.trace);
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  print_predictions(cfg, lay, prof, rope, skipped, preds, *best, *ref);
+  print_predictions(cfg, lay, prof, skipped, preds, *best, *ref);
   if (!a.json_file.empty()) write_json(a, cfg, lay, prof, skipped, preds, *best, *ref);
   return 0;
 }

@@ -18,7 +18,6 @@ struct SimulateArgs {
   int64_t vocab_size = 0;       // 0: TrainConfig's default (the bundled corpus's byte vocabulary)
   std::string profile_file;
   double compute_efficiency = 1;  // --compute-efficiency: a factor on every compute rate of the profile
-  std::string position_embedding = "learned_absolute";  // --position-embedding-type: learned_absolute or rope
   std::string json_file;
   void add_to(CLI::App& app);
 };

@@ -173,15 +173,17 @@ void check_shape(const AttentionShape& sh) {
                    sh.k_offset >= 0 && sh.k_offset <= sh.q_offset,
                "attention shape sq={} skv={} b={} n={} d={} q_offset={} k_offset={} (k_offset must be <= q_offset)",
                sh.sq, sh.skv, sh.b, sh.n, sh.d, sh.q_offset, sh.k_offset);
+  AMPIPE_CHECK(sh.n_kv >= 0 && sh.kv_heads() <= sh.n && sh.n % sh.kv_heads() == 0,
+               "attention: {} key/value heads do not divide {} query heads", sh.n_kv, sh.n);
   AMPIPE_CHECK(sh.sq == 0 || sh.skv > 0, "attention: {} query rows but no keys", sh.sq);
 }
 
 void check_args(const AttentionShape& sh, DType in, int64_t ldq, int64_t ldk, int64_t ldv,
                 const AttentionBlocks& blocks) {
-  const int64_t h = sh.n * sh.d;
+  const int64_t h = sh.n * sh.d, hkv = sh.kv_heads() * sh.d;
   check_shape(sh);
-  AMPIPE_CHECK(ldq >= h && ldk >= h && ldv >= h, "attention row strides q {} k {} v {} below n*d = {}", ldq, ldk,
-               ldv, h);
+  AMPIPE_CHECK(ldq >= h && ldk >= hkv && ldv >= hkv, "attention row strides q {} k {} v {} below n*d = {}, g*d = {}",
+               ldq, ldk, ldv, h, hkv);
   AMPIPE_CHECK(blocks.q > 0 && blocks.k > 0, "attention blocks q={} k={}", blocks.q, blocks.k);
   (void)in;
 }
@@ -193,12 +195,12 @@ struct QkvArgs {
 };
 QkvArgs check_qkv(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   check_shape(sh);
-  const int64_t h = sh.n * sh.d;
+  const int64_t h = sh.n * sh.d, hkv = sh.kv_heads() * sh.d;
   AMPIPE_CHECK(q.defined(), "{}: q is undefined", op);
   const DType in = q.dtype();
   return {in, detail::check_matrix(q, op, "q", in, sh.sq * sh.b, h),
-          detail::check_matrix(k, op, "k (dtype of q)", in, sh.skv * sh.b, h),
-          detail::check_matrix(v, op, "v (dtype of q)", in, sh.skv * sh.b, h)};
+          detail::check_matrix(k, op, "k (dtype of q)", in, sh.skv * sh.b, hkv),
+          detail::check_matrix(v, op, "v (dtype of q)", in, sh.skv * sh.b, hkv)};
 }
 
 void check_lse(const AttentionShape& sh, const Tensor& lse, const char* op) {
@@ -310,11 +312,14 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   const auto* kc = static_cast<const std::byte*>(k);
   const auto* vc = static_cast<const std::byte*>(v);
 
+  const int64_t group = n / sh.kv_heads();  // query heads per K, V head
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t hh = 0; hh < n; ++hh) {
-      // [skv, b, n*d] -> [kv_max, d] for head hh of batch bb
-      pack_rows(kc + size_t(bb * ldk + hh * d) * esz, b * ldk, kv_max, d, esz, Kp);
-      pack_rows(vc + size_t(bb * ldv + hh * d) * esz, b * ldv, kv_max, d, esz, Vp);
+      const int64_t g = hh / group;
+      if (hh % group == 0) {  // [skv, b, g*d] -> [kv_max, d] for K, V head g of batch bb, once per group
+        pack_rows(kc + size_t(bb * ldk + g * d) * esz, b * ldk, kv_max, d, esz, Kp);
+        pack_rows(vc + size_t(bb * ldv + g * d) * esz, b * ldv, kv_max, d, esz, Vp);
+      }
       const std::byte* Qh = qc + size_t(bb * ldq + hh * d) * esz;  // [sq, d], row stride b*ldq
       float* Oh = out + bb * ldo + hh * d;                          // [sq, d], row stride b*ldo
       float* lse_h = lse + (bb * n + hh) * sh.sq;                   // [sq]
@@ -386,10 +391,10 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
   check_args(shape, in, ldq, ldk, ldv, blocks);
   const AttentionShape sh = relative(shape);
   const AttentionDropout& dr = shape.dropout;  // the forward's mask, regenerated
-  const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d;
-  AMPIPE_CHECK(lddo >= h && ldo >= h && lddq >= h && lddk >= h && lddv >= h,
-               "attention backward row strides dout {} out {} dq {} dk {} dv {} below n*d = {}", lddo, ldo, lddq,
-               lddk, lddv, h);
+  const int64_t b = sh.b, n = sh.n, d = sh.d, h = n * d, hkv = sh.kv_heads() * d;
+  AMPIPE_CHECK(lddo >= h && ldo >= h && lddq >= h && lddk >= hkv && lddv >= hkv,
+               "attention backward row strides dout {} out {} dq {} dk {} dv {} below n*d = {}, g*d = {}", lddo, ldo,
+               lddq, lddk, lddv, h, hkv);
   if (sh.sq == 0) return;
   const int64_t BQ = std::min(blocks.q, sh.sq), BK = std::min(blocks.k, sh.skv);
   const int64_t kv_max = kv_end_for(sh, sh.sq);  // keys seen by any row; dk, dv rows beyond stay unchanged
@@ -416,17 +421,21 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
   const auto* kc = static_cast<const std::byte*>(k);
   const auto* vc = static_cast<const std::byte*>(v);
 
+  const int64_t group = n / sh.kv_heads();  // query heads per K, V head: their dK, dV sum in dKp, dVp
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t hh = 0; hh < n; ++hh) {
-      pack_rows(kc + size_t(bb * ldk + hh * d) * esz, b * ldk, kv_max, d, esz, Kp);
-      pack_rows(vc + size_t(bb * ldv + hh * d) * esz, b * ldv, kv_max, d, esz, Vp);
+      const int64_t g = hh / group;
+      if (hh % group == 0) {
+        pack_rows(kc + size_t(bb * ldk + g * d) * esz, b * ldk, kv_max, d, esz, Kp);
+        pack_rows(vc + size_t(bb * ldv + g * d) * esz, b * ldv, kv_max, d, esz, Vp);
+        std::fill(dKp, dKp + kv_max * d, 0.0f);
+        std::fill(dVp, dVp + kv_max * d, 0.0f);
+      }
       const std::byte* Qh = qc + size_t(bb * ldq + hh * d) * esz;  // [sq, d], row stride b*ldq
       const float* dout_h = dout + bb * lddo + hh * d;
       const float* out_h = out + bb * ldo + hh * d;
       float* dQh = dq + bb * lddq + hh * d;
       const float* lse_h = lse + (bb * n + hh) * sh.sq;
-      std::fill(dKp, dKp + kv_max * d, 0.0f);
-      std::fill(dVp, dVp + kv_max * d, 0.0f);
       for (int64_t i0 = 0; i0 < sh.sq; i0 += BQ) {
         const int64_t bq = std::min(BQ, sh.sq - i0);
         const int64_t kv_end = kv_end_for(sh, i0 + bq);
@@ -477,10 +486,11 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
             std::memcpy(dst, dQp + r * d, size_t(d) * sizeof(float));
         }
       }
-      // dk_accum, dv_accum [skv, b, n*d] += packed [kv_max, d] of this head
+      // dk_accum, dv_accum [skv, b, g*d] += packed [kv_max, d] of K, V head g, after its group's last query head
+      if (hh % group != group - 1) continue;
       for (int64_t j = 0; j < kv_max; ++j) {
-        float* dk_row = dk_accum + (j * b + bb) * lddk + hh * d;
-        float* dv_row = dv_accum + (j * b + bb) * lddv + hh * d;
+        float* dk_row = dk_accum + (j * b + bb) * lddk + g * d;
+        float* dv_row = dv_accum + (j * b + bb) * lddv + g * d;
         for (int64_t dd = 0; dd < d; ++dd) {
           dk_row[dd] += dKp[j * d + dd];
           dv_row[dd] += dVp[j * d + dd];
@@ -504,12 +514,12 @@ void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tens
                         Tensor& dv_accum, const AttentionBlocks& blocks) {
   constexpr const char* op = "attention_backward";
   const QkvArgs a = check_qkv(sh, q, k, v, op);
-  const int64_t h = sh.n * sh.d, qrows = sh.sq * sh.b, kvrows = sh.skv * sh.b;
+  const int64_t h = sh.n * sh.d, hkv = sh.kv_heads() * sh.d, qrows = sh.sq * sh.b, kvrows = sh.skv * sh.b;
   const int64_t lddo = detail::check_matrix(dout, op, "dout", DType::f32, qrows, h);
   const int64_t ldo = detail::check_matrix(out, op, "out", DType::f32, qrows, h);
   const int64_t lddq = detail::check_matrix(dq, op, "dq", DType::f32, qrows, h);
-  const int64_t lddk = detail::check_matrix(dk_accum, op, "dk_accum", DType::f32, kvrows, h);
-  const int64_t lddv = detail::check_matrix(dv_accum, op, "dv_accum", DType::f32, kvrows, h);
+  const int64_t lddk = detail::check_matrix(dk_accum, op, "dk_accum", DType::f32, kvrows, hkv);
+  const int64_t lddv = detail::check_matrix(dv_accum, op, "dv_accum", DType::f32, kvrows, hkv);
   check_lse(sh, lse, op);
   attention_backward(sh, a.in, dout.data<float>(), lddo, q.raw(), a.ldq, k.raw(), a.ldk, v.raw(), a.ldv,
                      out.data<float>(), ldo, lse.data<float>(), dq.data<float>(), lddq, dk_accum.data<float>(),

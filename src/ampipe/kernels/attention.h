@@ -10,7 +10,9 @@
 //
 // Strided [s, b, n*d] operands: a matrix X with row stride `ld` (elements, >= n*d) holds element
 // (token i, batch bb, head hh, dd) at X[(i*b + bb)*ld + hh*d + dd]. So q, k, v may be column ranges of one
-// fused qkv buffer [s*b, 3h] (ld = 3h) without a copy: q = qkv, k = qkv + h, v = qkv + 2h.
+// fused qkv buffer [s*b, 3h] (ld = 3h) without a copy: q = qkv, k = qkv + h, v = qkv + 2h. With grouped-query
+// attention (AttentionShape::n_kv = g < n) k and v are [s, b, g*d] (fused: [s*b, (n + 2g)*d]) and dk, dv sum the
+// gradients of every query head of the group.
 //
 // Softmax scale 1/sqrt(d). Work is done in query blocks x key blocks with an online softmax: no sq x skv
 // matrix is held, and key blocks entirely above the diagonal are skipped (causal FLOPs only). Block
@@ -58,6 +60,10 @@ struct AttentionShape {
                          // call's result is merged into them by log-sum-exp (online softmax across calls)
   bool accumulate_dq = false;  // backward: dq += (instead of =), for a query block split over several key blocks
   AttentionDropout dropout{};  // on the probabilities (training); q_offset, k_offset are then global positions
+  // Grouped-query attention (Megatron's --num-query-groups): k and v hold n_kv heads, and query head hh reads K, V
+  // head hh / (n / n_kv) (n_kv divides n; the query heads of a group are consecutive). 0: n_kv = n.
+  int64_t n_kv = 0;
+  int64_t kv_heads() const { return n_kv > 0 ? n_kv : n; }
 };
 
 // Tile sizes (rows of Q, rows of K/V per block). The defaults were tuned for d = 128, s = 4096 on one Zen 3
@@ -81,20 +87,21 @@ double causal_attention_flops(const AttentionShape& sh, bool backward);
 //   q = qkv.rows(q_offset*b, (q_offset+sq)*b).cols(0, h), k = qkv.rows(0, skv*b).cols(h, 2h), v likewise (2h, 3h).
 // Row counts must match `sh` exactly. Shapes, dtypes and strides are AMPIPE_CHECKed; then the raw form below
 // runs with the tensors' row strides.
-//   q [sq*b, h], k, v [skv*b, h]: fp32 or bf16, all three the same dtype (the `in` of the raw form).
+//   q [sq*b, h], k, v [skv*b, g*d] (g = sh.kv_heads(), h = n*d): fp32 or bf16, all three the same dtype (the `in`
+//   of the raw form).
 //   out [sq*b, h] fp32, overwritten. lse: fp32, contiguous, numel b*n*sq (any shape), overwritten.
 void attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& lse, const AttentionBlocks& blocks = {});
 
 //   dout, out [sq*b, h] fp32; q, k, v, lse as in attention_forward.
-//   dq [sq*b, h] fp32, overwritten. dk_accum, dv_accum [skv*b, h] fp32, ACCUMULATED (+=), as in the raw form.
+//   dq [sq*b, h] fp32, overwritten. dk_accum, dv_accum [skv*b, g*d] fp32, ACCUMULATED (+=), as in the raw form.
 // dq, dk_accum and dv_accum may be column ranges of one fused [s*b, 3h] fp32 gradient buffer.
 void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk_accum,
                         Tensor& dv_accum, const AttentionBlocks& blocks = {});
 
 // ---- Raw form (pointers and row strides; the Tensor form calls these) ---------------------------------------
-// q: [sq, b, n*d] with row stride ldq; k, v: [skv, b, n*d] with row strides ldk, ldv; type `in`.
+// q: [sq, b, n*d] with row stride ldq; k, v: [skv, b, g*d] (g = sh.kv_heads()) with row strides ldk, ldv; type `in`.
 // out: [sq, b, n*d] fp32, row stride ldo, overwritten.
 // lse: [b, n, sq] fp32 (packed), overwritten: log(sum_j exp(q_i.k_j / sqrt(d))) over visible j; read by
 //      attention_backward. With sh.merge, out and lse hold a previous partial result (other keys of the same
@@ -107,7 +114,7 @@ void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_
 // dout: [sq, b, n*d] fp32 (row stride lddo), the gradient of out. q, k, v, out, lse: as in / from
 // attention_forward for the same shape.
 // dq: [sq, b, n*d] fp32 (row stride lddq), overwritten.
-// dk_accum, dv_accum: [skv, b, n*d] fp32 (row strides lddk, lddv), ACCUMULATED (+=): every query chunk adds
+// dk_accum, dv_accum: [skv, b, g*d] fp32 (row strides lddk, lddv), ACCUMULATED (+=): every query chunk adds
 //      its contribution to the shared K/V gradient, so the caller zeroes them once before the first chunk.
 void attention_backward(const AttentionShape& sh, DType in, const float* dout, int64_t lddo, const void* q,
                         int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, const float* out,

@@ -10,14 +10,18 @@ void embedding_forward(const Tensor& wte, const Tensor& wpe, std::span<const int
   AMPIPE_CHECK(x.numel() == T * h && int64_t(pos.size()) * b == T, "embedding_forward: x {} elements, {} tokens, "
                "{} positions x b {}", x.numel(), T, pos.size(), b);
   const float* e = wte.data<float>();
-  const float* pe = wpe.data<float>();
+  const float* pe = wpe.defined() ? wpe.data<float>() : nullptr;  // no table: token embeddings only
   float* xp = x.data<float>();
   for (int64_t t = 0; t < T; ++t) {
     const int32_t tok = tokens[size_t(t)];
     AMPIPE_CHECK(tok >= 0 && tok < V, "token {} at {} outside [0, {})", tok, t, V);
     const float* er = e + int64_t(tok) * h;
-    const float* pr = pe + pos[size_t(t / b)] * h;
     float* xr = xp + t * h;
+    if (pe == nullptr) {
+      for (int64_t j = 0; j < h; ++j) xr[j] = er[j];
+      continue;
+    }
+    const float* pr = pe + pos[size_t(t / b)] * h;
     for (int64_t j = 0; j < h; ++j) xr[j] = er[j] + pr[j];
   }
 }
@@ -29,15 +33,14 @@ void embedding_backward(const Tensor& dx, std::span<const int32_t> tokens, std::
                "{} positions x b {}", dx.numel(), T, pos.size(), b);
   const float* g = dx.data<float>();
   float* de = dwte_accum.data<float>();
-  float* dp = dwpe_accum.data<float>();
+  float* dp = dwpe_accum.defined() ? dwpe_accum.data<float>() : nullptr;
   for (int64_t t = 0; t < T; ++t) {
     const float* gr = g + t * h;
     float* er = de + int64_t(tokens[size_t(t)]) * h;
+    for (int64_t j = 0; j < h; ++j) er[j] += gr[j];
+    if (dp == nullptr) continue;
     float* pr = dp + pos[size_t(t / b)] * h;
-    for (int64_t j = 0; j < h; ++j) {
-      er[j] += gr[j];
-      pr[j] += gr[j];
-    }
+    for (int64_t j = 0; j < h; ++j) pr[j] += gr[j];
   }
 }
 

@@ -4,6 +4,7 @@
 // t / b, whose position is pos[t / b].
 //   forward:  x[t] = wte[tokens[t]] + wpe[pos[t / b]]                      x [T, h] overwritten
 //   backward: dwte[tokens[t]] += dx[t],  dwpe[pos[t / b]] += dx[t]          dwte [V, h], dwpe [P, h] accumulated
+// Without a position table (wpe, dwpe undefined: rotary or no position embeddings) the wpe terms are left out.
 // A token outside [0, V) stops with its value and row.
 #pragma once
 

@@ -1,8 +1,11 @@
 #include "ampipe/model/attention_block.h"
 
+#include <vector>
+
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/attention.h"
 #include "ampipe/kernels/dropout.h"
+#include "ampipe/kernels/rope.h"
 #include "ampipe/model/norm.h"
 #include "ampipe/model/linear.h"
 
@@ -50,12 +53,29 @@ void AttentionBlock::qkv(int c) {
   LayerState& s = st_;
   const Tensor xn = s.full_rows(s.bf16() ? Buf::ln1_out_bf16 : Buf::ln1_out, c);  // every row of the chunk
   Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.full_rows(Buf::qkv, c);
-  linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, 3h/t]: [q | k | v] of the local heads
+  linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, qkvl]: [q | k | v] of the local heads
+  rotate_qk(c, qkv, /*inverse=*/false);
   if (s.bf16()) s.full_rows(Buf::qkv_bf16, c).copy_from(qkv);
   if (s.dims.cp > 1) {  // this rank's K, V into ring slot 0, packed [A ; B]
-    cp_pack(c, s.full_rows(s.bf16() ? Buf::qkv_bf16 : Buf::qkv, c).cols(s.dims.hl, 3 * s.dims.hl),
+    cp_pack(c, s.full_rows(s.bf16() ? Buf::qkv_bf16 : Buf::qkv, c).cols(s.dims.hl, s.dims.qkvl),
             s.mem.get(Buf::cp_kv, 0), /*to_packed=*/true);
   }
+}
+
+void AttentionBlock::rotate_qk(int c, Tensor qkv, bool inverse) const {
+  const LayerState& s = st_;
+  const kernels::RopeSpec spec = s.cfg.rope_spec();
+  if (!spec.on()) return;
+  const LayerDims& d = s.dims;
+  std::vector<int64_t> pos(size_t(d.sq));  // global positions of the chunk's sq rows (cp: its two sub-blocks)
+  for (int64_t i = 0; i < d.sq; ++i) pos[size_t(i)] = c * d.sq + i;
+  if (d.cp > 1) {
+    const CpLayout cp = s.cp_layout();
+    for (int64_t& p : pos) p = cp.position(p);
+  }
+  Tensor q = qkv.cols(0, d.hl), k = qkv.cols(d.hl, d.hl + d.kvl);
+  kernels::rope_apply(spec, q, d.nl, d.d, d.b, pos, inverse);
+  kernels::rope_apply(spec, k, d.gl, d.d, d.b, pos, inverse);
 }
 
 void AttentionBlock::cp_pack(int c, Tensor rows, Tensor packed, bool to_packed) const {
@@ -75,15 +95,16 @@ void AttentionBlock::cp_pack(int c, Tensor rows, Tensor packed, bool to_packed) 
 void AttentionBlock::cp_attention(int c, int t, bool backward) {
   LayerState& s = st_;
   const LayerDims& d = s.dims;
-  const int64_t hl = d.hl, half = s.cp_layout().sb * d.b;
+  const int64_t hl = d.hl, kvl = d.kvl, half = s.cp_layout().sb * d.b;
   const Tensor qkv = s.full_rows(s.bf16() ? Buf::qkv_bf16 : Buf::qkv, c);
   const Tensor kv = s.mem.get(Buf::cp_kv, t);
   const Tensor attn = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1).view({2, -1});
-  for (CpAttentionCall call : cp_attention_calls(s.cp_layout(), c, t, d.b, d.nl, d.d)) {
+  for (CpAttentionCall call : cp_attention_calls(s.cp_layout(), c, t, d.b, d.nl, d.d, d.gl)) {
     call.shape.dropout = prob_dropout(s);
     const int64_t q0 = call.q_half * call.shape.sq * d.b, q1 = q0 + call.shape.sq * d.b;
     const int64_t k0 = call.k_half * half, k1 = k0 + call.k_rows * d.b;
-    const Tensor q = qkv.rows(q0, q1).cols(0, hl), k = kv.rows(k0, k1).cols(0, hl), v = kv.rows(k0, k1).cols(hl, 2 * hl);
+    const Tensor q = qkv.rows(q0, q1).cols(0, hl), k = kv.rows(k0, k1).cols(0, kvl),
+                 v = kv.rows(k0, k1).cols(kvl, 2 * kvl);
     Tensor out = attn.rows(q0, q1), l = lse.rows(call.q_half, call.q_half + 1);
     if (!backward) {
       kernels::attention_forward(call.shape, q, k, v, out, l);
@@ -94,7 +115,7 @@ void AttentionBlock::cp_attention(int c, int t, bool backward) {
     sh.accumulate_dq = true;  // every call adds its keys' share to the chunk's dq
     const Tensor dkv = s.mem.get(Buf::cp_dkv, t);
     Tensor dq = s.full_rows(Buf::dqkv, c).rows(q0, q1).cols(0, hl);
-    Tensor dk = dkv.rows(k0, k1).cols(0, hl), dv = dkv.rows(k0, k1).cols(hl, 2 * hl);
+    Tensor dk = dkv.rows(k0, k1).cols(0, kvl), dv = dkv.rows(k0, k1).cols(kvl, 2 * kvl);
     kernels::attention_backward(sh, s.full_rows(Buf::d_attn, c).rows(q0, q1), q, k, v, out, l, dq, dk, dv);
   }
 }
@@ -121,7 +142,7 @@ void AttentionBlock::cp_dkv_reduce(int piece) {
   }
   // every rank's contribution to this rank's own dK, dV is in slot 0: into the K, V columns of dqkv, per chunk
   for (int c = 0; c < s.dims.M; ++c)
-    cp_pack(c, s.full_rows(Buf::dqkv, c).cols(s.dims.hl, 3 * s.dims.hl), dst, /*to_packed=*/false);
+    cp_pack(c, s.full_rows(Buf::dqkv, c).cols(s.dims.hl, s.dims.qkvl), dst, /*to_packed=*/false);
 }
 
 void AttentionBlock::ln1_qkv(int c) {
@@ -132,12 +153,12 @@ void AttentionBlock::ln1_qkv(int c) {
 void AttentionBlock::attention(int c, int piece) {
   LayerState& s = st_;
   if (s.dims.cp > 1) return cp_attention(c, piece, /*backward=*/false);
-  const int64_t hl = s.dims.hl;
+  const int64_t hl = s.dims.hl, kv1 = hl + s.dims.kvl, kv2 = s.dims.qkvl;  // k = [hl, kv1), v = [kv1, kv2)
   const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, int64_t(c + 1) * s.dims.Sc);  // the rows chunk c can see
   const Tensor q = s.full_rows(qkv, c).cols(0, hl);
   Tensor out = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1);
-  kernels::attention_forward(chunk_shape(s, c), q, kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), out, lse);
+  kernels::attention_forward(chunk_shape(s, c), q, kv.cols(hl, kv1), kv.cols(kv1, kv2), out, lse);
 }
 
 void AttentionBlock::out_proj(int c) {
@@ -210,14 +231,14 @@ void AttentionBlock::out_proj_backward(int c) {
 void AttentionBlock::attention_backward(int c, int piece) {
   LayerState& s = st_;
   if (s.dims.cp > 1) return cp_attention(c, piece, /*backward=*/true);
-  const int64_t hl = s.dims.hl, visible = int64_t(c + 1) * s.dims.Sc;
+  const int64_t hl = s.dims.hl, kv1 = hl + s.dims.kvl, kv2 = s.dims.qkvl, visible = int64_t(c + 1) * s.dims.Sc;
   const Tensor qkv = s.mem.get(s.bf16() ? Buf::qkv_bf16 : Buf::qkv);
   const Tensor kv = qkv.rows(0, visible);
   const Tensor dqkv = s.mem.get(Buf::dqkv);
   Tensor dq = s.full_rows(dqkv, c).cols(0, hl);
-  Tensor dk = dqkv.rows(0, visible).cols(hl, 2 * hl), dv = dqkv.rows(0, visible).cols(2 * hl, 3 * hl);
+  Tensor dk = dqkv.rows(0, visible).cols(hl, kv1), dv = dqkv.rows(0, visible).cols(kv1, kv2);
   kernels::attention_backward(chunk_shape(s, c), s.full_rows(Buf::d_attn, c), s.full_rows(qkv, c).cols(0, hl),
-                              kv.cols(hl, 2 * hl), kv.cols(2 * hl, 3 * hl), s.full_rows(Buf::attn, c),
+                              kv.cols(hl, kv1), kv.cols(kv1, kv2), s.full_rows(Buf::attn, c),
                               s.mem.get(Buf::lse).rows(c, c + 1), dq, dk, dv);
 }
 
@@ -236,7 +257,8 @@ void AttentionBlock::qkv_backward(int c) {
   // d_ln1_out holds partial sums over the local heads, reduced next (Stage::tp_qkv_in).
   LayerState& s = st_;
   Tensor d_xn = s.mem.get(Buf::d_ln1_out, c);
-  const Tensor dqkv = s.full_rows(Buf::dqkv, c);
+  Tensor dqkv = s.full_rows(Buf::dqkv, c);
+  rotate_qk(c, dqkv, /*inverse=*/true);  // RoPE: the gradient of the unrotated q, k (the rotation's transpose)
   Tensor in = dqkv;
   if (s.bf16()) {
     in = s.full_rows(Buf::dqkv_bf16, c);

@@ -190,7 +190,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::ln2_mean:
     case Buf::ln2_rstd: return {Tl};
     case Buf::ln1_out: return f32 ? Shape{T, h} : Shape{Sc, h};  // bf16: a one-chunk staging buffer
-    case Buf::qkv: return f32 ? Shape{T, 3 * hl} : Shape{Sc, 3 * hl};
+    case Buf::qkv: return f32 ? Shape{T, d.qkvl} : Shape{Sc, d.qkvl};
     case Buf::ln1_out_bf16:
     case Buf::d_proj_full:
     case Buf::d_proj_bf16: return {T, h};
@@ -207,7 +207,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_proj: return {Tl, h};
     case Buf::qkv_bf16:
     case Buf::dqkv:
-    case Buf::dqkv_bf16: return {T, 3 * hl};
+    case Buf::dqkv_bf16: return {T, d.qkvl};
     case Buf::lse: return {d.M, d.b * d.nl * d.sq};
     case Buf::gate_probs: return {Scl, E};
     case Buf::gate_input: return {Scl, h};
@@ -259,7 +259,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::cp_kv:
     case Buf::cp_dkv:
     case Buf::cp_dkv_recv:
-    case Buf::cp_dkv_send: return {T, 2 * hl};
+    case Buf::cp_dkv_send: return {T, 2 * d.kvl};
   }
   return {};
 }

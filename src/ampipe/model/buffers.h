@@ -30,7 +30,8 @@ enum class Buf : uint8_t {
   ln1_mean, ln1_rstd,  // [T]
   ln1_out,             // [T, h] fp32 LN1 output (bf16 mode: [S_c, h], one chunk's staging)
   ln1_out_bf16,          // [T, h] its bf16 copy (bf16 only)
-  qkv,                 // [T, 3h] fp32 QKV projection, columns [q | k | v] (bf16 mode: [S_c, 3h] staging)
+  qkv,                 // [T, 3h] fp32 QKV projection, columns [q | k | v] (bf16 mode: [S_c, 3h] staging); with
+                       // grouped-query attention [T, (n + 2g)d/t]; q and k rotated with RoPE
   qkv_bf16,              // [T, 3h] its bf16 copy (bf16 only); attention reads it
   attn,                // [T, h] fp32 attention output
   attn_bf16,             // [T, h] its bf16 copy (bf16 only)

@@ -67,7 +67,8 @@ Tensor layer_rows(const Tensor& full, int64_t cp, int64_t tp, bool sp, int M, in
   return sp && tp > 1 ? sequence_shard(x, M, int(tp), tp_rank) : x;
 }
 
-std::vector<CpAttentionCall> cp_attention_calls(const CpLayout& cp, int c, int t, int64_t b, int64_t nl, int64_t d) {
+std::vector<CpAttentionCall> cp_attention_calls(const CpLayout& cp, int c, int t, int64_t b, int64_t nl, int64_t d,
+                                                int64_t n_kv) {
   const int64_t len = cp.len, sb = cp.sb;
   const int64_t qa = cp.a0() + c * len, qb = cp.b0() + c * len;  // positions of the chunk's two sub-blocks
   auto call = [&](int q_half, int k_half, int64_t k_rows, int64_t k_offset, bool merge) {
@@ -75,6 +76,7 @@ std::vector<CpAttentionCall> cp_attention_calls(const CpLayout& cp, int c, int t
     x.q_half = q_half, x.k_half = k_half, x.k_rows = k_rows;
     x.shape = {len, k_rows, b, nl, d, q_half == 0 ? qa : qb};
     x.shape.k_offset = k_offset;
+    x.shape.n_kv = n_kv;
     x.shape.merge = merge;
     return x;
   };

@@ -59,7 +59,8 @@ struct CpAttentionCall {
 };
 // The calls of chunk c against slot t (t = 0: own K, V), in the order they run. The own slot runs first (the Plan
 // orders it so): its first call of each half writes the output and lse, every later call merges into them.
-// b, nl, d: micro-batch, local heads, head dim.
-std::vector<CpAttentionCall> cp_attention_calls(const CpLayout& cp, int c, int t, int64_t b, int64_t nl, int64_t d);
+// b, nl, d, n_kv: micro-batch, local heads, head dim, local K, V heads (AttentionShape::n_kv).
+std::vector<CpAttentionCall> cp_attention_calls(const CpLayout& cp, int c, int t, int64_t b, int64_t nl, int64_t d,
+                                                int64_t n_kv);
 
 }  // namespace ampipe::model

@@ -9,6 +9,29 @@
 
 namespace ampipe::model {
 
+const char* position_embedding_name(PositionEmbedding p) {
+  return p == PositionEmbedding::rope ? "rope" : p == PositionEmbedding::none ? "none" : "learned_absolute";
+}
+
+PositionEmbedding position_embedding_from_name(const std::string& name) {
+  for (PositionEmbedding p : {PositionEmbedding::learned_absolute, PositionEmbedding::rope, PositionEmbedding::none})
+    if (name == position_embedding_name(p)) return p;
+  throw ConfigError(fmt::format("position_embedding_type {} is not one of learned_absolute, rope, none", name));
+}
+
+kernels::RopeSpec LayerConfig::rope_spec() const {
+  kernels::RopeSpec r;
+  if (!rope()) return r;
+  const int64_t d = head_dim();
+  r.rot_dim = rotary_percent < 1.0 ? int64_t(double(d) * rotary_percent) : d;  // Megatron: int(d * percent)
+  r.base = rotary_base;
+  r.interleaved = rotary_interleaved;
+  r.position_scale = rotary_interpolation_factor > 0 ? 1.0 / double(rotary_interpolation_factor) : 1.0;
+  r.llama3_scaling = use_rope_scaling;
+  r.scaling_factor = rope_scaling_factor;
+  return r;
+}
+
 void LayerConfig::validate() const {
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) throw ConfigError(fmt::format("{} {} is invalid: it must be a positive integer", flag, v));
@@ -24,6 +47,31 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format(
         "--num-attention-heads {} does not divide --hidden-size {}: every head needs hidden/heads columns",
         num_attention_heads, hidden_size));
+  if (num_query_groups < 0 || (num_query_groups > 0 && num_attention_heads % num_query_groups != 0))
+    throw ConfigError(fmt::format("--num-query-groups {} is invalid: it must be a positive divisor of "
+                                  "--num-attention-heads {} (every K, V head serves the same number of query heads)",
+                                  num_query_groups, num_attention_heads));
+  if (tensor_model_parallel_size > 0 && query_groups() % tensor_model_parallel_size != 0)
+    throw ConfigError(fmt::format("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}: every "
+                                  "tensor-parallel rank holds whole query groups (Megatron's rule)",
+                                  query_groups(), tensor_model_parallel_size));
+  if (rope()) {
+    if (!(rotary_base > 0) || !std::isfinite(rotary_base))
+      throw ConfigError(fmt::format("--rotary-base {} is invalid: it must be a positive number", rotary_base));
+    if (!(rotary_percent > 0 && rotary_percent <= 1))
+      throw ConfigError(fmt::format("--rotary-percent {} is invalid: it must be in (0, 1]", rotary_percent));
+    const int64_t r = rope_spec().rot_dim;
+    if (r < 2 || r % 2 != 0)
+      throw ConfigError(fmt::format("--rotary-percent {} of head dim {} rotates {} channels: it must be an even "
+                                    "number >= 2 (channels rotate in pairs)",
+                                    rotary_percent, head_dim(), r));
+    if (rotary_interpolation_factor < 0)
+      throw ConfigError(fmt::format("--rotary-seq-len-interpolation-factor {} is invalid: it must be a positive "
+                                    "integer", rotary_interpolation_factor));
+    if (use_rope_scaling && !(rope_scaling_factor > 0 && std::isfinite(rope_scaling_factor)))
+      throw ConfigError(fmt::format("--rope-scaling-factor {} is invalid: it must be a positive number",
+                                    rope_scaling_factor));
+  }
   if (moe_router_topk != 1 && moe_router_topk != 2)
     throw ConfigError(fmt::format("--moe-router-topk {} is not supported: only top-1 and top-2 gating exist",
                                   moe_router_topk));

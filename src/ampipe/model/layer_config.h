@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/kernels/rope.h"
 #include "ampipe/model/gate.h"
 
 namespace ampipe::model {
@@ -19,12 +20,32 @@ enum class ExpertKind : uint8_t { gelu, swiglu };
 // the block then has no ln1.bias, ln2.bias, nor the model final_layernorm.bias).
 enum class Normalization { layernorm, rmsnorm };
 
+// How the model knows positions (Megatron's --position-embedding-type): a learned [max positions, h] table added to
+// the token embeddings (learned_absolute), rotary embeddings of q and k in every block (rope), or nothing (none).
+enum class PositionEmbedding { learned_absolute, rope, none };
+const char* position_embedding_name(PositionEmbedding p);  // Megatron's spelling
+// From Megatron's spelling (ConfigError for another).
+PositionEmbedding position_embedding_from_name(const std::string& name);
+
 struct LayerConfig {
   int64_t seq_length = 64;        // s
   int64_t micro_batch_size = 1;   // b
   int64_t hidden_size = 64;       // h
   int64_t ffn_hidden_size = 256;  // F
   int64_t num_attention_heads = 4;  // n
+  // Grouped-query attention (--group-query-attention --num-query-groups g): g K, V heads, each shared by n/g
+  // consecutive query heads. 0: g = n (multi-head attention).
+  int64_t num_query_groups = 0;
+  PositionEmbedding position_embedding = PositionEmbedding::learned_absolute;
+  // Rotary embeddings (position_embedding rope; kernels/rope.h): --rotary-base, --rotary-percent (rotated share of
+  // each head's channels), --rotary-interleaved, --rotary-seq-len-interpolation-factor (0: none), --use-rope-scaling
+  // with --rope-scaling-factor (Llama 3).
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  bool rotary_interleaved = false;
+  int64_t rotary_interpolation_factor = 0;
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
   int64_t num_experts = 4;          // E
   int moe_router_topk = 2;          // k
   double moe_train_capacity_factor = 1.0;
@@ -75,6 +96,10 @@ struct LayerConfig {
 
   bool rmsnorm() const { return normalization == Normalization::rmsnorm; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  bool rope() const { return position_embedding == PositionEmbedding::rope; }
+  // The rotation of q and k (rot_dim = int(d * rotary_percent), Megatron's; 0 without rope).
+  kernels::RopeSpec rope_spec() const;
   int64_t tokens() const { return seq_length * micro_batch_size; }
   int64_t local_experts() const { return num_experts / expert_model_parallel_size; }
   int tp() const { return tensor_model_parallel_size; }

@@ -39,6 +39,12 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.Scl = d.Tl / M;
   d.hl = d.h / d.tp;
   d.nl = d.n / d.tp;
+  d.g = cfg.query_groups();
+  AMPIPE_CHECK(d.n % d.g == 0 && d.g % d.tp == 0, "query groups {} for {} heads on tp {}", d.g, d.n, d.tp);
+  d.gl = d.g / d.tp;
+  d.kvl = d.gl * d.d;
+  d.qkvl = d.hl + 2 * d.kvl;
+  d.rope = cfg.rope();
   d.Fl = d.F / d.tp;
   d.F1l = d.F1 / d.tp;
   d.srcs = d.sp ? d.tp * d.ep : d.ep;
@@ -72,7 +78,9 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
 }
 
 kernels::AttentionShape chunk_attention(const LayerDims& d, int c) {
-  return {d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};  // the local heads
+  kernels::AttentionShape sh{d.sq, (c + 1) * d.sq, d.b, d.nl, d.d, c * d.sq};  // the local heads
+  sh.n_kv = d.gl;
+  return sh;
 }
 
 namespace {
@@ -83,7 +91,7 @@ std::vector<kernels::AttentionShape> cp_attention(const LayerDims& d, int c, int
   std::vector<kernels::AttentionShape> shapes;
   for (int slot = 0; slot < int(d.cp); ++slot)
     if (t < 0 || slot == t)
-      for (const CpAttentionCall& call : cp_attention_calls(cp, c, slot, d.b, d.nl, d.d)) shapes.push_back(call.shape);
+      for (const CpAttentionCall& call : cp_attention_calls(cp, c, slot, d.b, d.nl, d.d, d.gl)) shapes.push_back(call.shape);
   return shapes;
 }
 }  // namespace
@@ -92,7 +100,7 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
   // GEMMs of one tp rank: the attention core on every row of the chunk and hl = h/t columns of q, k, v; the
   // experts on F1/t and F/t columns of the R = srcs*C slots of each local expert.
   const double Sc = double(d.Sc), Scl = double(d.Scl), h = double(d.h), hl = double(d.hl), T = double(d.T);
-  const double FF = double(d.F1l + d.Fl);
+  const double qkv = double(d.qkvl), FF = double(d.F1l + d.Fl);  // q, k, v columns (3*hl without grouping)
   const double expert = 2 * double(d.L * d.R()) * h * FF;  // one pass over a chunk's slots
   if (piece >= 0 && s == Stage::experts) {
     const ExpertPiece& p = d.pieces[size_t(piece)];
@@ -102,7 +110,7 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
   if (s == Stage::attention_recompute) return dir == Dir::bwd ? stage_flops(d, Stage::attention, Dir::fwd, c) : 0;
   switch (s) {
     case Stage::ln1_qkv:
-    case Stage::qkv: return 2 * Sc * h * 3 * hl;
+    case Stage::qkv: return 2 * Sc * h * qkv;
     case Stage::attention: {
       if (d.cp == 1) return kernels::causal_attention_flops(chunk_attention(d, c), dir == Dir::bwd);
       double f = 0;
@@ -110,7 +118,7 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
       return f;
     }
     case Stage::out_proj: return 2 * Sc * hl * h;
-    case Stage::attention_wgrad: return dir == Dir::bwd ? 2 * T * h * 3 * hl + 2 * T * hl * h : 0;
+    case Stage::attention_wgrad: return dir == Dir::bwd ? 2 * T * h * qkv + 2 * T * hl * h : 0;
     case Stage::gate: return (dir == Dir::fwd ? 1 : 2) * 2 * Scl * h * double(d.E);  // fp32; backward: dx and dWg
     case Stage::experts: return dir == Dir::fwd || d.defer_expert_wgrad ? expert : 2 * expert;
     case Stage::expert_wgrad: return dir == Dir::bwd && d.defer_expert_wgrad ? double(d.M) * expert : 0;
@@ -124,21 +132,22 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     return stage_bytes(d, s, dir, c) * double(p.experts * p.slots) / double(d.L * d.C);
   }
   const double f = 4, e = double(dtype_size(d.cd)), Sc = double(d.Sc), Scl = double(d.Scl), h = double(d.h),
-               hl = double(d.hl), T = double(d.T), FF = double(d.F1l + d.Fl);
+               hl = double(d.hl), T = double(d.T), FF = double(d.F1l + d.Fl), qkv = double(d.qkvl), kv2 = 2.0 * double(d.kvl);
   if (s == Stage::attention_recompute) return dir == Dir::bwd ? stage_bytes(d, Stage::attention, Dir::fwd, c) : 0;
   const double act = Scl * h;  // one [Scl, h] residual-stream activation
+  const double rope = d.rope ? 2 * Sc * double(d.hl + d.kvl) * f : 0;  // RoPE: q, k read and written again (fp32)
   const double io = dir == Dir::fwd ? 1 : 2;
   switch (s) {
-    case Stage::ln1_qkv: return io * (act * f + Sc * h * (f + e) + Sc * 3 * hl * (f + e)) + 3 * hl * h * e;
+    case Stage::ln1_qkv: return io * (act * f + Sc * h * (f + e) + Sc * qkv * (f + e) + rope) + qkv * h * e;
     case Stage::ln1: return io * 2 * act * f;
-    case Stage::qkv: return io * (Sc * h * e + Sc * 3 * hl * (f + e)) + 3 * hl * h * e;
+    case Stage::qkv: return io * (Sc * h * e + Sc * qkv * (f + e) + rope) + qkv * h * e;
     case Stage::attention: {
-      double kv = double((c + 1) * d.sq * d.b) * 2 * hl * e;  // K and V of the visible rows
+      double kv = double((c + 1) * d.sq * d.b) * kv2 * e;  // K and V of the visible rows
       if (d.cp > 1) {  // every call reads its keys; the queries and output once per call
         kv = 0;
         double q = 0;
         for (const kernels::AttentionShape& sh : cp_attention(d, c, piece)) {
-          kv += double(sh.skv * d.b) * 2 * hl * e;
+          kv += double(sh.skv * d.b) * kv2 * e;
           q += double(sh.sq * d.b) * hl * (e + f);
         }
         return io * (kv + q);
@@ -157,9 +166,9 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
       const double rows = double(d.M * d.L * d.R());
       return rows * (h + FF) * e + 2 * double(d.L) * h * FF * f;
     }
-    case Stage::attention_wgrad: return T * (4 * hl + 4 * h) * e + 2 * 4 * hl * h * f;
+    case Stage::attention_wgrad: return T * (qkv + hl + 4 * h) * e + 2 * (qkv + hl) * h * f;
     case Stage::weighted_sum: return io * (double(d.E * d.C) * h * f + 3 * act * f);
-    case Stage::cp_dkv_reduce: return double(d.T) * 2 * hl * f * 4;  // add a received slot, unpack into dqkv
+    case Stage::cp_dkv_reduce: return double(d.T) * kv2 * f * 4;  // add a received slot, unpack into dqkv
     default: return 0;  // the aux loss and collectives
   }
 }
@@ -167,7 +176,7 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
 double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
   const double e = double(dtype_size(d.cd)), f = 4, h = double(d.h);
   // one ring step (piece = step): the K and V of this rank's rows, or their gradient sums (compute dtype)
-  if (s == Stage::cp_ring) return double(d.T) * 2 * double(d.hl) * e;
+  if (s == Stage::cp_ring) return double(d.T) * 2 * double(d.kvl) * e;
   // slots of one a2a block set: all L experts and C slots of a chunk, or one piece's
   const double slots = piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots)
                                   : double(d.E * d.C);

@@ -43,6 +43,10 @@ struct LayerDims {
   bool sp = false;          // sequence parallelism with tp > 1
   bool overlap_tp = false;  // --ampipe-tp-sp-comm-overlap (or pipe-experts multi-stream): per-piece tp collectives
   int64_t Tl = 0, Scl = 0, hl = 0, nl = 0, Fl = 0, F1l = 0, srcs = 1;
+  // Grouped-query attention: g K, V heads (g = n without it), gl = g/t of them on this rank, kvl = gl*d columns of
+  // each of k and v, qkvl = hl + 2*kvl columns of the fused [q | k | v] (3*hl without grouping).
+  int64_t g = 0, gl = 0, kvl = 0, qkvl = 0;
+  bool rope = false;  // rotary embeddings: the QKV stage rotates q and k (its backward rotates dq, dk back)
   // Expert capacity per chunk the buffers are planned for. With token drops this is the capacity every chunk uses
   // (gate_capacity(S_c, E, k, factor, min)); with --moe-no-drop the capacity is data-dependent, and C is its bound
   // S_c (an expert receives each token at most once), so nothing is ever reallocated.

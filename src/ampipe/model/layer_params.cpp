@@ -42,11 +42,14 @@ bool LayerParams::is_sequence_parallel(const std::string& name) {
 
 TpSplit tp_split(const LayerConfig& cfg, const std::string& name) {
   const int64_t h = cfg.hidden_size, F = cfg.ffn_hidden_size, L = cfg.local_experts();
-  if (name == "attn.qkv.weight") return {{3, h, h}, 1};
-  if (name == "attn.proj.weight") return {{h, h}, 1};
+  if (name == "attn.qkv.weight") {  // [q | k | v]: n*d, g*d, g*d rows, each cut over the ranks
+    const int64_t kv = cfg.query_groups() * cfg.head_dim();
+    return {{h + 2 * kv, h}, 0, {h, kv, kv}};
+  }
+  if (name == "attn.proj.weight") return {{h, h}, 1, {}};
   if (name == "moe.experts.fc1.weight")
-    return cfg.expert == ExpertKind::swiglu ? TpSplit{{L, 2, F, h}, 2} : TpSplit{{L, F, h}, 1};
-  if (name == "moe.experts.fc2.weight") return {{L, h, F}, 2};
+    return cfg.expert == ExpertKind::swiglu ? TpSplit{{L, 2, F, h}, 2, {}} : TpSplit{{L, F, h}, 1, {}};
+  if (name == "moe.experts.fc2.weight") return {{L, h, F}, 2, {}};
   return {};
 }
 
@@ -76,32 +79,56 @@ Shape local_shape(const LayerConfig& cfg, const std::string& name) {
 }
 }  // namespace
 
+namespace {
+// The segments of the split dimension, each cut into t blocks (one segment, the whole dimension, unless the split
+// names several).
+std::vector<int64_t> segments_of(const TpSplit& sp, const Blocks& b) {
+  return sp.segments.empty() ? std::vector<int64_t>{b.mid} : sp.segments;
+}
+// Calls f(offset in the whole tensor, offset in rank r's shard, elements) for every contiguous piece of rank r's shard.
+template <typename F>
+void for_each_block(const TpSplit& sp, int64_t t, int r, F&& f) {
+  const Blocks b = blocks_of(sp);
+  const std::vector<int64_t> segs = segments_of(sp, b);
+  int64_t local = 0;
+  for (int64_t o = 0; o < b.outer; ++o) {
+    int64_t seg0 = 0;
+    for (const int64_t seg : segs) {
+      const int64_t m = seg / t;
+      f((o * b.mid + seg0 + r * m) * b.inner, local, m * b.inner);
+      local += m * b.inner;
+      seg0 += seg;
+    }
+  }
+}
+}  // namespace
+
 Tensor tp_take(const LayerConfig& cfg, const std::string& name, const Tensor& whole, int r) {
   const TpSplit sp = tp_split(cfg, name);
   AMPIPE_CHECK(sp.dim >= 0 && whole.numel() == shape_numel(sp.view), "{}: no tp shard of {}", name,
                shape_str(whole.shape()));
-  const Blocks b = blocks_of(sp);
-  const int64_t t = cfg.tp(), m = b.mid / t;
   Tensor out = Tensor::empty(local_shape(cfg, name));
   const float* src = whole.data<float>();
   float* dst = out.data<float>();
-  for (int64_t o = 0; o < b.outer; ++o)
-    std::memcpy(dst + o * m * b.inner, src + (o * b.mid + r * m) * b.inner, size_t(m * b.inner) * 4);
+  for_each_block(sp, cfg.tp(), r, [&](int64_t at, int64_t local, int64_t n) {
+    std::memcpy(dst + local, src + at, size_t(n) * 4);
+  });
   return out;
 }
 
 Tensor tp_join(const LayerConfig& cfg, const std::string& name, const Tensor& shards, const Shape& whole_shape) {
   const TpSplit sp = tp_split(cfg, name);
-  const Blocks b = blocks_of(sp);
-  const int64_t t = cfg.tp(), m = b.mid / t;
+  const int64_t t = cfg.tp();
   AMPIPE_CHECK(sp.dim >= 0 && shards.numel() == shape_numel(sp.view) && shape_numel(whole_shape) == shards.numel(),
                "{}: {} shard elements for {}", name, shards.numel(), shape_str(whole_shape));
   Tensor out = Tensor::empty(whole_shape);
   const float* src = shards.data<float>();
   float* dst = out.data<float>();
-  for (int64_t r = 0; r < t; ++r)
-    for (int64_t o = 0; o < b.outer; ++o)
-      std::memcpy(dst + (o * b.mid + r * m) * b.inner, src + (r * b.outer + o) * m * b.inner, size_t(m * b.inner) * 4);
+  const int64_t per = shards.numel() / t;
+  for (int r = 0; r < int(t); ++r)
+    for_each_block(sp, t, r, [&](int64_t at, int64_t local, int64_t n) {
+      std::memcpy(dst + at, src + r * per + local, size_t(n) * 4);
+    });
   return out;
 }
 
@@ -109,7 +136,7 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   const int64_t h = cfg.hidden_size, F = cfg.ffn_hidden_size, E = cfg.num_experts;
   const int64_t fc1_rows = cfg.expert == ExpertKind::swiglu ? 2 * F : F;
   if (name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias") return {h};
-  if (name == "attn.qkv.weight") return {3 * h, h};
+  if (name == "attn.qkv.weight") return {h + 2 * cfg.query_groups() * cfg.head_dim(), h};
   if (name == "attn.proj.weight") return {h, h};
   if (name == "moe.gate.weight") return {E, h};
   if (name == "moe.experts.fc1.weight") return {E, fc1_rows, h};

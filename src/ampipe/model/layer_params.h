@@ -4,7 +4,8 @@
 // checkpoints gather them back to the full tensors.
 //
 //   ln1.weight [h]  ln1.bias [h] (LayerNorm only; RMSNorm has no biases)
-//   attn.qkv.weight  [3h, h]   y = x W^T; output columns [q | k | v], head i = columns [i*d, (i+1)*d) of each
+//   attn.qkv.weight  [3h, h]   y = x W^T; output columns [q | k | v], head i = columns [i*d, (i+1)*d) of each;
+//                              grouped-query attention: [(n + 2g)d, h], k and v of g heads
 //   attn.proj.weight [h, h]
 //   ln2.weight [h]  ln2.bias [h]
 //   moe.gate.weight  [E, h]    fp32 logits = x W^T
@@ -23,7 +24,7 @@ namespace ampipe::model {
 
 struct LayerParams {
   Tensor ln1_w, ln1_b;  // [h]
-  Tensor qkv_w;         // [3h, h]
+  Tensor qkv_w;         // [3h, h] ([(n + 2g)d, h] with grouped-query attention)
   Tensor proj_w;        // [h, h]
   Tensor ln2_w, ln2_b;  // [h]
   Tensor gate_w;        // [E, h]
@@ -44,13 +45,17 @@ struct LayerParams {
 
 // How a TP rank's shard is cut from the (EP-local) tensor: viewed as `view`, dim `dim` is split into t equal
 // blocks and rank r keeps block r (dim -1: not sharded, every rank holds it whole).
-//   attn.qkv.weight [3h, h] as [3, h, h], dim 1: the q, k and v rows of the local heads, local layout [q|k|v]
+//   attn.qkv.weight [(n + 2g)d, h], dim 0 as segments q (n*d rows), k (g*d), v (g*d): the q rows of the local heads
+//                   and the k, v rows of their local query groups, local layout [q|k|v]
 //   attn.proj.weight [h, h], dim 1: the local heads' input columns (row-parallel)
 //   moe.experts.fc1.weight [L, F, h], dim 1 (SwiGLU [L, 2, F, h], dim 2: the same F/t rows of both branches)
 //   moe.experts.fc2.weight [L, h, F], dim 2 (row-parallel)
 struct TpSplit {
   Shape view;
   int dim = -1;
+  // When set, dim `dim` is these segments one after the other (their sum), and each is cut into t blocks: rank r
+  // keeps block r of every segment (attn.qkv.weight: q, k, v).
+  std::vector<int64_t> segments;
 };
 TpSplit tp_split(const LayerConfig& cfg, const std::string& name);
 // Rank r's shard of `whole` (the EP-local tensor), shaped as the local parameter.

@@ -2,10 +2,15 @@
 
 namespace ampipe::schedule {
 
+double attention_weights(const model::LayerConfig& l) {
+  const double h = double(l.hidden_size), kv = double(l.query_groups() * l.head_dim());
+  return (h + 2 * kv) * h + h * h;  // [q | k | v] and the out-projection
+}
+
 double dense_layer_params(const model::LayerConfig& l) {
   const double h = double(l.hidden_size), E = double(l.num_experts), tp = double(l.tp());
   const double norms = l.rmsnorm() ? 2 * h : 4 * h;  // LN1 and LN2: weight and bias, or RMSNorm's weight only
-  return 4 * h * h / tp + norms + E * h;
+  return attention_weights(l) / tp + norms + E * h;
 }
 
 double expert_layer_params(const model::LayerConfig& l) {
@@ -40,7 +45,7 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   c.dense_group_size = m.dp * l.cp();
   c.expert_group_size = m.dp * l.cp() / int(l.expert_model_parallel_size);
   c.params = double(m.num_layers) * (dense + expert) + outer;
-  c.bf16_weights = l.bf16 ? double(m.num_layers) * (4 * h * h / tp + expert) : 0;
+  c.bf16_weights = l.bf16 ? double(m.num_layers) * (attention_weights(l) / tp + expert) : 0;
   return c;
 }
 

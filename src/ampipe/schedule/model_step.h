@@ -31,6 +31,9 @@ struct ModelShape {
 };
 
 // Parameters of one layer on this device: dense, expert.
+// The attention's weights of one layer, unsharded: (h + 2g*d) * h for [q | k | v] (3h^2 without grouped queries)
+// plus h^2 for the out-projection.
+double attention_weights(const model::LayerConfig& l);
 double dense_layer_params(const model::LayerConfig& l);
 double expert_layer_params(const model::LayerConfig& l);
 

@@ -57,7 +57,7 @@ double gemm_min_dim(const Task& t, const model::LayerDims& d) {
                T = double(d.T), E = double(d.E);
   switch (t.stage) {
     case Stage::ln1_qkv:
-    case Stage::qkv: return std::min({Sc, h, 3 * hl});  // [S_c, h] x [h, 3h/t] and its dx GEMM
+    case Stage::qkv: return std::min({Sc, h, double(d.qkvl)});  // [S_c, h] x [h, qkvl] and its dx GEMM
     case Stage::out_proj: return std::min({Sc, h, hl});  // [S_c, h/t] x [h/t, h] and its dx GEMM
     case Stage::gate: return std::min({Scl, h, E});  // [Scl, h] x [h, E]; backward K = E (dx) and K = Scl (dWg)
     case Stage::experts: {                          // per local expert [R, h] x [h, F1], [R, F] x [F, h]

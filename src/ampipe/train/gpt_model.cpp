@@ -55,16 +55,17 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       groups_(groups) {
   stack_.set_recompute(cfg.recompute_layers());  // --recompute-granularity full
   wte_ = normal_init({V_, h_}, cfg, 1);
-  wpe_ = normal_init({s_, h_}, cfg, 2);
+  const bool learned_positions = cfg.layer.position_embedding == model::PositionEmbedding::learned_absolute;
+  if (learned_positions) wpe_ = normal_init({s_, h_}, cfg, 2);  // rope, none: no table
   lnf_w_ = Tensor::empty({h_});
   lnf_w_.fill(1.0f);
   if (!cfg.layer.rmsnorm()) lnf_b_ = Tensor::zeros({h_});  // RMSNorm: no bias
   dwte_ = Tensor::zeros({V_, h_});
-  dwpe_ = Tensor::zeros({s_, h_});
+  if (learned_positions) dwpe_ = Tensor::zeros({s_, h_});
   dlnf_w_ = Tensor::zeros({h_});
   if (!cfg.layer.rmsnorm()) dlnf_b_ = Tensor::zeros({h_});
   params_.push_back({"embedding.word_embeddings.weight", wte_, dwte_, false, true, ""});
-  params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true, ""});
+  if (learned_positions) params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true, ""});
   for (int i = 0; i < stack_.num_layers(); ++i) {
     auto p = stack_.params(i).named(), g = stack_.grads(i).named();
     for (size_t k = 0; k < p.size(); ++k)

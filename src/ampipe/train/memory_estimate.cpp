@@ -20,7 +20,9 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   const int64_t Th = checked_elements("the [T, h] activation", {sl, b, h});
   const int64_t TV = checked_elements("the [T, V] logits", {sl, b, V});
   const int64_t Vh = checked_elements("the [V, h] token embedding", {V, h});
-  const int64_t sh = checked_elements("the [s, h] position embedding", {s, h});
+  const int64_t sh = l.position_embedding == model::PositionEmbedding::learned_absolute
+                         ? checked_elements("the [s, h] position embedding", {s, h})
+                         : 0;  // rope, none: no table
 
   schedule::MemoryEstimate e =
       schedule::estimate_layer_stack(l, cfg.num_layers, cfg.ampipe_degree, cfg.recompute_layers());

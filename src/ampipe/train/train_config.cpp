@@ -279,6 +279,27 @@ std::vector<ConfigKey> make_config_keys() {
                       v.get<std::string>() == "RMSNorm" ? model::Normalization::rmsnorm : model::Normalization::layernorm;
                 }},
       AMPIPE_FIELD(norm_epsilon, kL | kC | kA, kTaken, l.layernorm_epsilon),
+      // Grouped-query attention as the two flags: g = n is multi-head attention (the same model and layout).
+      ConfigKey{"group_query_attention", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  return c.layer.query_groups() != c.layer.num_attention_heads;
+                }},
+      ConfigKey{"num_query_groups", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json { return c.layer.query_groups(); },
+                [](TrainConfig& c, const nlohmann::json& v) { c.layer.num_query_groups = v.get<int64_t>(); }},
+      ConfigKey{"position_embedding_type", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json { return model::position_embedding_name(c.layer.position_embedding); },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.position_embedding = model::position_embedding_from_name(v.get<std::string>());
+                }},
+      ConfigKey{"rotary_base", kL | kC | kA, kTaken,
+                [](const TrainConfig& c) -> nlohmann::json { return int64_t(c.layer.rotary_base); },
+                [](TrainConfig& c, const nlohmann::json& v) { c.layer.rotary_base = v.get<double>(); }},
+      AMPIPE_FIELD(rotary_percent, kL | kC | kA, kTaken, l.rotary_percent),
+      AMPIPE_FIELD(rotary_interleaved, kL | kC | kA, kTaken, l.rotary_interleaved),
+      AMPIPE_FIELD(rotary_seq_len_interpolation_factor, kL | kC | kA, kTaken, l.rotary_interpolation_factor),
+      AMPIPE_FIELD(use_rope_scaling, kL | kC | kA, kTaken, l.use_rope_scaling),
+      AMPIPE_FIELD(rope_scaling_factor, kL | kC | kA, kTaken, l.rope_scaling_factor),
       AMPIPE_FIELD(hidden_dropout, kC | kA, kNo, l.hidden_dropout),
       AMPIPE_FIELD(attention_dropout, kL | kC | kA, kNo, l.attention_dropout),
       AMPIPE_FIELD(init_method_std, kC | kA, kNo, l.init_method_std),
