@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     g.add_argument("--moe-min-capacity", type=int)
     g.add_argument("--moe-no-drop", action="store_true", default=None)
     g.add_argument("--no-use-rts", action="store_true", default=None)
+    g.add_argument("--rotary-base", type=int, help="RoPE's base (a check that the rotation matters)")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--context-parallel-size", type=int, default=1)
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
         fail(f"{sub}/metadata.json is not the metadata of an ampipe train checkpoint")
     cfg = dict(meta.get("config", {}))
     for key in ("data_path", "split", "seed", "micro_batch_size", "global_batch_size", "ampipe_degree",
-                "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop", "no_use_rts"):
+                "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop", "no_use_rts", "rotary_base"):
         v = getattr(a, key)
         if v is not None:
             cfg[key] = v

@@ -4,7 +4,7 @@ What is here (each piece cites the section of the docs it follows):
   * read_safetensors: the safetensors format (docs/layer.md §10) without the `safetensors` package;
   * Philox-4x32-10 (docs/layer.md §3) in numpy uint64 arithmetic: the keys of random token selection and of the
     initialisation;
-  * GptMoE: token + learned position embedding, pre-LN MoE blocks (docs/layer.md §4-§7), final LayerNorm, LM head
+  * GptMoE: token + learned position embedding (or rotary embeddings, or none), pre-LN MoE blocks (docs/layer.md §4-§7), final LayerNorm, LM head
     (tied or untied), cross-entropy (docs/training.md "Model"). Its state_dict keys are the checkpoint's tensor
     names, so `model.load_state_dict(read_safetensors(".../model.safetensors")[0])` loads an `ampipe train` checkpoint;
   * the DeepSpeed-MoE gate of docs/layer.md §6 (top-1 / top-2, capacity per routing group, random token selection,
@@ -121,6 +121,14 @@ class ModelConfig:
     seed: int = 1234
     layernorm_epsilon: float = 1e-5   # --norm-epsilon
     normalization: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (weight only)
+    num_query_groups: int = 0         # grouped-query attention: K, V heads (0: num_attention_heads)
+    position_embedding_type: str = "learned_absolute"  # learned_absolute, rope or none
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    rotary_interleaved: bool = False
+    rotary_seq_len_interpolation_factor: int = 0
+    use_rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
     # Routing groups of one micro-batch (docs/layer.md §6 and §11): the gate routes each AMPipe chunk of each
     # rank's rows with its own capacity. The checkpoint does not record tp, sp or cp (see routing_groups).
     ampipe_degree: int = 1
@@ -146,6 +154,19 @@ class ModelConfig:
             c.layernorm_epsilon = float(config["norm_epsilon"])
         if "normalization" in config:
             c.normalization = str(config["normalization"])
+        if config.get("group_query_attention"):
+            c.num_query_groups = int(config["num_query_groups"])
+        for k in ("position_embedding_type",):
+            if k in config:
+                setattr(c, k, str(config[k]))
+        for k in ("rotary_base", "rotary_percent", "rope_scaling_factor"):
+            if k in config:
+                setattr(c, k, float(config[k]))
+        for k in ("rotary_interleaved", "use_rope_scaling"):
+            if k in config:
+                setattr(c, k, bool(config[k]))
+        if config.get("rotary_seq_len_interpolation_factor"):
+            c.rotary_seq_len_interpolation_factor = int(config["rotary_seq_len_interpolation_factor"])
         return c
 
 
@@ -185,22 +206,65 @@ class _Weight(nn.Module):
         self.weight = nn.Parameter(torch.empty(*shape))
 
 
+def rope_cos_sin(c: ModelConfig, s: int):
+    """docs/layer.md §4.4, as Megatron-Core's RotaryEmbedding builds it: r = int(d * rotary_percent) channels,
+    inv_freq = 1 / base^(arange(0, r, 2) / r) in float32 (Llama 3's scaling applied to it when set), positions
+    0..s-1 (divided by the interpolation factor), freqs = outer(positions, inv_freq), emb = [freqs, freqs] (or each
+    frequency twice in a row, interleaved); returns (r, cos(emb), sin(emb)) [s, r]."""
+    d = c.hidden_size // c.num_attention_heads
+    r = int(d * c.rotary_percent) if c.rotary_percent < 1.0 else d
+    inv = 1.0 / (torch.tensor(c.rotary_base, dtype=torch.float32) ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+    if c.use_rope_scaling:  # Llama 3.x: factor, low 1, high 4, original context 8192
+        low_wl, high_wl = 8192 / 1.0, 8192 / 4.0
+        wl = 2 * math.pi / inv
+        scaled = torch.where(wl > low_wl, inv / c.rope_scaling_factor, inv)
+        smooth = (8192 / wl - 1.0) / (4.0 - 1.0)
+        mid = (1 - smooth) * scaled / c.rope_scaling_factor + smooth * scaled
+        inv = torch.where(~(wl < high_wl) & ~(wl > low_wl), mid, scaled)
+    pos = torch.arange(s, dtype=torch.float32)
+    if c.rotary_seq_len_interpolation_factor:
+        pos = pos * (1 / c.rotary_seq_len_interpolation_factor)
+    freqs = torch.outer(pos, inv)
+    emb = torch.repeat_interleave(freqs, 2, dim=-1) if c.rotary_interleaved else torch.cat((freqs, freqs), dim=-1)
+    return r, torch.cos(emb), torch.sin(emb)
+
+
+def rope_apply(c: ModelConfig, t, cos_sin):
+    """t [b, heads, s, d]: t * cos + rotate_half(t) * sin on the first r channels (Megatron's _rotate_half: halves
+    [-x2, x1], or interleaved pairs (-x[2i+1], x[2i])); the rest passes through."""
+    r, cos, sin = cos_sin
+    x, rest = t[..., :r], t[..., r:]
+    if c.rotary_interleaved:
+        rot = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).reshape(x.shape)
+    else:
+        rot = torch.cat((-x[..., r // 2:], x[..., :r // 2]), dim=-1)
+    return torch.cat((x * cos + rot * sin, rest), dim=-1)
+
+
 class Attention(nn.Module):
-    """docs/layer.md §4.2: causal multi-head self-attention, qkv columns [q | k | v], head i in columns
-    [i*d, (i+1)*d) of each; scale 1/sqrt(d); no bias, no attention dropout."""
+    """docs/layer.md §4.2: causal self-attention, qkv columns [q | k | v] (q: n heads; k, v: g heads with
+    grouped-query attention, query head i reading K, V head i // (n/g)), head i in columns [i*d, (i+1)*d) of each;
+    RoPE on q and k (docs/layer.md §4.4); scale 1/sqrt(d); no bias, no attention dropout (evaluation)."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
         h = c.hidden_size
+        self.c = c
         self.n = c.num_attention_heads
-        self.qkv = nn.Linear(h, 3 * h, bias=False)
+        self.g = c.num_query_groups or self.n
+        self.qkv = nn.Linear(h, h + 2 * self.g * (h // self.n), bias=False)
         self.proj = nn.Linear(h, h, bias=False)
 
     def forward(self, x):  # x [s, b, h]
         s, b, h = x.shape
-        n, d = self.n, h // self.n
+        n, g, d = self.n, self.g, h // self.n
         qkv = self.qkv(x)
-        q, k, v = (qkv[..., i * h:(i + 1) * h].reshape(s, b, n, d).permute(1, 2, 0, 3) for i in range(3))  # [b,n,s,d]
+        q = qkv[..., :h].reshape(s, b, n, d).permute(1, 2, 0, 3)  # [b, n, s, d]
+        k, v = (qkv[..., h + i * g * d:h + (i + 1) * g * d].reshape(s, b, g, d).permute(1, 2, 0, 3) for i in range(2))
+        if self.c.position_embedding_type == "rope":
+            cs = rope_cos_sin(self.c, s)
+            q, k = rope_apply(self.c, q, cs), rope_apply(self.c, k, cs)
+        k, v = k.repeat_interleave(n // g, dim=1), v.repeat_interleave(n // g, dim=1)
         scores = q @ k.transpose(-1, -2) / math.sqrt(d)
         causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
         p = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
@@ -374,9 +438,13 @@ class Embedding(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position_embeddings = nn.Embedding(c.seq_length, c.hidden_size)
+        self.learned = c.position_embedding_type == "learned_absolute"  # rope, none: no table
+        if self.learned:
+            self.position_embeddings = nn.Embedding(c.seq_length, c.hidden_size)
 
-    def forward(self, tokens):  # tokens [s, b] -> [s, b, h]: wte[token] + wpe[position]
+    def forward(self, tokens):  # tokens [s, b] -> [s, b, h]: wte[token] (+ wpe[position])
+        if not self.learned:
+            return self.word_embeddings(tokens)
         pos = torch.arange(tokens.shape[0])
         return self.word_embeddings(tokens) + self.position_embeddings(pos)[:, None, :]
 
@@ -431,7 +499,8 @@ class GptMoE(nn.Module):
                            (7, layer.moe.experts.fc1.weight), (8, layer.moe.experts.fc2.weight)):
                 fill(p, i, pid, True)
         fill(self.embedding.word_embeddings.weight, MODEL_KEY_LAYER, 1, False)
-        fill(self.embedding.position_embeddings.weight, MODEL_KEY_LAYER, 2, False)
+        if self.embedding.learned:
+            fill(self.embedding.position_embeddings.weight, MODEL_KEY_LAYER, 2, False)
         if c.untie_embeddings_and_output_weights:
             fill(self.output_layer.weight, MODEL_KEY_LAYER, 3, False)
 

@@ -575,3 +575,113 @@ TEST(GateConfigErrors, RejectsBadTopkAndExperts) {
   cfg.topk = 2;  // two choices need two experts
   EXPECT_THROW(gate_forward(X, W, cfg, 0, ctx), ConfigError);
 }
+
+// ---- Megatron-Core's router (--moe-model-type megatron_moe) ----
+
+namespace {
+GateConfig megatron_cfg(int64_t E, int k, bool pre_softmax = false, double scale = 1.0) {
+  GateConfig c = make_cfg(E, k);
+  c.router = Router::megatron;
+  c.pre_softmax = pre_softmax;
+  c.topk_scaling_factor = scale;
+  return c;
+}
+// Megatron's router in double, from its description (topk_routing_with_score_function, softmax): the loss
+// sum_t,i r[t,i] w[t,i] + a * l_aux, l_aux = E / (S^2 k) sum_e (sum_t p[t,e]) * c_e, of one call over S tokens.
+double megatron_ref_loss(const std::vector<double>& x, const std::vector<double>& w, int64_t S, int64_t h, int64_t E,
+                         int k, bool pre, double sf, const std::vector<double>& r, double a) {
+  double loss = 0;
+  std::vector<double> sp(size_t(E), 0), cnt(size_t(E), 0);
+  for (int64_t t = 0; t < S; ++t) {
+    std::vector<double> l(static_cast<size_t>(E)), p(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t j = 0; j < h; ++j) l[size_t(e)] += x[size_t(t * h + j)] * w[size_t(e * h + j)];
+    const double mx = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (int64_t e = 0; e < E; ++e) z += (p[size_t(e)] = std::exp(l[size_t(e)] - mx));
+    for (double& v : p) v /= z;
+    std::vector<int> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int u, int v) { return l[size_t(u)] > l[size_t(v)]; });
+    double zk = 0;
+    for (int i = 0; i < k; ++i) zk += std::exp(l[size_t(order[size_t(i)])] - mx);
+    for (int i = 0; i < k; ++i) {
+      const int e = order[size_t(i)];
+      const double wt = pre ? p[size_t(e)] : std::exp(l[size_t(e)] - mx) / zk;
+      loss += r[size_t(t * k + i)] * sf * wt;
+      cnt[size_t(e)] += 1;
+    }
+    for (int64_t e = 0; e < E; ++e) sp[size_t(e)] += p[size_t(e)];
+  }
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += sp[size_t(e)] * cnt[size_t(e)];
+  return loss + a * double(E) / (double(S) * double(S) * k) * aux;
+}
+}  // namespace
+
+// By hand: x = the logits (Wg the identity), two tokens, E = 4, top-3. Token 0 [1, 3, 2, 0] picks experts 1, 2, 0
+// with weights softmax(3, 2, 1) = (0.665241, 0.244728, 0.090031); token 1 [0, 0, 1, 2] picks 3, 2 and 0 (the tie
+// of experts 0 and 1 goes to the lower index). Every choice has a slot (no capacity): an expert's first choices in
+// token order, then its second choices, then its third.
+TEST(GateMegatron, TopkSoftmaxWeightsSlotsAndAuxLossByHand) {
+  const Tensor X = tensor_of({1, 3, 2, 0, 0, 0, 1, 2}, {2, 4});
+  const Tensor W = tensor_of({1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, {4, 4});
+  GateCtx ctx;
+  gate_forward(X, W, megatron_cfg(4, 3), 0, ctx);
+  const GateRouting& r = ctx.routing;
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{1, 2, 0, 3, 2, 0}));
+  const double w0[] = {0.6652409557748219, 0.2447284710547976, 0.0900305731703805};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(r.weight[size_t(i)], w0[i], 1e-6);
+    EXPECT_NEAR(r.weight[size_t(3 + i)], w0[i], 1e-6);  // (2, 1, 0) above the minimum: the same softmax
+  }
+  // loads: expert 0: 2 (both third choices), 1: 1, 2: 2 (a second choice each), 3: 1; capacity = the largest
+  EXPECT_EQ(r.C, 2);
+  EXPECT_EQ(r.expert_count, (std::vector<int32_t>{2, 1, 2, 1}));
+  EXPECT_EQ(r.slot, (std::vector<int32_t>{0, 0, 0, 0, 1, 1}));
+  // aux loss: E / (N^2 k) sum_e Sp_e c_e with the full softmax's Sp
+  double sp[4] = {0, 0, 0, 0};
+  for (const auto& row : {std::vector<double>{1, 3, 2, 0}, std::vector<double>{0, 0, 1, 2}}) {
+    double z = 0;
+    for (double v : row) z += std::exp(v);
+    for (int e = 0; e < 4; ++e) sp[e] += std::exp(row[size_t(e)]) / z;
+  }
+  const double want = 4.0 / (4.0 * 3.0) * (sp[0] * 2 + sp[1] * 1 + sp[2] * 2 + sp[3] * 1);
+  EXPECT_NEAR(aux_loss_from_sums(ctx.stats), want, 1e-6);
+  // pre-softmax with a scaling factor: the full softmax's probabilities, times 2
+  gate_forward(X, W, megatron_cfg(4, 3, /*pre_softmax=*/true, 2.0), 0, ctx);
+  double z0 = std::exp(1) + std::exp(3) + std::exp(2) + 1;
+  EXPECT_NEAR(ctx.routing.weight[0], 2 * std::exp(3) / z0, 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[2], 2 * std::exp(1) / z0, 1e-6);
+}
+
+// The backward (routing weights and aux loss) against central differences of the double reference, top-1/3/8,
+// default and pre-softmax, with a scaling factor.
+TEST(GateMegatron, BackwardMatchesFiniteDifferences) {
+  const int64_t S = 6, h = 5, E = 8;
+  for (const int k : {1, 3, 8})
+    for (const bool pre : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "k=" << k << (pre ? " pre-softmax" : ""));
+      const double sf = 1.5, a = 0.7;
+      std::mt19937 rng(uint32_t(11 + k + pre));
+      std::vector<double> x = randn(size_t(S * h), rng), w = randn(size_t(E * h), rng, 0.7),
+                          r = randn(size_t(S * k), rng);
+      GateCtx ctx;
+      const GateConfig cfg = megatron_cfg(E, k, pre, sf);
+      const Tensor W = tensor_of(w, {E, h});
+      gate_forward(tensor_of(x, {S, h}), W, cfg, 0, ctx);
+      Tensor dx = Tensor::zeros({S, h}), dW = Tensor::zeros({E, h}), dl = Tensor::zeros({S, E});
+      gate_backward(tensor_of(r, {S, k}), float(a), ctx.stats, ctx, W, dl, dx, dW);
+      auto fd = [&](std::vector<double>& v, size_t i) {
+        const double keep = v[i], step = 1e-6;
+        v[i] = keep + step;
+        const double up = megatron_ref_loss(x, w, S, h, E, k, pre, sf, r, a);
+        v[i] = keep - step;
+        const double dn = megatron_ref_loss(x, w, S, h, E, k, pre, sf, r, a);
+        v[i] = keep;
+        return (up - dn) / (2 * step);
+      };
+      for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx.get(int64_t(i)), fd(x, i), 3e-5) << "dx " << i;
+      for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(dW.get(int64_t(i)), fd(w, i), 3e-5) << "dWg " << i;
+    }
+}

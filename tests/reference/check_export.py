@@ -43,6 +43,10 @@ def parse(argv):
     ap.add_argument("--rotary-base", type=int, default=10000)
     ap.add_argument("--rotary-percent", type=float, default=1.0)
     ap.add_argument("--rotary-interleaved", action="store_true")
+    ap.add_argument("--moe-model-type", default="deepspeed_moe", choices=["deepspeed_moe", "megatron_moe"])
+    ap.add_argument("--moe-router-pre-softmax", action="store_true")
+    ap.add_argument("--moe-router-topk-scaling-factor", type=float, default=0.0)
+    ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "none"])
     ap.add_argument("--init-method-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=0.01)
@@ -77,7 +81,8 @@ def main(argv):
                 noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, pa=a.attention_dropout, norm=a.normalization, eps=a.norm_epsilon,
                 seed=a.seed, g=a.num_query_groups if a.group_query_attention else 0,
                 rope=a.position_embedding_type == "rope", rotary_base=a.rotary_base, rotary_percent=a.rotary_percent,
-                rotary_interleaved=a.rotary_interleaved,
+                rotary_interleaved=a.rotary_interleaved, router=a.moe_model_type, pre_softmax=a.moe_router_pre_softmax,
+                topk_scale=a.moe_router_topk_scaling_factor, aux_type=a.moe_router_load_balancing_type,
                 coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0
 

@@ -115,6 +115,10 @@ class Cfg:
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     rotary_interleaved: bool = False
+    router: str = "deepspeed_moe"  # --moe-model-type: deepspeed_moe or megatron_moe (Megatron-Core's dropless top-k)
+    pre_softmax: bool = False  # --moe-router-pre-softmax
+    topk_scale: float = 0.0  # --moe-router-topk-scaling-factor (0: none)
+    aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss or none
     seed: int = 1234
     coeff: float = 0.01
     M: int = 1
@@ -287,8 +291,27 @@ def softmax_rows(z):
 # ------------------------------------------------------------------------------------------------ the gate (§6)
 
 
+def megatron_gate_chunk(c: Cfg, xin, Wg):
+    """§6.10: Megatron-Core's router (topk_routing_with_score_function, softmax): the k largest logits (pre-softmax:
+    the k largest probabilities), weights the softmax over those k logits (pre-softmax: their probabilities), times
+    the scaling factor; nothing dropped."""
+    S, E, k = xin.shape[0], c.E, c.k
+    logits = xin @ Wg.T
+    P = softmax_rows(logits)
+    scores = P if c.pre_softmax else logits
+    choice = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # ties: the lower expert first
+    rows = np.arange(S)[:, None]
+    w = P[rows, choice] if c.pre_softmax else softmax_rows(logits[rows, choice])
+    sf = c.topk_scale if c.topk_scale > 0 else 1.0
+    counts = np.bincount(choice.ravel(), minlength=E)
+    return dict(xg=xin, noise=np.ones_like(xin), P=P, choice=choice, kept=np.ones((S, k), dtype=bool),
+                slot=np.zeros((S, k), dtype=np.int64), w=w * sf, q=w, sf=sf, C=int(counts.max()), counts=counts, S=S)
+
+
 def gate_chunk(c: Cfg, xin, Wg, token0):
     """Routes one chunk. Returns a dict with the noisy input, probs, choices, slots, kept flags and weights."""
+    if c.router == "megatron_moe":
+        return megatron_gate_chunk(c, xin, Wg)
     S, E, k = xin.shape[0], c.E, c.k
     toks = token0 + np.arange(S)
     if c.noisy == "Jitter":
@@ -378,7 +401,7 @@ def attention_dropout_mask(c: Cfg, token_base):
 
 
 def rope_cos_sin(c: Cfg):
-    """§3.1: Megatron's rotary table: inv_freq = 1 / base^(arange(0, r, 2) / r) and the angles pos * inv_freq in
+    """§4.4: Megatron's rotary table: inv_freq = 1 / base^(arange(0, r, 2) / r) and the angles pos * inv_freq in
     float32 (as Megatron computes them), their cos and sin [s, r/2] in float64."""
     r = int(c.d * c.rotary_percent) if c.rotary_percent < 1.0 else c.d
     inv = (np.float32(1.0) / (np.float32(c.rotary_base) ** (np.arange(0, r, 2, dtype=np.float32) / np.float32(r))))
@@ -479,7 +502,10 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
                 g["h1"][(t, i)], g["act"][(t, i)], g["fout"][(t, i)] = h1, a, f
                 moe[r0 + t] += g["w"][t, i] * f
         Sp += g["P"].sum(axis=0)
-        Sm += np.bincount(g["choice"][:, 0], minlength=E)
+        if c.router == "megatron_moe":  # §6.10: every choice counts, over k; none: no aux loss
+            Sm += g["counts"] / k if c.aux_type == "aux_loss" else 0.0
+        else:
+            Sm += np.bincount(g["choice"][:, 0], minlength=E)
         gates.append(g)
     N = float(T)
     l_aux = E * np.sum((Sp / N) * (Sm / N))
@@ -509,7 +535,12 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
         P = g["P"]
         dP = np.tile(daux, (S, 1))
         rows = np.arange(S)
-        if k == 1:
+        if c.router == "megatron_moe" and c.pre_softmax:
+            for i in range(k):
+                dP[rows, g["choice"][:, i]] += g["sf"] * dW[:, i]
+        elif c.router == "megatron_moe":
+            pass  # the weights are a softmax over the chosen logits: added to dlog below
+        elif k == 1:
             kp = g["kept"][:, 0]
             dP[rows[kp], g["choice"][kp, 0]] += dW[kp, 0]
         else:
@@ -528,6 +559,11 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
                         if kept[t, i]:
                             dP[t, g["choice"][t, i]] += dW[t, i] / eps
         dlog = P * (dP - (P * dP).sum(axis=1, keepdims=True))
+        if c.router == "megatron_moe" and not c.pre_softmax:  # w = sf * softmax(chosen logits)
+            q, gw = g["q"], g["sf"] * dW
+            dsel = q * (gw - (q * gw).sum(axis=1, keepdims=True))
+            for i in range(k):
+                dlog[rows, g["choice"][:, i]] += dsel[:, i]
         grads["moe.gate.weight"] += dlog.T @ g["xg"]
         d_ln2[r0:r0 + S] += (dlog @ W["moe.gate.weight"]) * g["noise"]
     dx2 = norm_bwd(c, d_ln2, W, "ln2", ln2c, grads)

@@ -177,6 +177,7 @@ TEST(SimCost, GemmAttentionElementwiseAndCollective) {
   p.links["intra"] = LinkClass{7, 20};
   Plan plan = PlanBuilder().p;
   plan.dims.h = plan.dims.hl = 256;  // tp = 1
+  plan.dims.qkvl = 3 * plan.dims.hl;  // [q | k | v] of multi-head attention
   plan.dims.Scl = plan.dims.Sc;
   plan.dims.E = 8;
   plan.dims.cd = DType::bf16;

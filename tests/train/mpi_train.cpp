@@ -96,6 +96,34 @@ TEST(MpiTrainer, TensorSequenceParallelTrainsAsOneTpRank) {
   }
 }
 
+// A Mixtral-like model (RMSNorm, RoPE, grouped-query attention, SwiGLU, Megatron-Core's dropless top-2 router) over
+// 20 iterations: tp 2 (x ep 2 on 4 ranks) at AMPipe degree 2 trains as one tp rank, EP 1, degree 1.
+TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
+  const int world = comm::Runtime::current().size();
+  auto mixtral = [](int tp, int ep, int M) {
+    train::TrainConfig c = tp_config(tp, ep, M, 20);
+    model::LayerConfig& l = c.layer;
+    l.sequence_parallel = false;  // the dropless router's capacity is agreed over EP only
+    l.ampipe_tp_sp_comm_overlap = false;
+    l.normalization = model::Normalization::rmsnorm;
+    l.position_embedding = model::PositionEmbedding::rope;
+    l.num_attention_heads = 4;
+    l.num_query_groups = 2;
+    l.expert = model::ExpertKind::swiglu;
+    l.moe_router = model::Router::megatron;
+    c.moe_aux_loss_coeff = 0.01;
+    return c;
+  };
+  groups_for(1);
+  const RunResult ref = run_training(mixtral(1, 1, 1), groups_for(1));
+  SCOPED_TRACE("tp 2, degree 2");
+  expect_same_run(run_training(mixtral(2, 1, 2), groups_for(1, 2)), ref, 1e-5);
+  if (world >= 4) {
+    SCOPED_TRACE("tp 2 x ep 2, degree 2");
+    expect_same_run(run_training(mixtral(2, 2, 2), groups_for(2, 2)), ref, 1e-5);
+  }
+}
+
 TEST(MpiTrainer, CheckpointsLoadAcrossTensorParallelSizes) {
   comm::Runtime& rt = comm::Runtime::current();
   if (rt.size() != 2) GTEST_SKIP() << "the 2-rank run covers it (tp 2 and tp 1 x dp 2)";

@@ -121,6 +121,19 @@ TEST(Trainer, GroupedQueryRopeDegreesEqualDegreeOne) {
   EXPECT_NE(run_training(c, *g_groups).losses.back(), ref.losses.back());
 }
 
+// Megatron-Core's dropless top-3 router (pre-softmax, a scaling factor) in training: degree 4 equals degree 1.
+TEST(Trainer, MegatronRouterDegreesEqualDegreeOne) {
+  train::TrainConfig c = tiny_config();
+  c.layer.moe_router = model::Router::megatron;
+  c.layer.moe_router_topk = 3;
+  c.layer.moe_router_pre_softmax = true;
+  c.layer.moe_router_topk_scaling_factor = 1.5;
+  c.moe_aux_loss_coeff = 0.01;
+  const RunResult ref = run_training(c, *g_groups);
+  c.ampipe_degree = 4;
+  expect_same_run(run_training(c, *g_groups), ref, 1e-5);
+}
+
 TEST(Trainer, GradientAccumulationEqualsFewerLargerMicroBatches) {
   // 4 micro-batches of 2 = 2 micro-batches of 4 (same samples): the gradient is the mean over the global batch.
   // Without dropout and aux loss: dropout keys are token indices in the [s, b] layout of a micro-batch, and the

@@ -160,8 +160,9 @@ constexpr const char* kNoSharedExperts = "shared experts are not implemented (th
 constexpr const char* kAllMoe = "every block has an MoE layer here (no dense layers)";
 constexpr const char* kNoNoopLayers = "every layer is a transformer block here (no identity layers)";
 constexpr const char* kRouter =
-    "a Megatron-core router option; the router here is DeepSpeed-MoE's top-k softmax gate (--moe-model-type "
-    "deepspeed_moe)";
+    "a Megatron-core router option this engine does not have: its routers are DeepSpeed-MoE's gate (--moe-model-type "
+    "deepspeed_moe) and Megatron-Core's softmax top-k router (megatron_moe: --moe-router-pre-softmax, "
+    "--moe-router-topk-scaling-factor, --moe-router-load-balancing-type aux_loss or none)";
 constexpr const char* kCapacity =
     "Megatron-core's expert capacity; the capacity here is DeepSpeed-MoE's (--moe-train-capacity-factor, "
     "--moe-min-capacity, --moe-no-drop)";
@@ -505,16 +506,14 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--moe-layer-freq", G::text, kAllMoe, "1"));
   v.push_back(refused("--first-k-dense-replace", G::integer, kAllMoe, "0"));
   v.push_back(refused("--noop-layers", G::text, kNoNoopLayers));
-  v.push_back(refused("--moe-router-load-balancing-type", G::text_list, kRouter));
-  for (const char* f : {"--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate"})
-    v.push_back(refused(f, G::number, kRouter));
+  v.push_back(refused("--moe-router-bias-update-rate", G::number, kRouter));
   v.push_back(refused("--moe-router-dtype", G::text, kRouter, "fp32"));
   for (const char* f : {"--moe-router-enable-expert-bias", "--norm-topk-prob", "--fix-router", "--seq-aux",
-                        "--moe-router-pre-softmax", "--moe-router-force-load-balancing"})
+                        "--moe-router-force-load-balancing"})
     v.push_back(refused(f, G::on_off, kRouter));
   for (const char* f : {"--moe-router-num-groups", "--moe-router-group-topk", "--num-zero-experts", "--n-hash-layers"})
     v.push_back(refused(f, G::integer, kRouter));
-  v.push_back(refused("--moe-router-score-function", G::text, kRouter));
+  v.push_back(refused("--moe-router-score-function", G::text, kRouter, "softmax"));
   v.push_back(refused("--routed-scaling-factor", G::number, kRouter));  // (older MindSpeed-LLM spellings)
   v.push_back(refused("--topk-group", G::integer, kRouter));
   v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
@@ -676,6 +675,20 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->cfg.moe_min_capacity), kDef));
   v.push_back(flag("--moe-no-drop", L, kGroupMoe, G::on_off, "no capacity limit: no token is dropped",
                    AT(layer->cfg.moe_no_drop)));
+  v.push_back(flag("--moe-model-type", L, kGroupMoe, G::text,
+                   "deepspeed_moe (DeepSpeed-MoE's top-1/top-2 gate with a capacity) or megatron_moe (Megatron-Core's "
+                   "dropless top-k router, k up to 8)",
+                   AT(layer->moe_model_type), kDef));
+  v.push_back(flag("--moe-router-pre-softmax", L, kGroupMoe, G::on_off,
+                   "megatron_moe: top-k of the softmax probabilities (weights not renormalised) instead of the "
+                   "softmax over the top-k logits",
+                   AT(layer->cfg.moe_router_pre_softmax)));
+  v.push_back(flag("--moe-router-topk-scaling-factor", L, kGroupMoe, G::number,
+                   "megatron_moe: a factor on the routing weights", AT(layer->cfg.moe_router_topk_scaling_factor)));
+  v.push_back(flag("--moe-router-load-balancing-type", L, kGroupMoe, G::text,
+                   "megatron_moe: aux_loss (Megatron's switch load-balancing loss, scaled by --moe-aux-loss-coeff) or "
+                   "none",
+                   AT(layer->moe_router_load_balancing_type), kDef));
   v.push_back(
       flag("--no-use-rts", L, kGroupMoe, G::on_off, "turn off random token selection (top-1)", AT(layer->no_use_rts)));
   v.push_back(flag("--noisy-gate-policy", L, kGroupMoe, G::text, "None, Jitter or RSample",
@@ -839,9 +852,6 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--untie-embeddings-and-output-weights", T, kGroupModel, G::on_off,
                    "separate LM-head matrix instead of the token embedding",
                    AT(train->cfg.untie_embeddings_and_output_weights)));
-  v.push_back(flag("--moe-model-type", T, kGroupMoe, G::text,
-                   "deepspeed_moe (the MoE layer of this engine) or megatron_moe", AT(train->cfg.moe_model_type),
-                   kDef));
   v.push_back(flag("--use-flash-attn", T, kGroupModel, G::on_off,
                    "flash attention (this engine's only attention kernel; required with --ampipe-degree > 1)",
                    AT(train->cfg.use_flash_attn)));

@@ -79,6 +79,7 @@ model::LayerConfig LayerFlags::finish() {
   cfg.layernorm_epsilon = float(norm_epsilon);
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
   finish_attention();
+  finish_router();
   cfg.validate();
   if (cfg.noisy_gate_policy == model::NoisyGatePolicy::rsample && cfg.moe_router_topk == 2)
     notices.push_back("--noisy-gate-policy RSample has no effect with --moe-router-topk 2 (as in DeepSpeed-MoE, "
@@ -114,6 +115,31 @@ void LayerFlags::finish_attention() {
   if (rotary_base < 1)
     throw ConfigError(fmt::format("--rotary-base {} is invalid: it must be a positive integer", rotary_base));
   cfg.rotary_base = double(rotary_base);
+  if (!cfg.rope() && (rotary_base != 10000 || cfg.rotary_percent != 1.0 || cfg.rotary_interleaved ||
+                      cfg.rotary_interpolation_factor != 0 || cfg.use_rope_scaling))
+    notices.push_back(fmt::format("the rotary-embedding flags have no effect with --position-embedding-type {} "
+                                  "(as in Megatron): pass --position-embedding-type rope to use them",
+                                  position_embedding_type));
+}
+
+void LayerFlags::finish_router() {
+  if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
+    throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
+  cfg.moe_router = moe_model_type == "megatron_moe" ? model::Router::megatron : model::Router::deepspeed;
+  const std::string& lb = moe_router_load_balancing_type;
+  if (lb != "aux_loss" && lb != "none") {
+    const bool megatrons = lb == "seq_aux_loss" || lb == "sinkhorn" || lb == "global_aux_loss";
+    throw ConfigError(fmt::format("--moe-router-load-balancing-type {} is {}: this engine has aux_loss and none", lb,
+                                  megatrons ? "not implemented" : "not a load-balancing type"));
+  }
+  cfg.moe_router_aux_loss = lb == "aux_loss";
+  if (!cfg.megatron_router() && (cfg.moe_router_pre_softmax || cfg.moe_router_topk_scaling_factor != 0 || lb != "aux_loss"))
+    throw ConfigError(fmt::format("{} is a Megatron-Core router option: it needs --moe-model-type megatron_moe "
+                                  "(here: {})",
+                                  cfg.moe_router_pre_softmax ? "--moe-router-pre-softmax"
+                                  : lb != "aux_loss"         ? "--moe-router-load-balancing-type " + lb
+                                                             : "--moe-router-topk-scaling-factor",
+                                  moe_model_type));
 }
 
 void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees) {

@@ -26,6 +26,8 @@ struct LayerFlags {
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of rope
   bool no_position_embedding = false;           // deprecated in Megatron: accepted with rope only
   int64_t rotary_base = 10000;                  // --rotary-base (an integer in Megatron)
+  std::string moe_model_type = "deepspeed_moe";  // --moe-model-type (MindSpeed's AMPipe layer; see the note in finish)
+  std::string moe_router_load_balancing_type = "aux_loss";  // Megatron's default
   double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
   // Megatron's sizes of the experts and the attention heads (0: not given). --moe-ffn-hidden-size is the experts' F
   // (every block here is an MoE block, so it replaces --ffn-hidden-size; MindSpeed-LLM's deprecated
@@ -41,6 +43,8 @@ struct LayerFlags {
   model::LayerConfig finish();
   // The attention flags into cfg: grouped queries, the position embedding and RoPE's settings (ConfigError).
   void finish_attention();
+  // The router flags into cfg: --moe-model-type and Megatron-Core's router options (ConfigError).
+  void finish_router();
   // After the subcommand's own checks of its AMPipe degrees: the pipe-experts rules for every degree it runs
   // (model::LayerConfig::check_pipe_experts; throws ConfigError). When the feature has nothing to pipeline (which
   // does not depend on the degree) it is turned off in `c` and in `cfg`, and the reason joins `notices` once.

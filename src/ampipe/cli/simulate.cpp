@@ -32,7 +32,7 @@
 //   engine    the FLOPs this engine counts: nmb * (sum of Plan::flops() of the layers + 6*T*h*V) / iteration
 //   Megatron  core_r0.7.0's formula (training.py, num_floating_point_operations), which the seed's table uses:
 //             F = 12*B*s*num_layers*h^2 * [(1 + g/n + s/h)*(q/h) + (F/h)*k*(3/2 with SwiGLU) + V_pad/(2*num_layers*h)]
-//             with B the global batch, g/n = 1 and q = h (no grouped-query attention here), V_pad = V rounded up
+//             with B the global batch, g/n the K, V heads' share (1 without grouped queries), q = h, V_pad = V rounded up
 //             to a multiple of 128 (Megatron's --make-vocab-size-divisible-by); printed F / (iteration * 1e12 * W)
 #include "ampipe/cli/simulate.h"
 
@@ -171,8 +171,9 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   // Megatron core_r0.7.0 (see the file comment).
   const double V_pad = std::ceil(V / (128.0 * tp)) * 128.0 * tp;
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
+  const double gn = double(l.query_groups()) / double(l.num_attention_heads);  // grouped-query attention's g/n
   p.megatron_flops = 12 * double(lay.G) * s * nl * h * h *
-                     ((1 + 1 + s / h) * 1 + (F / h) * k * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
+                     ((1 + gn + s / h) * 1 + (F / h) * k * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
   p.tflops_megatron = p.megatron_flops / (p.step_s * 1e12 * lay.W);
   return p;
 }

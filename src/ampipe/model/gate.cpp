@@ -21,7 +21,24 @@ namespace {
 constexpr float kJitterEps = 1e-2f;   // DeepSpeed multiplicative_jitter epsilon
 constexpr float kRenormEps = FLT_EPSILON;  // torch.finfo(torch.float32).eps, top-2 renormalisation floor
 
+constexpr int kMaxTopk = 8;  // Megatron-Core's router: up to 8 experts per token here
+
 void validate(const GateConfig& cfg) {
+  if (cfg.router == Router::megatron) {
+    if (cfg.topk < 1 || cfg.topk > kMaxTopk)
+      throw ConfigError(fmt::format("--moe-router-topk {} is not supported: Megatron-Core's router takes 1 to {} "
+                                    "experts per token here", cfg.topk, kMaxTopk));
+    if (cfg.num_experts < cfg.topk)
+      throw ConfigError(fmt::format("--num-experts {} is smaller than --moe-router-topk {}; every token needs {} "
+                                    "distinct experts", cfg.num_experts, cfg.topk, cfg.topk));
+    if (!(cfg.topk_scaling_factor > 0) || !std::isfinite(cfg.topk_scaling_factor))
+      throw ConfigError(fmt::format("--moe-router-topk-scaling-factor {} is invalid: it must be a positive number",
+                                    cfg.topk_scaling_factor));
+    if (cfg.noisy_gate_policy != NoisyGatePolicy::none)
+      throw ConfigError("--noisy-gate-policy is DeepSpeed-MoE's (--moe-model-type deepspeed_moe): Megatron-Core's "
+                        "router has no gate noise");
+    return;
+  }
   if (cfg.topk != 1 && cfg.topk != 2)
     throw ConfigError(fmt::format("--moe-router-topk {} is not supported; the DeepSpeed-MoE gate is top-1 or top-2",
                                   cfg.topk));
@@ -93,6 +110,81 @@ int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64
   return C;
 }
 
+namespace {
+// The k largest of row[0, E) (ties -> the lower index), largest first.
+void top_k(const float* row, int64_t E, int64_t k, int32_t* out) {
+  for (int64_t i = 0; i < k; ++i) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < i; ++j) taken |= out[j] == int32_t(e);
+      if (!taken && (best < 0 || row[e] > row[best])) best = int32_t(e);
+    }
+    out[i] = best;
+  }
+}
+
+// Megatron-Core's router on the logits in ctx.probs (GateConfig::router): choices, weights, the full softmax (in
+// place) and the aux-loss sums.
+void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
+  GateRouting& r = ctx.routing;
+  const int64_t S = r.S, E = r.E, k = r.k;
+  ctx.choice_count.assign(size_t(k * E), 0);
+  ctx.topk_weight.assign(size_t(S * k), 0.0f);
+  float* P = ctx.probs.data<float>();
+  const float sf = float(cfg.topk_scaling_factor);
+  for (int64_t t = 0; t < S; ++t) {
+    float* row = P + t * E;
+    int32_t* choice = r.expert.data() + t * k;
+    float* w = ctx.topk_weight.data() + t * k;
+    if (!cfg.pre_softmax) {  // top-k of the logits, the softmax over those k
+      top_k(row, E, k, choice);
+      const float mx = row[choice[0]];
+      float sum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) sum += (w[i] = std::exp(row[choice[i]] - mx));
+      for (int64_t i = 0; i < k; ++i) w[i] = w[i] / sum * sf;
+    }
+    float mx = row[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += (row[e] = std::exp(row[e] - mx));
+    const float inv = 1.0f / sum;
+    for (int64_t e = 0; e < E; ++e) row[e] *= inv;
+    if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
+      top_k(row, E, k, choice);
+      for (int64_t i = 0; i < k; ++i) w[i] = row[choice[i]] * sf;
+    }
+    for (int64_t i = 0; i < k; ++i) ++ctx.choice_count[size_t(i * E + choice[i])];
+    for (int64_t e = 0; e < E; ++e) ctx.stats.sum_probs[size_t(e)] += double(row[e]);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t all = 0;
+    for (int64_t i = 0; i < k; ++i) all += ctx.choice_count[size_t(i * E + e)];
+    ctx.stats.sum_mask1[size_t(e)] = cfg.load_balancing ? double(all) / double(k) : 0.0;
+  }
+}
+
+// Megatron-Core's router has no capacity: choice i of expert e takes the slot after every earlier choice's.
+void megatron_assign(int64_t C, GateCtx& ctx) {
+  GateRouting& r = ctx.routing;
+  const int64_t S = r.S, E = r.E, k = r.k;
+  std::vector<int32_t> next(size_t(k * E), 0);  // first slot of choice i of expert e
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 1; i < k; ++i)
+      next[size_t(i * E + e)] = next[size_t((i - 1) * E + e)] + ctx.choice_count[size_t((i - 1) * E + e)];
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t e = r.expert[size_t(t * k + i)];
+      const int32_t s = next[size_t(i * E + e)]++;
+      AMPIPE_CHECK(s < C, "dropless router: slot {} of expert {} beyond the capacity {}", s, e, C);
+      r.slot[size_t(t * k + i)] = s;
+      r.weight[size_t(t * k + i)] = ctx.topk_weight[size_t(t * k + i)];
+      r.slot_token[size_t(e * C + s)] = int32_t(t);
+      ++r.expert_count[size_t(e)];
+    }
+}
+}  // namespace
+
 void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
   validate(cfg);
   AMPIPE_CHECK(x.dim() == 2 && x.size(0) >= 1, "gate input x {} must be [S, h] with S >= 1", shape_str(x.shape()));
@@ -139,6 +231,7 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
   ctx.first_count.assign(size_t(E), 0);
   ctx.second_count.assign(size_t(E), 0);
 
+  if (cfg.router == Router::megatron) return megatron_select(cfg, ctx);
   const bool rsample = rsample_on(cfg);
   const core::PhiloxKey rs_key = key_of(cfg, core::RngPurpose::gate_rsample);
   float* P = ctx.probs.data<float>();
@@ -180,6 +273,15 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
 
 int64_t gate_required_capacity(const GateCtx& ctx) {
   int64_t need = 0;
+  if (ctx.cfg.router == Router::megatron) {
+    const int64_t E = ctx.routing.E;
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t all = 0;
+      for (int64_t i = 0; i < ctx.routing.k; ++i) all += ctx.choice_count[size_t(i * E + e)];
+      need = std::max(need, all);
+    }
+    return need;
+  }
   for (size_t e = 0; e < ctx.first_count.size(); ++e)
     need = std::max<int64_t>(need, int64_t(ctx.first_count[e]) + (ctx.routing.k == 2 ? ctx.second_count[e] : 0));
   return need;
@@ -197,6 +299,7 @@ void gate_assign_forward(int64_t C, GateCtx& ctx) {
   r.slot_token.assign(size_t(E * C), -1);
   r.expert_count.assign(size_t(E), 0);
   const float* P = ctx.probs.data<float>();
+  if (ctx.cfg.router == Router::megatron) return megatron_assign(C, ctx);
 
   if (k == 1) {
     // Which tokens each over-full expert keeps. keep[t] = 1 unless dropped.
@@ -268,7 +371,7 @@ void gate_assign_forward(int64_t C, GateCtx& ctx) {
 
 void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
   gate_select_forward(x, Wg, cfg, tokens, ctx);
-  const int64_t C = cfg.no_drop ? gate_required_capacity(ctx)
+  const int64_t C = cfg.no_drop || cfg.router == Router::megatron ? gate_required_capacity(ctx)
                                 : gate_capacity(x.size(0), cfg.num_experts, cfg.topk, cfg.capacity_factor,
                                                 cfg.min_capacity);
   gate_assign_forward(C, ctx);
@@ -281,6 +384,29 @@ double aux_loss_from_sums(const GateStats& total) {
   for (size_t e = 0; e < total.sum_probs.size(); ++e) acc += (total.sum_probs[e] / N) * (total.sum_mask1[e] / N);
   return E * acc;
 }
+
+namespace {
+// Megatron's router, token t: dp holds d l / d probs of the aux loss; turns it into d logits, with the routing
+// weights' gradient dw [k] added (through the full softmax when pre-softmax, else through the softmax over the k
+// chosen logits, whose gradient reaches only them).
+void megatron_weight_backward(const GateCtx& ctx, int64_t t, const float* dw, const float* p, float* dp) {
+  const GateRouting& r = ctx.routing;
+  const int64_t E = r.E, k = r.k;
+  const int32_t* choice = r.expert.data() + t * k;
+  const float* w = ctx.topk_weight.data() + t * k;
+  const float sf = float(ctx.cfg.topk_scaling_factor);
+  if (ctx.cfg.pre_softmax)
+    for (int64_t i = 0; i < k; ++i) dp[choice[i]] += sf * dw[i];  // w_i = sf * p[choice_i]
+  float dot = 0.0f;
+  for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[e];
+  for (int64_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - dot);
+  if (ctx.cfg.pre_softmax) return;
+  // w_i = sf * q_i, q = softmax(chosen logits): d l_i = q_i (sf dw_i - sum_j q_j sf dw_j)
+  float qdot = 0.0f;  // sum_j q_j sf dw_j = sum_j w_j dw_j
+  for (int64_t i = 0; i < k; ++i) qdot += w[i] * dw[i];
+  for (int64_t i = 0; i < k; ++i) dp[choice[i]] += w[i] / sf * (sf * dw[i] - qdot);
+}
+}  // namespace
 
 void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
                    const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum) {
@@ -312,6 +438,10 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
     const float* p = P + t * E;
     float* dp = dl + t * E;  // d probs first, then turned into d logits in place
     for (int64_t e = 0; e < E; ++e) dp[e] = daux[size_t(e)];
+    if (ctx.cfg.router == Router::megatron) {
+      megatron_weight_backward(ctx, t, dw + t * k, p, dp);
+      continue;
+    }
     if (k == 1) {
       if (r.slot[size_t(t)] >= 0) dp[r.expert[size_t(t)]] += dw[t];  // w = p[e1]
     } else {

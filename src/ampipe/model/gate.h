@@ -59,6 +59,20 @@ namespace ampipe::model {
 // --noisy-gate-policy None | Jitter | RSample
 enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 
+// Which router (--moe-model-type): DeepSpeed-MoE's top-1/top-2 gate with a capacity (deepspeed_moe, the rules
+// above), or Megatron-Core's dropless top-k router (megatron_moe):
+// - Choices: the k largest logits (--moe-router-pre-softmax: the k largest softmax probabilities; the same experts,
+//   ties -> the lower expert index), k = 1 .. 8; choice i is the i-th largest.
+// - Weights: the softmax over the k chosen logits (pre-softmax: the full softmax's probabilities of the chosen
+//   experts, not renormalised), times --moe-router-topk-scaling-factor. No capacity: every choice is kept (the
+//   slots of expert e: its first choices in token order, then its second choices, ...).
+// - Aux loss (--moe-router-load-balancing-type aux_loss, Megatron's switch_load_balancing_loss_func):
+//   l_aux = E / (N^2 k) * sum_e Sp_e * c_e, c_e = the choices of expert e (all k of every token), the full softmax's
+//   Sp_e as above. Written into GateStats as sum_mask1 = c_e / k, so aux_loss_from_sums and the backward are the
+//   same code. `none`: no aux loss (sum_mask1 = 0).
+// No noise (Jitter, RSample, RTS are DeepSpeed's) and no capacity factor apply to it.
+enum class Router : uint8_t { deepspeed, megatron };
+
 struct GateConfig {
   int64_t num_experts = 0;                 // E (--num-experts)
   int topk = 1;                            // k: 1 or 2 (--moe-router-topk)
@@ -70,6 +84,10 @@ struct GateConfig {
   bool training = true;                    // Jitter / RSample only apply in training (RTS always applies)
   uint64_t seed = 0;                       // global seed of the run
   uint32_t layer = 0;                      // layer index, part of every random key
+  Router router = Router::deepspeed;       // --moe-model-type
+  bool pre_softmax = false;                // megatron: --moe-router-pre-softmax
+  double topk_scaling_factor = 1.0;        // megatron: --moe-router-topk-scaling-factor (1: none)
+  bool load_balancing = true;              // megatron: --moe-router-load-balancing-type aux_loss (false: none)
 };
 
 // Per-chunk statistics for the aux loss. Sum them over chunks (and over ranks, for a data-parallel mean) with
@@ -104,6 +122,8 @@ struct GateCtx {
   GateStats stats;        // this chunk's aux-loss sums
   std::vector<int32_t> first_count;  // [E] first choices per expert before dropping (top-2 second-slot offset)
   std::vector<int32_t> second_count; // [E] second choices per expert before dropping (top-2)
+  std::vector<int32_t> choice_count; // megatron: [k, E] i-th choices per expert
+  std::vector<float> topk_weight;    // megatron: [S, k] the routing weights (scaled)
   GateRouting routing;
 };
 

@@ -51,7 +51,7 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--num-query-groups {} is invalid: it must be a positive divisor of "
                                   "--num-attention-heads {} (every K, V head serves the same number of query heads)",
                                   num_query_groups, num_attention_heads));
-  if (tensor_model_parallel_size > 0 && query_groups() % tensor_model_parallel_size != 0)
+  if (num_query_groups > 0 && tensor_model_parallel_size > 0 && num_query_groups % tensor_model_parallel_size != 0)
     throw ConfigError(fmt::format("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}: every "
                                   "tensor-parallel rank holds whole query groups (Megatron's rule)",
                                   query_groups(), tensor_model_parallel_size));
@@ -72,9 +72,20 @@ void LayerConfig::validate() const {
       throw ConfigError(fmt::format("--rope-scaling-factor {} is invalid: it must be a positive number",
                                     rope_scaling_factor));
   }
-  if (moe_router_topk != 1 && moe_router_topk != 2)
-    throw ConfigError(fmt::format("--moe-router-topk {} is not supported: only top-1 and top-2 gating exist",
+  if (megatron_router() && (moe_router_topk < 1 || moe_router_topk > 8))
+    throw ConfigError(fmt::format("--moe-router-topk {} is not supported: Megatron-Core's router takes 1 to 8 "
+                                  "experts per token here",
                                   moe_router_topk));
+  if (!megatron_router() && moe_router_topk != 1 && moe_router_topk != 2)
+    throw ConfigError(fmt::format("--moe-router-topk {} is not supported: only top-1 and top-2 gating exist in "
+                                  "DeepSpeed-MoE's gate (--moe-model-type megatron_moe takes up to 8)",
+                                  moe_router_topk));
+  if (megatron_router() && noisy_gate_policy != NoisyGatePolicy::none)
+    throw ConfigError("--noisy-gate-policy is DeepSpeed-MoE's (--moe-model-type deepspeed_moe): Megatron-Core's "
+                      "router has no gate noise");
+  if (!(moe_router_topk_scaling_factor >= 0) || !std::isfinite(moe_router_topk_scaling_factor))
+    throw ConfigError(fmt::format("--moe-router-topk-scaling-factor {} is invalid: it must be a positive number",
+                                  moe_router_topk_scaling_factor));
   if (moe_router_topk > num_experts)
     throw ConfigError(fmt::format("--moe-router-topk {} is larger than --num-experts {}: a token cannot pick more "
                                   "experts than exist",
@@ -122,6 +133,11 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --tensor-model-parallel-size {} with "
                                   "--sequence-parallel: every tensor-parallel rank holds seq-length/tp rows",
                                   seq_length, t));
+  if (sequence_parallel && t > 1 && megatron_router())
+    throw ConfigError(fmt::format("--moe-model-type megatron_moe cannot be used with --sequence-parallel and "
+                                  "--tensor-model-parallel-size {} yet: its dropless capacity would have to be agreed "
+                                  "over EP x TP (every tp rank routes its own rows)",
+                                  t));
   if (sequence_parallel && t > 1 && moe_no_drop)
     throw ConfigError(fmt::format("--moe-no-drop cannot be used with --sequence-parallel and "
                                   "--tensor-model-parallel-size {} yet: every tp rank routes its own rows, and a "
@@ -146,9 +162,10 @@ std::string LayerConfig::check_pipe_experts(int M) const {
   if (pipe_experts_multi_stream && !sp())
     throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel and "
                       "--tensor-model-parallel-size > 1: it overlaps the pieces' tensor-parallel collectives");
-  if (moe_no_drop)
-    throw ConfigError("--use-pipe-experts cannot be used with --moe-no-drop: pipe-experts slices a fixed expert "
-                      "capacity, and a dropless capacity is known only after routing");
+  if (dropless())
+    throw ConfigError(fmt::format("--use-pipe-experts cannot be used with {}: pipe-experts slices a fixed expert "
+                                  "capacity, and a dropless capacity is known only after routing",
+                                  moe_no_drop ? "--moe-no-drop" : "--moe-model-type megatron_moe (dropless)"));
   if (M > 1) {
     if (N % M != 0)
       throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "

@@ -51,6 +51,13 @@ struct LayerConfig {
   double moe_train_capacity_factor = 1.0;
   int64_t moe_min_capacity = 4;
   bool moe_no_drop = false;
+  // --moe-model-type: DeepSpeed-MoE's gate (deepspeed_moe) or Megatron-Core's dropless top-k router (megatron_moe,
+  // model/gate.h Router) with --moe-router-pre-softmax, --moe-router-topk-scaling-factor (0: none) and
+  // --moe-router-load-balancing-type aux_loss (moe_router_aux_loss) or none.
+  Router moe_router = Router::deepspeed;
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0;
+  bool moe_router_aux_loss = true;
   bool use_rts = true;  // random token selection, top-1 only
   NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::none;
   ExpertKind expert = ExpertKind::gelu;  // --swiglu selects SwiGLU experts
@@ -95,6 +102,9 @@ struct LayerConfig {
   bool recompute_attention = false;
 
   bool rmsnorm() const { return normalization == Normalization::rmsnorm; }
+  bool megatron_router() const { return moe_router == Router::megatron; }
+  // No token is ever dropped: --moe-no-drop, or Megatron-Core's router (dropless here).
+  bool dropless() const { return moe_no_drop || megatron_router(); }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   bool rope() const { return position_embedding == PositionEmbedding::rope; }

@@ -49,17 +49,17 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.F1l = d.F1 / d.tp;
   d.srcs = d.sp ? d.tp * d.ep : d.ep;
   d.overlap_tp = d.tp > 1 && (cfg.ampipe_tp_sp_comm_overlap || (cfg.pipe_experts_multi_stream && d.sp));
-  d.capacity_is_bound = cfg.moe_no_drop;
-  d.agree_capacity = cfg.moe_no_drop && d.ep > 1;
-  d.C = cfg.moe_no_drop ? d.Scl
+  d.capacity_is_bound = cfg.dropless();
+  d.agree_capacity = cfg.dropless() && d.ep > 1;
+  d.C = cfg.dropless() ? d.Scl
                         : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
-  d.defer_expert_wgrad = !cfg.moe_no_drop;
+  d.defer_expert_wgrad = !cfg.dropless();
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.recompute = cfg.recompute;
   d.recompute_attention = cfg.recompute_attention;
   d.cd = cfg.compute_dtype();
   if (cfg.use_pipe_experts) {  // cfg.check_pipe_experts(M) has accepted it
-    AMPIPE_CHECK(!cfg.moe_no_drop && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",
+    AMPIPE_CHECK(!cfg.dropless() && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",
                  cfg.pipe_experts_multi_data, M);
     d.slices = cfg.pipe_experts_multi_data / M;
     const int64_t slice = (d.C + d.slices - 1) / d.slices;

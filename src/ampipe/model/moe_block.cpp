@@ -32,12 +32,16 @@ GateConfig MoeBlock::gate_config() const {
   gc.topk = cfg.moe_router_topk;
   gc.capacity_factor = cfg.moe_train_capacity_factor;
   gc.min_capacity = cfg.moe_min_capacity;
-  gc.no_drop = cfg.moe_no_drop;
+  gc.no_drop = cfg.dropless();
   gc.use_rts = cfg.use_rts;
   gc.noisy_gate_policy = cfg.noisy_gate_policy;
   gc.seed = cfg.seed;
   gc.training = cfg.training;
   gc.layer = uint32_t(cfg.layer_index);
+  gc.router = cfg.moe_router;
+  gc.pre_softmax = cfg.moe_router_pre_softmax;
+  gc.topk_scaling_factor = cfg.moe_router_topk_scaling_factor > 0 ? cfg.moe_router_topk_scaling_factor : 1.0;
+  gc.load_balancing = cfg.moe_router_aux_loss;
   return gc;
 }
 

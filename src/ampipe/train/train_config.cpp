@@ -45,13 +45,9 @@ std::vector<Incompatible> incompatible_features(const TrainConfig& c) {
 // The seed's AMPipe constraints (its 限制条件), part of validate.
 void TrainConfig::validate_ampipe() const {
   const int M = ampipe_degree;
-  // Seed constraint 1: AMPipe needs the DeepSpeed-MoE layer and flash attention.
-  if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
-    throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
-  if (M > 1 && moe_model_type != "deepspeed_moe")
-    throw ConfigError(fmt::format("--ampipe-degree {} needs --moe-model-type deepspeed_moe (got {}): AMPipe chunks only "
-                                  "the DeepSpeed-MoE layer (its gate and all-to-alls); use --ampipe-degree 1 otherwise",
-                                  M, moe_model_type));
+  // Seed constraint 1: AMPipe needs an MoE layer whose routing it can chunk and flash attention. MindSpeed chunks only
+  // the DeepSpeed-MoE layer; here Megatron-Core's dropless router (megatron_moe) is chunked too, exactly (routing
+  // each token on its own, it does not depend on the chunking).
   if (M > 1 && !use_flash_attn)
     throw ConfigError(fmt::format("--ampipe-degree {} needs --use-flash-attn: AMPipe runs each sequence chunk's queries "
                                   "against the K and V of the rows before it, which only the flash attention kernel does",
@@ -123,8 +119,6 @@ void TrainConfig::validate(int world) const {
                                   "scripts are checked, but the feature does not run)",
                                   what));
   };
-  if (moe_model_type == "megatron_moe")
-    not_yet("--moe-model-type megatron_moe (the only MoE layer here is DeepSpeed-MoE's; pass deepspeed_moe)");
   for (const Incompatible& f : incompatible_features(*this))
     if (f.on) not_yet(f.flag);
 
@@ -279,8 +273,9 @@ std::vector<ConfigKey> make_config_keys() {
                       v.get<std::string>() == "RMSNorm" ? model::Normalization::rmsnorm : model::Normalization::layernorm;
                 }},
       AMPIPE_FIELD(norm_epsilon, kL | kC | kA, kTaken, l.layernorm_epsilon),
-      // Grouped-query attention as the two flags: g = n is multi-head attention (the same model and layout).
-      ConfigKey{"group_query_attention", kL | kC | kA, kShape,
+      // Grouped-query attention as the two flags (so metadata.json works as --config); num_query_groups is the
+      // model's shape (g = n is multi-head attention, the same model and layout).
+      ConfigKey{"group_query_attention", kL | kC | kA, kNo,
                 [](const TrainConfig& c) -> nlohmann::json {
                   return c.layer.query_groups() != c.layer.num_attention_heads;
                 }},
@@ -317,7 +312,19 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_FIELD(context_parallel_algo, kL | kA, kNo, l.context_parallel_algo),
       AMPIPE_FIELD(untie_embeddings_and_output_weights, kC | kA, kShape, c.untie_embeddings_and_output_weights),
       AMPIPE_FIELD(moe_aux_loss_coeff, kC | kA, kNo, c.moe_aux_loss_coeff),
-      AMPIPE_FIELD(moe_model_type, kC | kA, kNo, c.moe_model_type),
+      ConfigKey{"moe_model_type", kL | kC | kA, kTaken,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  return c.layer.megatron_router() ? "megatron_moe" : "deepspeed_moe";
+                },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.moe_router = v.get<std::string>() == "megatron_moe" ? model::Router::megatron
+                                                                              : model::Router::deepspeed;
+                }},
+      AMPIPE_FIELD(moe_router_pre_softmax, kL | kC | kA, kTaken, l.moe_router_pre_softmax),
+      AMPIPE_FIELD(moe_router_topk_scaling_factor, kL | kC | kA, kTaken, l.moe_router_topk_scaling_factor),
+      ConfigKey{"moe_router_load_balancing_type", kL | kC | kA, kTaken,
+                [](const TrainConfig& c) -> nlohmann::json { return c.layer.moe_router_aux_loss ? "aux_loss" : "none"; },
+                [](TrainConfig& c, const nlohmann::json& v) { c.layer.moe_router_aux_loss = v.get<std::string>() != "none"; }},
       AMPIPE_FIELD(use_flash_attn, kA, kNo, c.use_flash_attn),
       AMPIPE_FIELD(add_bias_linear, kA, kNo, c.add_bias_linear),
       AMPIPE_FIELD(ampipe_degree, kC | kA, kNo, c.ampipe_degree),

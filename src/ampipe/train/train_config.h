@@ -25,7 +25,6 @@ struct TrainConfig {
   int num_layers = 2;
   bool untie_embeddings_and_output_weights = false;
   double moe_aux_loss_coeff = 0.0;  // Megatron's default: no load-balancing loss
-  std::string moe_model_type = "deepspeed_moe";  // the only MoE router this engine has (top-1/top-2, capacity)
   bool use_flash_attn = false;                   // see docs/training.md: the chunked causal attention kernel
   bool add_bias_linear = false;                  // linear layers with bias: not in this engine's block
   // No --num-experts: Megatron trains a dense GPT. This engine's blocks are MoE blocks: validate refuses it.
