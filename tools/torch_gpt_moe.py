@@ -122,6 +122,9 @@ class ModelConfig:
     layernorm_epsilon: float = 1e-5   # --norm-epsilon
     normalization: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (weight only)
     num_query_groups: int = 0         # grouped-query attention: K, V heads (0: num_attention_heads)
+    moe_model_type: str = "deepspeed_moe"  # or megatron_moe: Megatron-Core's dropless top-k router
+    moe_router_pre_softmax: bool = False
+    moe_router_topk_scaling_factor: float = 0.0
     position_embedding_type: str = "learned_absolute"  # learned_absolute, rope or none
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
@@ -156,9 +159,13 @@ class ModelConfig:
             c.normalization = str(config["normalization"])
         if config.get("group_query_attention"):
             c.num_query_groups = int(config["num_query_groups"])
-        for k in ("position_embedding_type",):
+        for k in ("position_embedding_type", "moe_model_type"):
             if k in config:
                 setattr(c, k, str(config[k]))
+        if "moe_router_pre_softmax" in config:
+            c.moe_router_pre_softmax = bool(config["moe_router_pre_softmax"])
+        if "moe_router_topk_scaling_factor" in config:
+            c.moe_router_topk_scaling_factor = float(config["moe_router_topk_scaling_factor"])
         for k in ("rotary_base", "rotary_percent", "rope_scaling_factor"):
             if k in config:
                 setattr(c, k, float(config[k]))
@@ -319,8 +326,15 @@ class MoE(nn.Module):
         Returns (choice [S, k], kept [S, k], weight [S, k], probs [S, E])."""
         c = self.c
         S, E, k = x.shape[0], c.num_experts, c.moe_router_topk
-        probs = torch.softmax(self.gate(x), dim=-1)
+        logits = self.gate(x)
+        probs = torch.softmax(logits, dim=-1)
         rows = torch.arange(S)
+        if c.moe_model_type == "megatron_moe":  # docs/layer.md §6.10: Megatron-Core's dropless top-k router
+            scores = probs if c.moe_router_pre_softmax else logits
+            choice = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]  # ties: lower index
+            weight = probs.gather(1, choice) if c.moe_router_pre_softmax else torch.softmax(logits.gather(1, choice), -1)
+            weight = weight * (c.moe_router_topk_scaling_factor or 1.0)
+            return choice, torch.ones_like(choice, dtype=torch.bool), weight, probs
         e1 = probs.argmax(dim=-1)  # the first maximum: ties -> lower index
         choice = [e1]
         if k == 2:

@@ -14,8 +14,9 @@
 #   initial_weights     `ampipe train --skip-train` (no --load: the initial weights) against the loader's --init
 #                       (ampipe's Philox initialisation), then both against the trained checkpoint
 #   mixtral_like        RMSNorm, rotary embeddings (base 500000, Llama 3 scaling off), grouped-query attention (4 query
-#                       heads, 2 K, V heads), SwiGLU, untied head, top-2 without drops, degree 2, attention dropout in
-#                       training; the loader with another --rotary-base must NOT match
+#                       heads, 2 K, V heads), SwiGLU, untied head, Megatron-Core's dropless top-3 router over 4
+#                       experts, degree 2, attention dropout in training; the loader with another --rotary-base must
+#                       NOT match
 #   sp2_drops           2 ranks, tensor parallel 2 with sequence parallelism (each tp rank routes its own rows),
 #                       drops: the loader with --tensor-model-parallel-size 2 --sequence-parallel
 # Exit 77 (CTest's skip) with a message when no python3 can import torch (scripts/setup.sh installs python3-torch).
@@ -136,7 +137,8 @@ EOF
     differ "initial weights and iteration 5" "$a0" "$a5"
     ;;
   mixtral_like)
-    train --micro-batch-size 2 --global-batch-size 4 --moe-router-topk 2 --moe-no-drop --ampipe-degree 2 \
+    train --micro-batch-size 2 --global-batch-size 4 --moe-model-type megatron_moe \
+          --moe-router-topk 3 --moe-aux-loss-coeff 0.01 --ampipe-degree 2 \
           --use-flash-attn --normalization RMSNorm --norm-epsilon 1e-6 --position-embedding-type rope \
           --rotary-base 500000 --group-query-attention --num-query-groups 2 --swiglu \
           --untie-embeddings-and-output-weights --attention-dropout 0.1 --init-method-std 0.2 --train-iters 6 \
