@@ -685,7 +685,7 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->cfg.moe_router_pre_softmax)));
   v.push_back(flag("--moe-router-topk-scaling-factor", L, kGroupMoe, G::number,
                    "megatron_moe: a factor on the routing weights", AT(layer->cfg.moe_router_topk_scaling_factor)));
-  v.push_back(flag("--moe-router-load-balancing-type", L, kGroupMoe, G::text,
+  v.push_back(flag("--moe-router-load-balancing-type", L, kGroupMoe, G::text_list,
                    "megatron_moe: aux_loss (Megatron's switch load-balancing loss, scaled by --moe-aux-loss-coeff) or "
                    "none",
                    AT(layer->moe_router_load_balancing_type), kDef));

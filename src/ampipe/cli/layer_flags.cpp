@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+
+#include <fmt/ranges.h>
 #include <utility>
 
 #include "ampipe/cli/flag_registry.h"
@@ -126,7 +128,11 @@ void LayerFlags::finish_router() {
   if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
     throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
   cfg.moe_router = moe_model_type == "megatron_moe" ? model::Router::megatron : model::Router::deepspeed;
-  const std::string& lb = moe_router_load_balancing_type;
+  if (moe_router_load_balancing_type.size() != 1)
+    throw ConfigError(fmt::format("--moe-router-load-balancing-type {}: one load-balancing type only here (aux_loss "
+                                  "or none; Megatron's combinations of several are not implemented)",
+                                  fmt::join(moe_router_load_balancing_type, " ")));
+  const std::string& lb = moe_router_load_balancing_type.front();
   if (lb != "aux_loss" && lb != "none") {
     const bool megatrons = lb == "seq_aux_loss" || lb == "sinkhorn" || lb == "global_aux_loss";
     throw ConfigError(fmt::format("--moe-router-load-balancing-type {} is {}: this engine has aux_loss and none", lb,

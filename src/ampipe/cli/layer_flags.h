@@ -27,7 +27,7 @@ struct LayerFlags {
   bool no_position_embedding = false;           // deprecated in Megatron: accepted with rope only
   int64_t rotary_base = 10000;                  // --rotary-base (an integer in Megatron)
   std::string moe_model_type = "deepspeed_moe";  // --moe-model-type (MindSpeed's AMPipe layer; see the note in finish)
-  std::string moe_router_load_balancing_type = "aux_loss";  // Megatron's default
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};  // Megatron's default (a list there)
   double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
   // Megatron's sizes of the experts and the attention heads (0: not given). --moe-ffn-hidden-size is the experts' F
   // (every block here is an MoE block, so it replaces --ffn-hidden-size; MindSpeed-LLM's deprecated
