@@ -62,7 +62,8 @@ TEST(VocabSize, PadsToAMultipleOfTheDivisorTimesTensorParallelSize) {
 }
 
 TEST(VocabSize, LogsMegatronsLine) {
-  EXPECT_EQ(train::padded_vocab_line(50257, 50304), " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)");
+  EXPECT_EQ(train::padded_vocab_line(50257, 50304),
+            " > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)");
   EXPECT_EQ(train::padded_vocab_line(256, 256), " > padded vocab (size: 256) with 0 dummy tokens (new size: 256)");
 }
 
@@ -158,7 +159,8 @@ TEST(VocabSize, TakesThePaddedSizeAsGiven) {
 TEST(VocabSize, RefusesZeroAndNegativeValues) {
   train::TrainConfig c;
   EXPECT_EQ(error_of([&] { train::validate_vocab_flags(c); }), "");
-  EXPECT_NE(error_of([&] { train::validate_vocab_flags(c, true, false); }).find("--vocab-size 0 is invalid: it must be >= 1"),
+  EXPECT_NE(error_of([&] { train::validate_vocab_flags(c, true, false); })
+                .find("--vocab-size 0 is invalid: it must be >= 1"),
             std::string::npos);
   EXPECT_NE(error_of([&] { train::validate_vocab_flags(c, false, true); })
                 .find("--padded-vocab-size 0 is invalid: it must be >= 1"),

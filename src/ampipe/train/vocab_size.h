@@ -48,8 +48,8 @@ struct VocabSizing {
   int64_t vocab = 0;      // before padding: the data's ids or --vocab-size
   int64_t padded = 0;     // V: the model's vocabulary (TrainConfig::padded_vocab_size)
   bool computed = false;  // padded by Megatron's rule (not --padded-vocab-size)
-  std::string padding;    // how V came about, for the resume refusal ("--padded-vocab-size 512", "the vocabulary
-                          // 300 padded to a multiple of --make-vocab-size-divisible-by 128 x --tensor-model-parallel-size 2")
+  std::string padding;    // how V came about, for the resume refusal: "--padded-vocab-size 512", "the vocabulary 300
+                          // padded to a multiple of --make-vocab-size-divisible-by 128 x --tensor-model-parallel-size 2"
   std::vector<std::string> notes;  // flags this run does not use, for rank 0's start-up notes
   // Megatron's log line (computed only: Megatron prints nothing when --padded-vocab-size is given), else "".
   std::string log_line() const { return computed ? padded_vocab_line(vocab, padded) : std::string(); }
