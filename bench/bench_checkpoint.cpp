@@ -25,6 +25,7 @@
 #include "ampipe/core/checksum.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/trainer.h"
+#include "ampipe/train/vocab_size.h"
 
 using namespace ampipe;
 namespace fs = std::filesystem;
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
   save_cfg.save = dir;
   save_cfg.validate(1);
   const train::Corpus corpus = train::load_corpus("");
-  save_cfg.vocab_size = corpus.vocab_size;
+  save_cfg.padded_vocab_size = train::pad_vocab_size(corpus.vocab_size, save_cfg.make_vocab_size_divisible_by, 1);
   auto data = std::make_shared<const train::TextData>(corpus, save_cfg.layer.seq_length, save_cfg.valid_fraction,
                                                       save_cfg.layer.seed, "corpus");
   train::Trainer saver(save_cfg, groups, data);

@@ -98,7 +98,10 @@ def main(argv=None) -> int:
 
     dtype = torch.float64 if a.dtype == "float64" else torch.float32
     state, _ = tg.read_safetensors(os.path.join(sub, "model.safetensors"), dtype)
-    vocab = state["embedding.word_embeddings.weight"].shape[0]
+    vocab = state["embedding.word_embeddings.weight"].shape[0]  # the padded vocabulary V (docs/training.md)
+    if "padded_vocab_size" in cfg and cfg["padded_vocab_size"] != "" and int(cfg["padded_vocab_size"]) != vocab:
+        fail(f"{sub}: metadata.json records padded_vocab_size {cfg['padded_vocab_size']}, but model.safetensors' "
+             f"token embedding has {vocab} rows")
     mc = tg.ModelConfig.from_checkpoint(cfg, vocab)
     tp = a.tensor_model_parallel_size
     mc.sequence_parallel_size = tp if a.sequence_parallel else 1

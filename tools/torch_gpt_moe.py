@@ -109,7 +109,7 @@ class ModelConfig:
     ffn_hidden_size: int = 256
     num_attention_heads: int = 4
     num_experts: int = 4
-    vocab_size: int = 256
+    vocab_size: int = 256  # the model's V: the checkpoint's padded_vocab_size (its token embedding's rows)
     moe_router_topk: int = 2
     moe_train_capacity_factor: float = 1.25
     moe_min_capacity: int = 4

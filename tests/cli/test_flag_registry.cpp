@@ -120,8 +120,8 @@ TEST(FlagRegistry, ConfigKeysNameTheirFlags) {
       EXPECT_EQ(find_flag(sub, config_key_flag(key)), s);
     }
   // Every key of the training configuration is a train flag, so a checkpoint's metadata.json "config" and the
-  // rank agreement name flags; two are set by the engine, not by a flag.
-  const std::set<std::string> not_flags = {"layernorm_epsilon", "vocab_size"};
+  // rank agreement name flags; one is set by the engine, not by a flag.
+  const std::set<std::string> not_flags = {"layernorm_epsilon"};
   for (const train::ConfigKey& k : train::config_keys()) {
     SCOPED_TRACE(k.key);
     if (not_flags.count(k.key)) {
@@ -362,7 +362,7 @@ TEST(FlagRegistry, EveryRefusedFlagIsOneLine) {
   }
   EXPECT_GT(n, 200u);
   for (const char* ok : {"--moe-z-loss-coeff 0.0", "--embedding-multiplier-scale 1e0", "--moe-layer-freq 1",
-                         "--first-k-dense-replace 0", "--make-vocab-size-divisible-by 128", "--optimizer adam",
+                         "--first-k-dense-replace 0", "--optimizer adam",
                          "--dataloader-type cyclic", "--moe-router-dtype fp32", "--cp-comm-type p2p",
                          "--attention-mask-type causal", "--lr-warmup-init 0.0", "--moe-z-loss-coeff 0"}) {
     SCOPED_TRACE(ok);
@@ -382,6 +382,18 @@ TEST(FlagRegistry, MegatronSizesAndWarmupAreHonoured) {
   EXPECT_NO_THROW(parse_train("--hidden-size 128 --num-attention-heads 4 --kv-channels 32"));
   EXPECT_NO_THROW(parse_train("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 2"));
   for (const char* bad : {"--kv-channels 64", "--expert-tensor-parallel-size 2", "--moe-ffn-hidden-size -1"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(parse_train(bad), ConfigError);
+  }
+  // the vocabulary flags set their fields (sized with the data: train/vocab_size.h); 0 is "not given", so a 0 given
+  // is refused when the flags are parsed
+  const train::TrainConfig vocab =
+      parse_train("--vocab-size 300 --make-vocab-size-divisible-by 64 --padded-vocab-size 512");
+  EXPECT_EQ(vocab.vocab_size, 300);
+  EXPECT_EQ(vocab.make_vocab_size_divisible_by, 64);
+  EXPECT_EQ(vocab.padded_vocab_size, 512);
+  EXPECT_EQ(parse_train("").make_vocab_size_divisible_by, 128);  // Megatron's default
+  for (const char* bad : {"--vocab-size 0", "--padded-vocab-size 0"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(parse_train(bad), ConfigError);
   }

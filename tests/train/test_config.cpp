@@ -233,7 +233,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",
       "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "adam_beta1", "adam_beta2",
       "adam_eps", "clip_grad", "data_path", "train_data_path", "valid_data_path", "test_data_path", "tokenizer_type",
-      "tokenizer_model", "vocab_file", "merge_file", "split", "max_position_embeddings"};
+      "tokenizer_model", "vocab_file", "merge_file", "padded_vocab_size", "split", "max_position_embeddings"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;
@@ -243,7 +243,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
             (std::vector<std::string>{"num_layers", "seq_length", "hidden_size", "ffn_hidden_size",
                                       "num_attention_heads", "num_experts", "swiglu", "normalization",
                                       "num_query_groups", "position_embedding_type",
-                                      "untie_embeddings_and_output_weights"}));
+                                      "untie_embeddings_and_output_weights", "padded_vocab_size"}));
   // Every key the ranks compare includes every recorded one, and each key is written once.
   const nlohmann::json agree = train::train_config_json(defaults, train::kKeyAgree);
   std::set<std::string> seen;
@@ -420,7 +420,7 @@ TEST(TextData, ReadsPreTokenizedLlmcTokenFiles) {
   const train::Corpus c = train::load_corpus(write_token_file("ok.bin", ids));
   ASSERT_EQ(c.tokens.size(), ids.size());
   for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(c.tokens[i], int32_t(ids[i]));
-  EXPECT_EQ(c.vocab_size, 50304);  // largest id 50256 -> 50257, rounded up to a multiple of 128
+  EXPECT_EQ(c.vocab_size, 50239);  // the largest id, 50238, + 1 (not padded: train::size_vocabulary pads it)
   const train::TextData d(c, 16, 0.1, 3, "tokens");
   std::vector<int32_t> in(16), tg(16);
   d.valid_sample(0, in, tg);

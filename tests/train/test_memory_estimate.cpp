@@ -84,7 +84,7 @@ TEST(MemoryEstimate, TrainByHand) {
   train::TrainConfig t;
   t.layer = small_layer();
   t.num_layers = 2;
-  t.vocab_size = 256;
+  t.padded_vocab_size = 256;
   t.ampipe_degree = 1;
   // Layers (ep 1): qkv 3072, proj 1024, ln 128, gate 128, fc1 4*24*32 = 3072, fc2 3072: 10496 elements per layer.
   // Embedding-level: wte 256*32 = 8192, wpe 16*32 = 512, final LayerNorm 64: 8768 elements (tied head).

@@ -44,6 +44,7 @@ inline train::TrainConfig tiny_config() {
   c.eval_interval = 0;
   c.log_interval = 1000;
   c.clip_grad = 1.0;
+  c.padded_vocab_size = train::kVocabSize;  // the bundled corpus's bytes (corpus_data), padded: 256
   return c;
 }
 

@@ -169,10 +169,6 @@ constexpr const char* kCapacity =
 constexpr const char* kNoZLoss = "the router has no z-loss";
 constexpr const char* kAuxLoss = "the only balancing loss here is the aux loss (--moe-aux-loss-coeff)";
 constexpr const char* kJitter = "router jitter here is DeepSpeed-MoE's (--noisy-gate-policy Jitter)";
-constexpr const char* kVocabPadding = "the vocabulary is padded to a multiple of 128 here (Megatron's default)";
-constexpr const char* kVocab =
-    "the vocabulary comes from the data here: the tokenizer's (256 bytes without one) or a token file's ids, padded to "
-    "a multiple of 128";
 constexpr const char* kNoMup = "MuP is not implemented";
 constexpr const char* kNoFp8 = "fp8 training is not implemented; use --bf16";
 constexpr const char* kNoQat = "quantization-aware training is not implemented";
@@ -523,9 +519,6 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--moe-comm-aux-loss-coeff", "--moe-device-level-aux-loss-coeff"})
     v.push_back(refused(f, G::number, kAuxLoss, "0"));
   v.push_back(refused("--moe-input-jitter-eps", G::number, kJitter));
-  v.push_back(refused("--make-vocab-size-divisible-by", G::integer, kVocabPadding, "128"));
-  v.push_back(refused("--padded-vocab-size", G::integer, kVocab));
-  v.push_back(refused("--vocab-size", G::integer, kVocab, nullptr, kTrain));  // simulate's --vocab-size sizes its head
   for (const char* f : {"--tokenizer-name-or-path", "--tiktoken-pattern", "--tokenizer-padding-side"})
     v.push_back(refused(f, G::text, kTokenizer));
   v.push_back(refused("--tokenizer-not-use-fast", G::on_off, kTokenizer));
@@ -971,6 +964,21 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
                    "SentencePiece model, or a Hugging Face tokenizer.json (or its directory): tokenizes a plain-text "
                    "--data-path at load, and gives the vocabulary size",
                    AT(train->cfg.tokenizer_model), kPath));
+  // Megatron's vocabulary sizing (train/vocab_size.h)
+  v.push_back(flag("--vocab-size", T, kGroupModel, G::integer,
+                   "the vocabulary before padding where no tokenizer gives one (token files, indexed datasets; "
+                   "simulate, which reads no data): every id must be below it (default: the largest id + 1, 256 for "
+                   "byte-level text); with a tokenizer its count is the vocabulary (Megatron's: a larger value has no "
+                   "effect)",
+                   AT(train->cfg.vocab_size)));
+  v.push_back(flag("--make-vocab-size-divisible-by", T, kGroupModel, G::integer,
+                   "pad the vocabulary to a multiple of this x --tensor-model-parallel-size (Megatron's dummy "
+                   "tokens: rows of the embedding and the LM head no id uses)",
+                   AT(train->cfg.make_vocab_size_divisible_by), kDef));
+  v.push_back(flag("--padded-vocab-size", T, kGroupModel, G::integer,
+                   "the model's vocabulary (the rows of the embedding and the LM head) as given instead of the "
+                   "padding: at least the vocabulary, divisible by --tensor-model-parallel-size",
+                   AT(train->cfg.padded_vocab_size)));
   v.push_back(flag("--vocab-file", T, kGroupData, G::text, "GPT2BPETokenizer's vocab.json",
                    AT(train->cfg.vocab_file), kPath));
   v.push_back(flag("--merge-file", T, kGroupData, G::text, "GPT2BPETokenizer's merges.txt",
@@ -1120,9 +1128,6 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--nodes", S, kGroupParallel, G::integer,
                    "nodes the devices sit on (default: world size / the profile's devices_per_node, at least 1)",
                    AT(simulate->nodes)));
-  v.push_back(flag("--vocab-size", S, kGroupModel, G::integer,
-                   "vocabulary V for the LM head and Megatron's count (default 256: the bundled corpus's bytes)",
-                   AT(simulate->vocab_size)));
   v.push_back(flag("--json", S, kGroupLogging, G::text, "also write the predictions as JSON to this file",
                    AT(simulate->json_file), kPath));
   v.push_back(flag("--out", kCalibrate, kGroupOptions, G::text,

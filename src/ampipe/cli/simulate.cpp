@@ -8,7 +8,8 @@
 // (TrainConfig::validate for W devices), except that --ampipe-degree takes a comma list or `auto` (every degree of
 // {1, 2, 4, 8, 16} that divides s) and --trace writes the predicted timeline. Flags that do not change the
 // iteration's time (--data-path, --save, --load, --train-iters, ...) are checked as train checks them and otherwise
-// not used: simulate reads no data, so the vocabulary is --vocab-size (default 256, the bundled corpus's bytes).
+// not used: simulate reads no data, so the vocabulary is --vocab-size (default 256, the bundled corpus's bytes),
+// padded as train pads it (--make-vocab-size-divisible-by x tp, or --padded-vocab-size: train/vocab_size.h), V below.
 // Degrees that the rules refuse (e.g. > 1 without --use-flash-attn, or the pipe-experts rules) are skipped with
 // their reason; rules that no degree can satisfy fail the command.
 //
@@ -32,8 +33,8 @@
 //   engine    the FLOPs this engine counts: nmb * (sum of Plan::flops() of the layers + 6*T*h*V) / iteration
 //   Megatron  core_r0.7.0's formula (training.py, num_floating_point_operations), which the seed's table uses:
 //             F = 12*B*s*num_layers*h^2 * [(1 + g/n + s/h)*(q/h) + (F/h)*k*(3/2 with SwiGLU) + V_pad/(2*num_layers*h)]
-//             with B the global batch, g/n the K, V heads' share (1 without grouped queries), q = h, V_pad = V rounded up
-//             to a multiple of 128 (Megatron's --make-vocab-size-divisible-by); printed F / (iteration * 1e12 * W)
+//             with B the global batch, g/n the K, V heads' share (1 without grouped queries), q = h, V_pad = V
+//             (Megatron's padded_vocab_size, the head's V above); printed F / (iteration * 1e12 * W)
 #include "ampipe/cli/simulate.h"
 
 #include <unistd.h>
@@ -52,6 +53,8 @@
 #include "ampipe/schedule/plan.h"
 #include "ampipe/sim/profile.h"
 #include "ampipe/sim/simulator.h"
+#include "ampipe/train/text_data.h"
+#include "ampipe/train/vocab_size.h"
 
 namespace ampipe::cli {
 
@@ -135,7 +138,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   schedule::ModelShape shape;
   shape.layer = l;
   shape.num_layers = cfg.num_layers;
-  shape.vocab = cfg.vocab_size;
+  shape.vocab = cfg.padded_vocab_size;
   shape.untie_embeddings = cfg.untie_embeddings_and_output_weights;
   shape.position_embedding = l.position_embedding == model::PositionEmbedding::learned_absolute;
   shape.dp = lay.dp;
@@ -146,8 +149,8 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   p.step = schedule::build_step_plan(schedule::model_step_config(shape, M));
   p.sim = sim::simulate(p.step, prof, lay.opts);
   const double s = double(l.seq_length), b = double(l.micro_batch_size), h = double(l.hidden_size),
-               F = double(l.ffn_hidden_size), k = double(l.moe_router_topk), T = s * b, V = double(cfg.vocab_size),
-               nl = double(cfg.num_layers), tp = double(l.tp()), nmb = double(lay.nmb);
+               F = double(l.ffn_hidden_size), k = double(l.moe_router_topk), T = s * b,
+               V = double(cfg.padded_vocab_size), nl = double(cfg.num_layers), nmb = double(lay.nmb);
   for (const schedule::StepTask& t : p.step.tasks) {
     if (t.is_layer()) continue;
     const double c = sim::step_task_seconds(t, prof, lay.opts);
@@ -168,8 +171,8 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   for (const schedule::Plan& pl : p.step.config.layers) p.layer_flops += pl.flops();
   p.flops_engine = nmb * (p.layer_flops + 6 * T * h * V);
   p.tflops_engine = p.flops_engine / p.step_s / 1e12;
-  // Megatron core_r0.7.0 (see the file comment).
-  const double V_pad = std::ceil(V / (128.0 * tp)) * 128.0 * tp;
+  // Megatron core_r0.7.0 (see the file comment); V is its padded_vocab_size.
+  const double V_pad = V;
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
   const double gn = double(l.query_groups()) / double(l.num_attention_heads);  // grouped-query attention's g/n
   p.megatron_flops = 12 * double(lay.G) * s * nl * h * h *
@@ -190,7 +193,7 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
   fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {} | {} "
              "device{} on {} node{}, {}{}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
              cfg.num_layers, l.seq_length, l.micro_batch_size, l.hidden_size, l.ffn_hidden_size,
-             l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.vocab_size, l.bf16 ? "bf16" : "fp32",
+             l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.padded_vocab_size, l.bf16 ? "bf16" : "fp32",
              swiglu ? "swiglu" : "gelu", lay.W, lay.W == 1 ? "" : "s", lay.K, lay.K == 1 ? "" : "s",
              l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
                                       o.tp_spans_nodes ? " (across nodes)" : "")
@@ -269,7 +272,7 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"moe_router_topk", l.moe_router_topk},
                        {"swiglu", l.expert == model::ExpertKind::swiglu},
                        {"bf16", l.bf16},
-                       {"vocab_size", cfg.vocab_size},
+                       {"vocab_size", cfg.padded_vocab_size},
                        {"world_size", lay.W},
                        {"nodes", lay.K},
                        {"expert_model_parallel_size", lay.ep},
@@ -297,8 +300,12 @@ int run_simulate(SimulateArgs& a) {
   const int W = a.world_size > 0 ? a.world_size : (comm::Runtime::exists() ? comm::Runtime::current().size() : 1);
   if (a.world_size < 0) throw ConfigError(fmt::format("--world-size {} is invalid: it must be >= 1", a.world_size));
   if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
-  if (a.vocab_size < 0) throw ConfigError(fmt::format("--vocab-size {} is invalid: it must be >= 1", a.vocab_size));
-  if (a.vocab_size > 0) cfg.vocab_size = a.vocab_size;
+  {  // the vocabulary: --vocab-size (no data: default the bundled corpus's 256 bytes), padded as train pads it
+    train::DataVocab need;
+    need.ids = cfg.vocab_size > 0 ? cfg.vocab_size : train::kVocabSize;
+    need.source = cfg.vocab_size > 0 ? "--vocab-size" : "simulate reads no data: the bundled corpus's bytes";
+    (void)train::size_vocabulary(cfg, need);
+  }
   if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
     throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
                                   "the profile's compute rates)",

@@ -15,7 +15,6 @@ struct SimulateArgs {
   std::string degrees = "auto"; // --ampipe-degree LIST|auto
   int world_size = 0;           // 0: the MPI world size
   int nodes = 0;                // 0: world size / the profile's devices_per_node (at least 1)
-  int64_t vocab_size = 0;       // 0: TrainConfig's default (the bundled corpus's byte vocabulary)
   std::string profile_file;
   double compute_efficiency = 1;  // --compute-efficiency: a factor on every compute rate of the profile
   std::string json_file;

@@ -26,6 +26,7 @@
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/tokenizer.h"
 #include "ampipe/train/trainer.h"
+#include "ampipe/train/vocab_size.h"
 
 namespace ampipe::cli {
 
@@ -51,12 +52,24 @@ int report_stop(const train::TrainResult& res, const train::TrainConfig& cfg, bo
 
 namespace {
 
-// The data, before any collective (a bad file fails identically on every rank); sets cfg.vocab_size, and caps
-// --eval-iters to what the validation split holds (a note), refusing a split below one global batch.
-std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, TrainFlags& flags, int world) {
+// The data, before any collective (a bad file fails identically on every rank); sizes the vocabulary
+// (cfg.padded_vocab_size, train/vocab_size.h; `vocab` says how), and caps --eval-iters to what the validation split
+// holds (a note), refusing a split below one global batch. `padded_origin`: where a --padded-vocab-size not given on
+// the command line came from.
+std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, TrainFlags& flags, int world,
+                                                    train::VocabSizing& vocab, const std::string& padded_origin) {
   const std::unique_ptr<train::Tokenizer> tokenizer =
       train::make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file);
-  std::shared_ptr<const train::TextData> data = train::load_training_data(cfg, tokenizer.get());
+  train::TrainingData loaded = train::load_training_data(cfg, tokenizer.get(), padded_origin);
+  std::shared_ptr<const train::TextData> data = std::move(loaded.data);
+  vocab = std::move(loaded.vocab);
+  for (const std::string& n : vocab.notes) flags.layer.notices.push_back(n);
+  const int64_t multiple = cfg.make_vocab_size_divisible_by * cfg.layer.tp();  // (validated: no overflow)
+  if (!vocab.computed && flags.given("--make-vocab-size-divisible-by") && cfg.padded_vocab_size % multiple != 0)
+    flags.layer.notices.push_back(fmt::format("--make-vocab-size-divisible-by {} has no effect: --padded-vocab-size "
+                                              "{} is the model's vocabulary as given (Megatron pads only a "
+                                              "vocabulary it computes)",
+                                              cfg.make_vocab_size_divisible_by, cfg.padded_vocab_size));
   // Megatron evaluates nothing without validation data (per-split paths without --valid-data-path).
   if (cfg.evaluates() && data->valid_samples() == 0 && !cfg.train_data_path.empty() && cfg.valid_data_path.empty()) {
     flags.layer.notices.push_back("no --valid-data-path: no evaluation (as Megatron without validation data)");
@@ -109,7 +122,7 @@ void print_header(const RunInfo& r) {
   fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
              "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
              cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
-             l.moe_router_topk, cfg.vocab_size, double(r.n_params) / 1e6, l.bf16 ? "bf16" : "fp32", r.world, tp,
+             l.moe_router_topk, cfg.padded_vocab_size, double(r.n_params) / 1e6, l.bf16 ? "bf16" : "fp32", r.world, tp,
              r.layout.ep, r.layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
              l.seq_length, l.micro_batch_size);
   if (cfg.ampipe_degree > 1)
@@ -278,9 +291,17 @@ int run_train(TrainFlags& flags) {
                                          line));
   flags.comm.apply();
 
-  const std::shared_ptr<const train::TextData> data = prepare_data(cfg, flags, rt.size());
-  if (rt.rank() == 0)
+  train::VocabSizing vocab;
+  const bool padded_from_checkpoint = ckpt && cfg.use_checkpoint_args && ckpt->config.contains("padded_vocab_size");
+  const std::shared_ptr<const train::TextData> data =
+      prepare_data(cfg, flags, rt.size(), vocab,
+                   padded_from_checkpoint ? " (the --load checkpoint's, --use-checkpoint-args)" : "");
+  // The checkpoint's model has this run's vocabulary, or one line says how to get it (before any collective).
+  if (ckpt) train::check_checkpoint_vocab(cfg.load, ckpt->iteration, ckpt->config, vocab);
+  if (rt.rank() == 0) {
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
+    if (!vocab.log_line().empty()) fmt::print("{}\n", vocab.log_line());  // Megatron's line
+  }
   const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
                                                  cfg.layer.context_parallel_size, cfg.layer.expert_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);

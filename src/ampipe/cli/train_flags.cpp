@@ -17,6 +17,7 @@
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint.h"
 #include "ampipe/train/megatron_args.h"
+#include "ampipe/train/vocab_size.h"
 
 namespace ampipe::cli {
 
@@ -217,6 +218,7 @@ train::TrainConfig TrainFlags::finish() {
       throw ConfigError(fmt::format("{} and {} are both given: they say the same thing in two ways; give one", a, b));
   check_data_sources();
   finish_schedule(*this, cfg);
+
   if (given("--tensorboard-log-interval")) {
     if (tensorboard_log_interval < 1)
       throw ConfigError(fmt::format("--tensorboard-log-interval {} is invalid: it must be >= 1",
@@ -236,6 +238,8 @@ train::TrainConfig TrainFlags::finish() {
   cfg.dense = layer.cfg.num_experts == 0 && !given("--num-experts");
   if (cfg.dense) layer.cfg.num_experts = 4;
   cfg.layer = layer.finish();
+  // --vocab-size 0 and --padded-vocab-size 0 as given (0 is their fields' "not given": train/vocab_size.h)
+  train::validate_vocab_flags(cfg, given("--vocab-size"), given("--padded-vocab-size"));
   if (recompute_activations) {
     if (!cfg.recompute_granularity.empty() && cfg.recompute_granularity != "selective")
       throw ConfigError(fmt::format("--recompute-activations (selective) contradicts --recompute-granularity {}",

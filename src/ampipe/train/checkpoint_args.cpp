@@ -105,7 +105,10 @@ std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohm
         throw ConfigError(fmt::format("--use-checkpoint-args: the checkpoint's {} is {}, not a value of that flag",
                                       flag_of(k), v.dump()));
       }
-      changed.push_back(fmt::format("{} {} -> {}", flag_of(k), mine[k].dump(), v.dump()));
+      // (--padded-vocab-size not given: "" until the data are read, train/vocab_size.h)
+      const bool unsized = k == "padded_vocab_size" && mine[k] == "";
+      const std::string from = unsized ? "(padded from the vocabulary)" : mine[k].dump();
+      changed.push_back(fmt::format("{} {} -> {}", flag_of(k), from, v.dump()));
     }
   if (ckpt.contains("num_experts")) c.dense = false;  // the checkpoint's model has its experts
   return changed;

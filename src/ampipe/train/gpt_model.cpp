@@ -6,6 +6,7 @@
 
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/trace.h"
+#include "ampipe/core/error.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/embedding.h"
@@ -47,12 +48,13 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       b_(cfg.layer.micro_batch_size),
       T_(s_ * b_),
       h_(cfg.layer.hidden_size),
-      V_(cfg.vocab_size),
+      V_(cfg.padded_vocab_size),
       cp_(cfg.layer.cp()),
       sl_(s_ / cp_),
       Tl_(sl_ * b_),
       stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups),
       groups_(groups) {
+  AMPIPE_CHECK(V_ >= 1, "the vocabulary is not sized: padded_vocab_size {} (train::size_vocabulary sets it)", V_);
   stack_.set_recompute(cfg.recompute_layers());  // --recompute-granularity full
   wte_ = normal_init({V_, h_}, cfg, 1);
   const bool learned_positions = cfg.layer.position_embedding == model::PositionEmbedding::learned_absolute;

@@ -327,17 +327,32 @@ const IndexedDataset* MegatronData::outside_vocab(int64_t vocab) const {
   return nullptr;
 }
 
-std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const Tokenizer* tokenizer) {
+TrainingData load_training_data(TrainConfig& cfg, const Tokenizer* tokenizer, const std::string& padded_origin) {
+  DataVocab need;  // what the ids of the data need, for size_vocabulary
+  if (tokenizer != nullptr) {
+    need.ids = tokenizer->vocab_size();
+    need.source = "the tokenizer is " + tokenizer->describe();
+    need.tokenizer = true;
+    need.tokenizer_type = cfg.tokenizer_type;
+  }
+  TrainingData out;
   const bool per_split = !cfg.train_data_path.empty() || !cfg.valid_data_path.empty() || !cfg.test_data_path.empty();
   const bool megatron =
       per_split || cfg.data_path.size() > 1 || (cfg.data_path.size() == 1 && is_indexed_prefix(cfg.data_path[0]));
   if (!megatron) {
     const std::string path = cfg.data_path.empty() ? std::string() : cfg.data_path.front();
     const Corpus corpus = load_corpus(path, tokenizer);
-    cfg.vocab_size = corpus.vocab_size;
     const std::string source = path.empty() ? std::string(kBundledCorpusDir) : path;
-    return std::make_shared<const TextData>(corpus, cfg.layer.seq_length, data_split(cfg), cfg.layer.seed,
-                                            source + ", " + corpus.format);
+    if (tokenizer == nullptr) {
+      need.ids = corpus.vocab_size;
+      need.source = corpus.format.rfind("llm.c tokens", 0) == 0
+                        ? fmt::format("--data-path {} holds token id {}", path, corpus.vocab_size - 1)
+                        : fmt::format("{} is byte-level text", path.empty() ? "the bundled corpus" : path);
+    }
+    out.vocab = size_vocabulary(cfg, need, padded_origin);
+    out.data = std::make_shared<const TextData>(corpus, cfg.layer.seq_length, data_split(cfg), cfg.layer.seed,
+                                                source + ", " + corpus.format);
+    return out;
   }
   MegatronDataArgs a;
   a.data_path = cfg.data_path;
@@ -348,16 +363,22 @@ std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const Token
   a.seq_length = cfg.layer.seq_length;
   a.seed = cfg.layer.seed;
   auto data = std::make_shared<const MegatronData>(a);
-  const int64_t ids = tokenizer != nullptr ? tokenizer->vocab_size() : int64_t(data->max_token()) + 1;
-  if (tokenizer != nullptr)
-    if (const IndexedDataset* d = data->outside_vocab(ids))
+  if (tokenizer != nullptr) {
+    if (const IndexedDataset* d = data->outside_vocab(need.ids))
       throw ConfigError(fmt::format("{} {}: its largest token id {} is outside the vocabulary of {} (ids must be < "
                                     "{}): the data were tokenized with another tokenizer",
-                                    d->flag(), d->prefix(), d->max_token(), tokenizer->describe(), ids));
-  cfg.vocab_size = (ids + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+                                    d->flag(), d->prefix(), d->max_token(), tokenizer->describe(), need.ids));
+  } else {
+    need.ids = std::max<int64_t>(1, int64_t(data->max_token()) + 1);
+    const IndexedDataset* d = data->outside_vocab(data->max_token());  // the first dataset holding the largest id
+    need.source = d != nullptr ? fmt::format("{} {} holds token id {}", d->flag(), d->prefix(), d->max_token())
+                               : std::string("the datasets hold no token");
+  }
+  out.vocab = size_vocabulary(cfg, need, padded_origin);
   std::string source = data->describe();
   if (tokenizer != nullptr) source += ", " + tokenizer->describe();
-  return std::make_shared<const TextData>(data, source);
+  out.data = std::make_shared<const TextData>(data, source);
+  return out;
 }
 
 }  // namespace ampipe::train

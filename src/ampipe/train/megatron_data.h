@@ -41,6 +41,7 @@
 
 #include "ampipe/train/indexed_dataset.h"
 #include "ampipe/train/text_data.h"
+#include "ampipe/train/vocab_size.h"
 
 namespace ampipe::train {
 
@@ -157,11 +158,15 @@ class MegatronData {
   std::string describe_, split_desc_;
 };
 
-struct TrainConfig;
 // The data of a run: Megatron's (a per-split path, several --data-path values, or one naming an indexed dataset) or
-// else the plain text / llm.c token file / bundled corpus of load_corpus. Sets cfg.vocab_size: the tokenizer's pieces
-// (every id of the data must be below them, else a ConfigError naming the file and --tokenizer-model), or else the
-// largest id + 1 (256 for byte-level text), rounded up to a multiple of 128 for token data.
-std::shared_ptr<const TextData> load_training_data(TrainConfig& cfg, const Tokenizer* tokenizer);
+// else the plain text / llm.c token file / bundled corpus of load_corpus, and the model's vocabulary for them
+// (train/vocab_size.h: size_vocabulary sets cfg.padded_vocab_size) from the vocabulary the data need: the
+// tokenizer's pieces (every id of the data must be below them, else a ConfigError naming the file and the
+// tokenizer), or else the largest id + 1 (256 for byte-level text). `padded_origin`: size_vocabulary's.
+struct TrainingData {
+  std::shared_ptr<const TextData> data;
+  VocabSizing vocab;
+};
+TrainingData load_training_data(TrainConfig& cfg, const Tokenizer* tokenizer, const std::string& padded_origin = "");
 
 }  // namespace ampipe::train

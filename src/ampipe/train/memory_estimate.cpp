@@ -13,7 +13,7 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   using model::checked_mul;
   const model::LayerConfig& l = cfg.layer;
   const model::SizeFactor s{"--seq-length", l.seq_length}, b{"--micro-batch-size", l.micro_batch_size},
-      h{"--hidden-size", l.hidden_size}, V{"the data's vocabulary", cfg.vocab_size};
+      h{"--hidden-size", l.hidden_size}, V{"--padded-vocab-size", cfg.padded_vocab_size};
   // The head's buffers hold this cp rank's s/C positions (gpt_model.h).
   const model::SizeFactor sl{"--seq-length / --context-parallel-size", l.seq_length / std::max(1, l.cp())};
   const int64_t T = checked_elements("the tokens of a micro-batch", {sl, b});

@@ -85,7 +85,7 @@ Corpus parse_token_file(const std::string& b, const std::string& path) {
     c.tokens[i] = id;
     max_id = std::max(max_id, id);
   }
-  c.vocab_size = (int64_t(max_id) + 1 + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+  c.vocab_size = int64_t(max_id) + 1;
   return c;
 }
 
@@ -141,7 +141,7 @@ Corpus load_corpus(const std::string& data_path, const Tokenizer* tokenizer) {
             throw ConfigError(fmt::format("--data-path {}: token {} has id {}, outside the vocabulary of {} (ids "
                                           "must be < {}): the file was tokenized with another tokenizer",
                                           data_path, i, c.tokens[i], tokenizer->describe(), V));
-        c.vocab_size = (V + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+        c.vocab_size = V;
         c.format += ", " + tokenizer->describe();
       }
       return c;
@@ -159,8 +159,7 @@ Corpus load_corpus(const std::string& data_path, const Tokenizer* tokenizer) {
   if (tokenizer == nullptr) return text_corpus(text);
   Corpus c;
   c.tokens = tokenizer->encode(text);
-  const int64_t V = tokenizer->vocab_size();
-  c.vocab_size = (V + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+  c.vocab_size = tokenizer->vocab_size();
   c.format = "text (" + tokenizer->describe() + ")";
   return c;
 }

@@ -10,12 +10,12 @@
 // Pre-tokenized data: --data-path FILE in llm.c's token-file format (github.com/karpathy/llm.c, dev/data): a header
 // of 256 little-endian int32 (magic 20240520, version 1, token count n, the rest 0), then n little-endian uint16
 // token ids, as written by llm.c's data scripts (GPT-2 tokenizer: ids < 50257). The file is recognised by its
-// magic number; the vocabulary is the largest id + 1, rounded up to a multiple of 128 (Megatron's
-// --make-vocab-size-divisible-by default), so the LM head has a row for every id.
+// magic number; its vocabulary is the largest id + 1 (train/vocab_size.h pads it as Megatron does), so the LM head
+// has a row for every id.
 //
 // Subword tokens: with a SentencePiece model (--tokenizer-type SentencePieceTokenizer --tokenizer-model FILE,
 // train/tokenizer.h), plain text is tokenized with the model at load, and a token file must hold ids below the
-// model's piece count; the vocabulary is then the model's piece count rounded up to a multiple of 128.
+// model's piece count; the vocabulary is then the model's piece count.
 // `ampipe preprocess` writes token files (write_token_file) that the model's ids fit in: at most 65536 pieces.
 //
 // Split: the token stream's last valid_fraction is the validation split; the rest is the training split. A
@@ -49,12 +49,12 @@ inline constexpr int32_t kTokenFileMagic = 20240520;  // llm.c token files
 inline constexpr int32_t kTokenFileVersion = 1;       // uint16 ids
 inline constexpr int kTokenFileHeaderInts = 256;      // int32 header words
 inline constexpr int64_t kTokenFileMaxVocab = 65536;  // uint16 ids
-inline constexpr int64_t kVocabPadding = 128;         // Megatron's --make-vocab-size-divisible-by default
 
 class Tokenizer;
 class MegatronData;
 
-// A token stream and the vocabulary it needs.
+// A token stream and the vocabulary it needs (before padding: train/vocab_size.h): 256 for byte-level text, the
+// largest id + 1 of a token file, a tokenizer's count.
 struct Corpus {
   std::vector<int32_t> tokens;
   int64_t vocab_size = kVocabSize;

@@ -7,6 +7,7 @@
 #include "ampipe/core/error.h"
 #include "ampipe/model/size_check.h"
 #include "ampipe/train/megatron_args.h"
+#include "ampipe/train/vocab_size.h"
 
 namespace ampipe::train {
 
@@ -177,6 +178,7 @@ void TrainConfig::validate(int world) const {
     throw ConfigError(fmt::format("--save-interval {} is invalid: it must be >= 0", save_interval));
   if (save_interval > 0 && save.empty())
     throw ConfigError(fmt::format("--save-interval {} needs --save DIR: there is nowhere to write", save_interval));
+  validate_vocab_flags(*this);
   validate_megatron_args(*this);
   model::check_plan_size(layer, M, num_layers);  // the Plans' task lists (model/size_check.h)
   if (!trace.empty() && (trace_iteration < 1 || trace_iteration > train_iters))
@@ -362,6 +364,17 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_FIELD(vocab_file, kC | kA, kNo, c.vocab_file),
       AMPIPE_FIELD(merge_file, kC | kA, kNo, c.merge_file),
       AMPIPE_FIELD(vocab_size, kA, kNo, c.vocab_size),
+      AMPIPE_FIELD(make_vocab_size_divisible_by, kA, kNo, c.make_vocab_size_divisible_by),
+      // the model's vocabulary V (a shape: a checkpoint records it, a resume must match it; Megatron's _compare
+      // and --use-checkpoint-args' _set_arg of padded_vocab_size); "" (--config's "the flag's default") until the
+      // data have sized it (train/vocab_size.h)
+      ConfigKey{"padded_vocab_size", kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  return c.padded_vocab_size != 0 ? nlohmann::json(c.padded_vocab_size) : nlohmann::json("");
+                },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.padded_vocab_size = v.is_string() && v.get<std::string>().empty() ? 0 : v.get<int64_t>();
+                }},
       // --valid-fraction f is the split 1-f,f,0
       ConfigKey{"split", kC | kA, kNo, [](const TrainConfig& c) -> nlohmann::json { return split_str(data_split(c)); }},
       AMPIPE_FIELD(eval_interval, kA, kNo, c.eval_interval),

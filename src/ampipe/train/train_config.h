@@ -79,7 +79,13 @@ struct TrainConfig {
   std::string tokenizer_type;   // empty: byte-level (text) or the token file's ids; or SentencePieceTokenizer
   std::string tokenizer_model;  // SentencePieceTokenizer's model, HuggingFaceTokenizer's tokenizer.json (or its dir)
   std::string vocab_file, merge_file;  // GPT2BPETokenizer's vocab.json and merges.txt (train::make_tokenizer)
-  int64_t vocab_size = 256;     // set from the data (train/text_data.h): 256 for byte-level text
+  // The vocabulary (train/vocab_size.h), Megatron's three flags: --vocab-size (0: not given: the tokenizer's or the
+  // data's ids), --make-vocab-size-divisible-by, --padded-vocab-size (0: not given: Megatron's padding of the
+  // vocabulary). size_vocabulary then sets padded_vocab_size to the model's V, the rows of the token embedding and
+  // the LM head, as Megatron sets args.padded_vocab_size; a TrainConfig built in code sets it itself.
+  int64_t vocab_size = 0;
+  int64_t make_vocab_size_divisible_by = 128;
+  int64_t padded_vocab_size = 0;
   double valid_fraction = 0;     // > 0 (--valid-fraction): the split 1-f, f, 0 instead of --split
   int64_t eval_interval = 1000;  // 0: no evaluation during training
   int64_t eval_iters = 100;      // 0: no evaluation (Megatron's meaning)

@@ -168,7 +168,7 @@ void Trainer::plan_step() {
   c.micro_batches = int(K_);
   c.tokens = s_ * b_ / l.cp();
   c.hidden = l.hidden_size;
-  c.head_vocab = cfg_.vocab_size;
+  c.head_vocab = cfg_.padded_vocab_size;
   c.sp_tp = l.sp() ? l.tp() : 1;
   const int n = stack.num_layers();
   c.layer_dense_bytes.assign(size_t(n), 0);
