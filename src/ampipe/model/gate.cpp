@@ -111,6 +111,16 @@ int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64
 }
 
 namespace {
+// The softmax of the logits row[0, E), in place, fp32 (max subtracted).
+void softmax_row(float* row, int64_t E) {
+  float mx = row[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += (row[e] = std::exp(row[e] - mx));
+  const float inv = 1.0f / sum;
+  for (int64_t e = 0; e < E; ++e) row[e] *= inv;
+}
+
 // The k largest of row[0, E) (ties -> the lower index), largest first.
 void top_k(const float* row, int64_t E, int64_t k, int32_t* out) {
   for (int64_t i = 0; i < k; ++i) {
@@ -144,12 +154,7 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
       for (int64_t i = 0; i < k; ++i) sum += (w[i] = std::exp(row[choice[i]] - mx));
       for (int64_t i = 0; i < k; ++i) w[i] = w[i] / sum * sf;
     }
-    float mx = row[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += (row[e] = std::exp(row[e] - mx));
-    const float inv = 1.0f / sum;
-    for (int64_t e = 0; e < E; ++e) row[e] *= inv;
+    softmax_row(row, E);
     if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
       top_k(row, E, k, choice);
       for (int64_t i = 0; i < k; ++i) w[i] = row[choice[i]] * sf;
@@ -245,13 +250,7 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
         if (e1 < 0 || v > best) best = v, e1 = int32_t(e);
       }
     }
-    // softmax in fp32
-    float mx = row[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += (row[e] = std::exp(row[e] - mx));
-    const float inv = 1.0f / sum;
-    for (int64_t e = 0; e < E; ++e) row[e] *= inv;
+    softmax_row(row, E);
     if (!rsample) {
       e1 = 0;
       for (int64_t e = 1; e < E; ++e)
