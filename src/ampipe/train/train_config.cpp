@@ -241,7 +241,8 @@ std::vector<std::string> paths_from_json(const nlohmann::json& v) {
 constexpr unsigned kL = kKeyLayer, kC = kKeyCheckpoint, kA = kKeyAgree;
 constexpr ModelArg kNo = ModelArg::none, kShape = ModelArg::shape, kTaken = ModelArg::taken;
 
-std::vector<ConfigKey> make_config_keys() {
+// The layer's keys (in the order metadata.json lists them).
+std::vector<ConfigKey> layer_config_keys() {
   return {
       AMPIPE_FIELD(num_layers, kC | kA, kShape, c.num_layers),
       AMPIPE_FIELD(seq_length, kL | kC | kA, kShape, l.seq_length),
@@ -312,6 +313,12 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_FIELD(ampipe_tp_sp_comm_overlap, kL | kA, kNo, l.ampipe_tp_sp_comm_overlap),
       AMPIPE_FIELD(context_parallel_size, kL | kA, kNo, l.context_parallel_size),
       AMPIPE_FIELD(context_parallel_algo, kL | kA, kNo, l.context_parallel_algo),
+  };
+}
+
+// The rest: the model outside the layers, the router's settings, the schedule, the data and the run.
+std::vector<ConfigKey> run_config_keys() {
+  return {
       AMPIPE_FIELD(untie_embeddings_and_output_weights, kC | kA, kShape, c.untie_embeddings_and_output_weights),
       AMPIPE_FIELD(moe_aux_loss_coeff, kC | kA, kNo, c.moe_aux_loss_coeff),
       ConfigKey{"moe_model_type", kL | kC | kA, kTaken,
@@ -394,6 +401,12 @@ std::vector<ConfigKey> make_config_keys() {
       AMPIPE_FIELD(use_checkpoint_args, kA, kNo, c.use_checkpoint_args),
       AMPIPE_FIELD(skip_train, kA, kNo, c.skip_train),
   };
+}
+
+std::vector<ConfigKey> make_config_keys() {
+  std::vector<ConfigKey> keys = layer_config_keys();
+  for (ConfigKey& k : run_config_keys()) keys.push_back(std::move(k));
+  return keys;
 }
 
 #undef AMPIPE_FIELD
