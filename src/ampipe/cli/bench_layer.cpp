@@ -463,6 +463,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       r.predicted_s = sim::simulate(plans, prof).step_s;
     }
   }
+  rt.end_startup();  // the steps: waits are bounded by --comm-timeout from here on
   time_configs(a, res, st, x, dy, token_base, groups);
   if (rt.rank() == 0) report_bench(a, cfg, res, skipped, layout, rt.size());
   return 0;

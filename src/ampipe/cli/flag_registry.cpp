@@ -733,6 +733,11 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--comm-timeout", R, kGroupParallel, G::number,
                    "seconds a wait may block before the job is aborted (at most a week; larger values are clamped)",
                    AT(comm->comm_timeout_s), kDef | kAgree));
+  v.push_back(flag("--startup-timeout", R, kGroupParallel, G::number,
+                   "seconds a rank waits for its peers before the first step (the start-up agreements, the checks of "
+                   "flags, files and checkpoints on every rank) and for their answer when one of them failed; "
+                   "at most --comm-timeout",
+                   AT(comm->startup_timeout_s), kDef | kAgree));
   v.push_back(flag("--memory-limit", R, kGroupTraining, G::text,
                    "peak memory this rank may use, e.g. 8G or 512M (binary suffixes); default: the host's available "
                    "memory (MemAvailable or the cgroup limit, shared by the ranks on the host); 0: no check",

@@ -326,6 +326,7 @@ int run_train(TrainFlags& flags) {
   train::Trainer trainer(cfg, groups, data);
   trainer.set_report_a2a_hidden(multi_host);
   const int64_t start = trainer.maybe_load();
+  rt.end_startup();  // every rank loaded its checkpoint; waits are bounded by --comm-timeout from here on
   // --trace-iteration K is the K-th iteration of this run: after a resume it must still be one this run trains.
   if (!cfg.trace.empty() && start + cfg.trace_iteration > trainer.end_iteration())
     throw ConfigError(fmt::format("--trace-iteration {} is invalid for this run: it trains iterations {}..{} (K counts "
