@@ -752,7 +752,7 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
       kDef));
   v.push_back(flag("--global-batch-size", kLayerCheck, kGroupTraining, G::integer,
                    "sequences in the global batch (default: micro-batch size x data-parallel ranks)",
-                   AT(layer_check->global_batch_size)));
+                   AT(layer_check->global_batch_size), kUnsetZero));
   v.push_back(flag("--export", kLayerCheck, kGroupOptions, G::text,
                    "write params/inputs/outputs/grads safetensors into this directory", AT(layer_check->export_dir),
                    kPath));
@@ -799,9 +799,10 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
                    AT(plan->step)));
   v.push_back(flag("--global-batch-size", kPlan, kGroupTraining, G::integer,
                    "with --step: sequences per iteration (default: one micro-batch per data-parallel rank)",
-                   AT(plan->global_batch_size)));
+                   AT(plan->global_batch_size), kUnsetZero));
   v.push_back(flag("--world-size", kPlan, kGroupParallel, G::integer,
-                   "with --step: devices (data-parallel size = world / (tp x cp))", AT(plan->world_size), kDef));
+                   "with --step: devices (data-parallel size = world / (tp x cp))", AT(plan->world_size),
+                   kDef | kUnsetZero));
   v.push_back(flag("--vocab-size", kPlan, kGroupModel, G::integer, "with --step: vocabulary of the LM head",
                    AT(plan->vocab_size), kDef));
 }
@@ -875,7 +876,7 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
   const unsigned T = kTrainSubs;
   v.push_back(flag("--global-batch-size", T, kGroupTraining, G::integer,
                    "sequences per iteration (default: micro-batch size x data-parallel size)",
-                   AT(train->cfg.global_batch_size)));
+                   AT(train->cfg.global_batch_size), kUnsetZero));
   v.push_back(flag("--train-iters", T, kGroupTraining, G::integer, "iterations", AT(train->cfg.train_iters), kDef));
   v.push_back(flag("--train-samples", T, kGroupTraining, G::integer,
                    "train for this many sequences instead: --train-iters = samples / global batch (Megatron's "
@@ -949,7 +950,7 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--split", T, kGroupData, G::text,
                    "train,valid,test weights of the token stream, or of each indexed dataset's documents, in that "
                    "order (Megatron's default with --data-path: 969,30,1)",
-                   AT(train->cfg.split), kDef));
+                   AT(train->cfg.split), kDef | kNonEmpty));
   v.push_back(flag("--eval-interval", T, kGroupData, G::integer, "evaluate every N iterations (0: never)",
                    AT(train->cfg.eval_interval), kDef));
   v.push_back(flag("--eval-iters", T, kGroupData, G::integer, "global batches per evaluation (0: no evaluation)",
@@ -1092,10 +1093,10 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
                    "§8)",
                    AT(simulate->compute_efficiency), kDef));
   v.push_back(flag("--world-size", S, kGroupParallel, G::integer, "devices to simulate (default: the MPI world size)",
-                   AT(simulate->world_size)));
+                   AT(simulate->world_size), kUnsetZero));
   v.push_back(flag("--nodes", S, kGroupParallel, G::integer,
                    "nodes the devices sit on (default: world size / the profile's devices_per_node, at least 1)",
-                   AT(simulate->nodes)));
+                   AT(simulate->nodes), kUnsetZero));
   v.push_back(flag("--vocab-size", S, kGroupModel, G::integer,
                    "vocabulary V for the LM head and Megatron's count (default 256: the bundled corpus's bytes)",
                    AT(simulate->vocab_size)));
@@ -1166,6 +1167,30 @@ CLI::Validator non_empty_path() {
         return v.empty() ? std::string("an empty path is not a file or directory") : std::string();
       },
       "PATH");
+}
+
+// kUnsetZero: an integer >= 1 (0 is the field's "not given").
+CLI::Validator positive_validator() {
+  return CLI::Validator(
+      [](std::string& v) {
+        size_t used = 0;
+        long long x = 0;
+        try {
+          x = std::stoll(v, &used);
+        } catch (const std::exception&) {
+          return std::string();  // not an integer: CLI11's conversion says so
+        }
+        if (used != v.size() || x >= 1) return std::string();
+        return v + " is invalid: it must be >= 1 (leave the flag out for its default)";
+      },
+      "INT");
+}
+
+// kNonEmpty: a text that is not "" ("" is the field's "not given").
+CLI::Validator non_empty_text() {
+  return CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("'' is invalid: it must not be empty") : std::string(); },
+      "TEXT");
 }
 
 // A no-op's value: its grammar (an integer, a number) and Megatron's choices.
@@ -1317,6 +1342,8 @@ void add_flags(CLI::App& app, Sub sub, const FlagTargets& t) {
     }
     if (s->attrs & kRequired) o->required();
     if (s->attrs & kPath) o->check(non_empty_path());
+    if (s->attrs & kUnsetZero) o->check(positive_validator());
+    if (s->attrs & kNonEmpty) o->check(non_empty_text());
     o->group(s->group);
   }
 }

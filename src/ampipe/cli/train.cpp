@@ -228,6 +228,13 @@ namespace {
 // With --exit-on-missing-checkpoint (Megatron's) a --load without a checkpoint is an error instead.
 void start_or_resume(train::TrainConfig& cfg, TrainFlags& flags) {
   std::vector<std::string>& notices = flags.layer.notices;
+  std::error_code ec;
+  if (!cfg.load.empty() && std::filesystem::exists(cfg.load, ec) && !std::filesystem::is_directory(cfg.load, ec))
+    throw ConfigError(fmt::format("--load {}: not a directory ({}): --load names a checkpoint directory, the one "
+                                  "--save wrote",
+                                  cfg.load,
+                                  std::filesystem::is_regular_file(cfg.load, ec) ? "a regular file"
+                                                                                 : "not a regular file"));
   if (!cfg.load.empty() && !train::checkpoint_exists(cfg.load)) {
     const std::string why = std::filesystem::is_directory(cfg.load)
                                 ? std::string(train::kLatestMarker) + " is missing"
