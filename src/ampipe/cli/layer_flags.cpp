@@ -132,7 +132,7 @@ void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
     const char* kCkpt = "checkpoint iteration";
     bool differs_elsewhere = false;
     for (const auto& [key, value] : mine.items())
-      if (key != kCkpt && (!theirs.contains(key) || theirs[key] != value)) differs_elsewhere = true;
+      if (key != kCkpt && key != "load" && (!theirs.contains(key) || theirs[key] != value)) differs_elsewhere = true;
     if (!differs_elsewhere && mine.contains(kCkpt) && theirs.contains(kCkpt) && mine[kCkpt] != theirs[kCkpt]) {
       comm::Runtime& rt = comm::Runtime::current();
       auto held = [](const nlohmann::json& v) {
@@ -140,7 +140,10 @@ void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
       };
       throw ConfigError(fmt::format("the ranks would resume from different checkpoints: --load {} holds {} on {} and {} "
                                     "on {} (as their {} say); every rank must load the same checkpoint",
-                                    mine.value("load", std::string()), held(mine[kCkpt]), rt.rank_name(0),
+                                    // (a --load without a checkpoint is cleared: the run starts afresh)
+                                    mine.value("load", std::string()).empty() ? theirs.value("load", std::string())
+                                                                              : mine.value("load", std::string()),
+                                    held(mine[kCkpt]), rt.rank_name(0),
                                     held(theirs[kCkpt]), rt.rank_name(int(r)), train::kLatestMarker));
     }
     for (const std::string& key : keys)
