@@ -6,6 +6,11 @@
 #   signals                          fault.signal.*
 #   ranks that disagree              fault.ranks_disagree.* (and mpi_comm_faults: counts and dtypes)
 #   config keys set twice            cli.bad_input.config_*
+#   one rank differs (issue 27)      fault.one_rank.*  (flags, files, checkpoints, markers, subcommands, hangs)
+#   bad input (issue 27)             fault.bad_file.* (JSON strictness and depth, config lists, preprocess overwriting
+#                                    its input, a --trace FIFO), cli.bad_input.{global_batch,simulate,plan,load,split}*
+#   planted bugs (issue 27, item 7)  AdamW.ThreeSteps*, Trainer.WarmupLearningRates*, OptimizerValues.*,
+#                                    CheckpointVerify.*, mpi_comm_collectives (Bf16ReduceScatter*), *.cp3.np3
 set(_fault_dir ${CMAKE_CURRENT_SOURCE_DIR}/fault)
 
 # ---- checkpoints that should not load: CASE@REGEX (tests/fault/checkpoint_fault.sh damages a fresh checkpoint) ----
