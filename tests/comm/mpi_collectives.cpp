@@ -159,6 +159,34 @@ TEST(Collectives, Bf16SumRoundsOnceFromFp32) {
   EXPECT_EQ(t.get(0), 1.0f + 4.0f / 512.0f);
 }
 
+// A bf16 reduce-scatter whose partial sums are not bf16 numbers (issue 27: a sum rounded to bf16 after every add
+// was caught only by one 4-rank all-reduce). Every block gets 1 from rank 0 and 3 * 2^-10 from each other rank: summed
+// in fp32 and rounded once, 1 + 3 (n - 1) 2^-10 becomes 1.0078125 at 4 ranks (the nearest bf16, whose step is 2^-7
+// near 1); rounded after each add, every 3 * 2^-10 is below half a step and is lost (1.0). The average rounds the fp32
+// sum / n once (0.251953125 at 4 ranks; 0.25 if the sum was rounded first). Exact comparison.
+TEST(Collectives, Bf16ReduceScatterRoundsInexactPartialSumsOnce) {
+  for (const Group* g : {&groups().world, &groups().ep})
+    for (Reduce op : {Reduce::sum, Reduce::avg}) {
+      const int n = g->size(), me = g->rank();
+      const int64_t blk = 5;
+      const float small = 3.0f / 1024.0f;
+      Tensor send = Tensor::empty({n * blk}, DType::bf16), recv = Tensor::zeros({blk}, DType::bf16);
+      for (int64_t i = 0; i < n * blk; ++i) send.set(i, me == 0 ? 1.0f : small);
+      reduce_scatter(*g, send, recv, op, "test.reduce_scatter_inexact").wait(30s);
+      double exact = 1.0 + double(n - 1) * small;  // exact in fp32 too
+      if (op == Reduce::avg) exact /= n;
+      float per_add = 1.0f;  // the wrong answer: rounded to bf16 after every add
+      for (int r = 1; r < n; ++r) per_add = round_bf16(per_add + small);
+      if (op == Reduce::avg) per_add = round_bf16(per_add / float(n));
+      const float want = round_bf16(float(exact));
+      if (n == 4) {
+        EXPECT_EQ(want, op == Reduce::sum ? 1.0078125f : 0.251953125f);
+        EXPECT_NE(want, per_add) << "the case must tell rounding once from rounding per add";
+      }
+      for (int64_t i = 0; i < blk; ++i) ASSERT_EQ(recv.get(i), want) << g->label() << " elem " << i;
+    }
+}
+
 TEST(Collectives, AllReduceMaxInt64) {
   const Group& g = groups().world;
   int64_t v = all_reduce_max(g, int64_t(1) << 40 | g.rank(), "test.capacity");

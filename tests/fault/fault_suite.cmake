@@ -6,6 +6,11 @@
 #   signals                          fault.signal.*
 #   ranks that disagree              fault.ranks_disagree.* (and mpi_comm_faults: counts and dtypes)
 #   config keys set twice            cli.bad_input.config_*
+#   one rank differs (issue 27)      fault.one_rank.*  (flags, files, checkpoints, markers, subcommands, hangs)
+#   bad input (issue 27)             fault.bad_file.* (JSON strictness and depth, config lists, preprocess overwriting
+#                                    its input, a --trace FIFO), cli.bad_input.{global_batch,simulate,plan,load,split}*
+#   planted bugs (issue 27, item 7)  AdamW.ThreeSteps*, Trainer.WarmupLearningRates*, OptimizerValues.*,
+#                                    CheckpointVerify.*, mpi_comm_collectives (Bf16ReduceScatter*), *.cp3.np3
 set(_fault_dir ${CMAKE_CURRENT_SOURCE_DIR}/fault)
 
 # ---- checkpoints that should not load: CASE@REGEX (tests/fault/checkpoint_fault.sh damages a fresh checkpoint) ----
@@ -95,3 +100,82 @@ ampipe_bad_input(config_key_twice "--config .*key_twice.json: key \"lr\" is set 
 ampipe_bad_input(config_two_spellings
                  "--config .*two_spellings.json: keys \"hidden-size\" and \"hidden_size\" both set --hidden-size"
                  train --config ${_fault_dir}/data/two_spellings.json)
+
+# ---- issue 27: one rank differs. Two ranks, each in its own directory (one path, a different file per rank, as on two
+# nodes): every case exits with the code given, one "ampipe: error:" line naming the failing rank (or both ranks'
+# difference), within its bound (the --startup-timeout 3 of the script where a rank hangs), no file changed
+# (tests/fault/one_rank_differs.sh). CASE@EXIT@BOUND_S@REGEX.
+set(_one_rank_cases
+  "flag@2@15@rank 1 \\(.*\\): --num-attention-heads 2 does not divide --hidden-size 31"
+  "unknown_flag@2@15@rank 1 \\(.*\\): unknown flag --hidden-sise: did you mean --hidden-size\\?"
+  "data_missing@2@15@rank 1 \\(.*\\): --data-path data.txt: the file does not exist"
+  "config_bad_rank1@2@15@rank 1 \\(.*\\): --moe-router-topk 7"
+  "ckpt_truncated@2@20@rank 1 \\(.*\\): --load ckpt/iter_0000004/optimizer.safetensors: truncated safetensors file"
+  "ckpt_flipped@2@20@rank 1 \\(.*\\): --load ckpt/iter_0000004/model.safetensors: tensor .* does not match its checksum"
+  "markers_differ@2@20@the ranks would resume from different checkpoints: --load ckpt holds iteration 4 on rank 0 \\(.*\\) and iteration 2 on rank 1"
+  "marker_missing@2@20@the ranks would resume from different checkpoints: --load ckpt holds iteration 4 on rank 0 \\(.*\\) and no checkpoint on rank 1"
+  "subcommand@2@15@the ranks run different commands: rank 0 \\(.*\\) runs train, rank 1 \\(.*\\) runs plan"
+  "help@2@15@the ranks run different commands: rank 0 \\(.*\\) runs train, rank 1 \\(.*\\) runs --help"
+  "version@2@15@the ranks run different commands: rank 0 \\(.*\\) runs train, rank 1 \\(.*\\) runs --version"
+  "stuck@1@15@rank 1 \\(.*\\) did not reach the start-up agreement on the parallel layout within 3 s \\(--startup-timeout 3\\)"
+  "not_ampipe@1@15@MPI_Init did not complete within 3 s \\(--startup-timeout\\)"
+  "layer_check_flag@2@15@rank 1 \\(.*\\): --num-attention-heads .* does not divide --hidden-size 31"
+  "bench_layer_flag@2@15@rank 1 \\(.*\\): --num-attention-heads .* does not divide --hidden-size 31")
+foreach(_c ${_one_rank_cases})
+  string(REPLACE "@" ";" _parts "${_c}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _rc)
+  list(GET _parts 2 _bound)
+  list(SUBLIST _parts 3 -1 _rest)
+  string(REPLACE ";" "@" _regex "${_rest}")
+  add_test(NAME fault.one_rank.${_name}.np2
+           COMMAND bash ${_fault_dir}/one_rank_differs.sh $<TARGET_FILE:ampipe> ${_name} ${_rc} "${_regex}" ${_bound}
+                   ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS})
+  set_tests_properties(fault.one_rank.${_name}.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2)
+endforeach()
+
+# ---- issue 27: invalid input accepted with exit 0, or refused naming the wrong cause ----
+ampipe_bad_input(split_overflow "--split 1e308,1e308,1 is invalid: the weights' sum overflows a double"
+                 train --split 1e308,1e308,1)
+ampipe_bad_input(global_batch_zero "--global-batch-size: 0 is invalid: it must be >= 1" train --global-batch-size 0)
+ampipe_bad_input(layer_check_global_batch_zero "--global-batch-size: 0 is invalid: it must be >= 1"
+                 layer-check --global-batch-size 0)
+ampipe_bad_input(simulate_nodes_zero "--nodes: 0 is invalid: it must be >= 1"
+                 simulate --profile ${CMAKE_CURRENT_SOURCE_DIR}/cli/sim_profile.json --nodes 0)
+ampipe_bad_input(simulate_world_size_zero "--world-size: 0 is invalid: it must be >= 1"
+                 simulate --profile ${CMAKE_CURRENT_SOURCE_DIR}/cli/sim_profile.json --world-size 0)
+ampipe_bad_input(plan_world_size_zero "--world-size: 0 is invalid: it must be >= 1" plan --step --world-size 0)
+ampipe_bad_input(load_regular_file "--load .*design.md: not a directory \\(a regular file\\)"
+                 train --load ${CMAKE_SOURCE_DIR}/docs/design.md)
+ampipe_bad_input(startup_timeout_zero "--startup-timeout 0 is invalid" train --startup-timeout 0)
+# Files written for the case (tests/fault/bad_file.sh): CASE@REGEX
+set(_bad_file_cases
+  "config_nul@--config .*c.json: not valid JSON \\(.*a NUL byte at byte 19"
+  "config_trailing@--config .*c.json: not valid JSON \\(.*expected end of input"
+  "config_deep@--config .*c.json: not valid JSON \\(.*nested deeper than 64 levels"
+  "config_deep_simulate@--config .*c.json: not valid JSON \\(.*nested deeper than 64 levels"
+  "profile_deep@--profile .*p.json: not valid JSON: .*nested deeper than 64 levels"
+  "config_lr_empty@--config .*c.json: key \"lr\" = \\[\\]: --lr takes one value, not a list"
+  "config_lr_list@--config .*c.json: key \"lr\" = \\[0.1,0.2\\]: --lr takes one value, not a list"
+  "config_nested_list@--config .*c.json: key \"data_path\" = \\[\\[\"a\"\\]\\]: a list of lists or objects is not a value of --data-path"
+  "config_key_config@--config .*c.json: key \"config\" is not a config key: --config is given on the command line only"
+  "preprocess_own_input@--output-prefix .*/x: this run would write .*/x.bin, which is its --input .*/x.bin: refusing to overwrite an input"
+  "preprocess_own_input_json@--output-prefix .*/x: this run would write .*/x_text_document.idx, which is its --input"
+  "split_empty@--split: '' is invalid: it must not be empty"
+  "trace_fifo@--trace .*t.json: cannot be written: it is a FIFO that no process reads")
+foreach(_c ${_bad_file_cases})
+  string(FIND "${_c}" "@" _at)
+  string(SUBSTRING "${_c}" 0 ${_at} _name)
+  math(EXPR _at "${_at} + 1")
+  string(SUBSTRING "${_c}" ${_at} -1 _regex)
+  add_test(NAME fault.bad_file.${_name} COMMAND bash ${_fault_dir}/bad_file.sh $<TARGET_FILE:ampipe> ${_name} "${_regex}")
+  set_tests_properties(fault.bad_file.${_name} PROPERTIES TIMEOUT 60)
+endforeach()
+
+# ---- issue 27, item 7: absolute tests that pin planted bugs (AdamW, the warm-up learning rates, the checkpoint
+# verifier's refusals and the bf16 reduce-scatter live in test_train_trainer, test_train_checkpoint_verify and
+# mpi_comm_collectives); an odd cp ring needs 3 ranks ----
+add_test(NAME mpi_schedule_layer_context_parallel.cp3.np3
+         COMMAND ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS} -np 3 $<TARGET_FILE:mpi_schedule_layer_context_parallel>
+                 --gtest_filter=LayerContextParallel.OddRingOfThree*)
+set_tests_properties(mpi_schedule_layer_context_parallel.cp3.np3 PROPERTIES TIMEOUT 120 PROCESSORS 3)

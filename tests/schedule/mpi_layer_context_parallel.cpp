@@ -46,10 +46,14 @@ const comm::Groups& groups_for(int tp, int cp, int ep) {
   if (all.empty()) {
     comm::Runtime& rt = comm::Runtime::current();
     const int w = rt.size();
-    for (int t = 1; t <= w; t *= 2)
-      for (int c = 1; t * c <= w; c *= 2)
+    for (int t = 1; t <= w; t *= 2) {
+      if (w % t != 0) continue;
+      for (int c = 1; t * c <= w; ++c) {  // every cp that divides the rest: 3 on 3 ranks too
+        if ((w / t) % c != 0) continue;
         for (int e = 1; e <= w / t; e *= 2)
           if ((w / t) % e == 0) all.emplace(Key{t, c, e}, rt.make_groups(comm::Layout::make(w, t, c, e)));
+      }
+    }
   }
   return all.at({tp, cp, ep});
 }
@@ -90,6 +94,21 @@ TEST(LayerContextParallel, RingAttentionAtEveryDegreeEqualsSingleRank) {
   for (int cp = 2; cp <= world; cp *= 2)
     for (int k : {1, 2})
       for (int M : {1, 2, 4}) check_context_parallel(base(k), M, cp, 1, 1);
+}
+
+// An odd ring: cp 3 on 3 ranks (registered as its own CTest case, mpi_schedule_layer_context_parallel.cp3.np3; the
+// 2- and 4-rank runs skip it). A reversed ring direction or a wrong pairing of a rank's two halves with their ring
+// distance was caught only by one 4-rank test (issue 27). s = 24: 2 cp = 6 blocks of 4 rows, 2 rows per chunk at M 2.
+TEST(LayerContextParallel, OddRingOfThreeEqualsSingleRank) {
+  const int world = comm::Runtime::current().size();
+  if (world % 3 != 0) GTEST_SKIP() << "cp 3 needs a multiple of 3 ranks, this run has " << world;
+  groups_for(1, 1, 1);
+  for (int k : {1, 2})
+    for (int M : {1, 2}) {
+      model::LayerConfig cfg = base(k);
+      cfg.seq_length = 24;
+      check_context_parallel(cfg, M, 3, 1, 1);
+    }
 }
 
 TEST(LayerContextParallel, WithSelectiveRecomputation) {

@@ -159,3 +159,85 @@ TEST_F(CheckpointVerify, ABadMarkerIsRefused) {
   std::ofstream(dir_ + "/" + train::kLatestMarker, std::ios::trunc) << "3\n";
   EXPECT_THAT(load_error(), ::testing::HasSubstr("iter_0000003/metadata.json: the file is missing"));
 }
+
+// Each refusal of the optimizer file's values, and what must still load (issue 27: removing the check that refuses
+// negative second moments went unnoticed). A damaged tensor is saved with fresh checksums and recorded in
+// metadata.json as if saved so: only the values are wrong.
+class OptimizerValues : public CheckpointVerify {
+ protected:
+  std::string with_value(const std::string& tensor, int64_t index, float value) {
+    std::map<std::string, std::string> meta;
+    core::TensorMap m = core::load_safetensors(it4("optimizer.safetensors"), &meta);
+    m.at(tensor).data<float>()[index] = value;
+    const core::SafetensorsInfo info = core::save_safetensors(it4("optimizer.safetensors"), m, meta);
+    nlohmann::json j = read_meta();
+    j["files"]["optimizer.safetensors"] = {{"bytes", info.file_bytes}, {"header_checksum", info.header_checksum}};
+    write_meta(j);
+    return load_error();
+  }
+  std::string file_() const { return "--load " + it4("optimizer.safetensors") + ": tensor "; }
+};
+
+TEST_F(OptimizerValues, ANegativeSecondMomentIsRefused) {
+  EXPECT_THAT(with_value("exp_avg_sq.final_layernorm.weight", 2, -1e-12f),
+              ::testing::HasSubstr(file_() + "exp_avg_sq.final_layernorm.weight: element 2 is -1e-12; a checkpoint "
+                                           "must hold finite values (and second moments >= 0)"));
+}
+
+TEST_F(OptimizerValues, ANegativeSecondMomentDeepInALargeTensorIsRefused) {
+  const core::TensorMap m = core::load_safetensors(it4("optimizer.safetensors"));
+  const std::string name = "exp_avg_sq.layers.0.moe.experts.fc1.weight";
+  ASSERT_TRUE(m.count(name)) << "the tiny model's expert weight is named otherwise";
+  const int64_t last = m.at(name).numel() - 1;
+  EXPECT_THAT(with_value(name, last, -3.0f),
+              ::testing::HasSubstr(file_() + name + ": element " + std::to_string(last) + " is -3"));
+}
+
+TEST_F(OptimizerValues, NonFiniteMomentsAreRefused) {
+  EXPECT_THAT(with_value("exp_avg.final_layernorm.bias", 0, std::numeric_limits<float>::infinity()),
+              ::testing::HasSubstr(file_() + "exp_avg.final_layernorm.bias: element 0 is inf"));
+  fs::remove_all(dir_);
+  fs::copy(pristine_, dir_, fs::copy_options::recursive);
+  EXPECT_THAT(with_value("exp_avg_sq.final_layernorm.bias", 1, std::numeric_limits<float>::quiet_NaN()),
+              ::testing::HasSubstr(file_() + "exp_avg_sq.final_layernorm.bias: element 1 is nan"));
+}
+
+TEST_F(OptimizerValues, ANegativeFirstMomentAndANegativeZeroSecondMomentLoad) {
+  EXPECT_EQ(with_value("exp_avg.final_layernorm.weight", 0, -5.0f), "");  // first moments have any sign
+  EXPECT_EQ(with_value("exp_avg_sq.final_layernorm.weight", 0, -0.0f), "");  // -0 is not negative
+}
+
+TEST_F(CheckpointVerify, AMissingOrMisshapenTensorIsRefused) {
+  std::map<std::string, std::string> meta;
+  core::TensorMap m = core::load_safetensors(it4("model.safetensors"), &meta);
+  const Tensor keep = m.at("final_layernorm.weight");
+  auto save = [&] {
+    const core::SafetensorsInfo info = core::save_safetensors(it4("model.safetensors"), m, meta);
+    nlohmann::json j = read_meta();
+    j["files"]["model.safetensors"] = {{"bytes", info.file_bytes}, {"header_checksum", info.header_checksum}};
+    write_meta(j);
+  };
+  m.erase("final_layernorm.weight");
+  save();
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("--load " + it4("model.safetensors") +
+                                                 ": tensor final_layernorm.weight is missing"));
+  m["final_layernorm.weight"] = Tensor::zeros({keep.numel() + 1});
+  save();
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("tensor final_layernorm.weight is f32 [" +
+                                                 std::to_string(keep.numel() + 1) + "], this run needs f32 [" +
+                                                 std::to_string(keep.numel()) + "]"));
+}
+
+TEST_F(CheckpointVerify, AnotherModelShapeIsRefused) {
+  train::TrainConfig lc = tiny_config();
+  lc.load = dir_;
+  lc.layer.ffn_hidden_size = 64;  // the checkpoint's is 32
+  try {
+    train::Trainer r(lc, *g_groups, corpus_data(lc));
+    r.maybe_load();
+    ADD_FAILURE() << "loaded a checkpoint of another model shape";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the checkpoint has --ffn-hidden-size 32, this run has "
+                                               "--ffn-hidden-size 64"));
+  }
+}

@@ -312,3 +312,88 @@ TEST(Trainer, ExpertLoadsCountEveryChoiceOnce) {
     EXPECT_NEAR(double(dropped) / double(choices), per_iteration, 1e-6);
   }
 }
+
+// Absolute pins of the optimizer and the schedule (issue 27: AdamW without the second-moment bias correction, and a
+// learning rate one iteration late at its call site, survived the relative tests).
+
+// train::AdamW over 3 steps against values computed by hand in double precision (torch.optim.AdamW's order):
+//   p *= 1 - lr wd (decay params only);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps),   g = clip * grad
+// with b1 0.9, b2 0.999, eps 1e-8, wd 0.1, lr 0.1, 0.05, 0.02 and clip 1, 1, 0.5 at steps 1, 2, 3. Step 2 of w[0]:
+//   p = 0.89 (1 - 0.005) = 0.88555; m = 0.9 * 0.05 + 0.1 * -0.25 = 0.02, v = 0.999 * 2.5e-4 + 1e-3 * 0.0625 = 3.1225e-4;
+//   m_hat = 0.02 / 0.19 = 0.105263, v_hat = 3.1225e-4 / 1.999e-3 = 0.156203: p = 0.88555 - 0.05 * 0.105263 / 0.395225
+//   = 0.872233. Without the second-moment correction step 1 alone would move w[0] by 3.2 instead of 0.1; with the
+// corrections off by one step, step 2 by 0.0094 instead of 0.0133. Tolerance 2e-6: fp32 arithmetic on values of
+// order 1 (the kernel's 1 - b2 in fp32 is 1.3e-5 relative off).
+TEST(AdamW, ThreeStepsMatchTheHandComputedValues) {
+  std::vector<train::NamedParam> ps(2);
+  ps[0].name = "w";
+  ps[0].decay = true;
+  ps[0].param = Tensor::from({1.0f, -0.5f}, {2});
+  ps[0].grad = Tensor::zeros({2});
+  ps[1].name = "b";
+  ps[1].decay = false;
+  ps[1].param = Tensor::from({0.3f}, {1});
+  ps[1].grad = Tensor::zeros({1});
+  train::AdamW opt(ps);
+  const double lr[3] = {0.1, 0.05, 0.02};
+  const float clip[3] = {1.0f, 1.0f, 0.5f};
+  const float gw[3][2] = {{0.5f, 0.2f}, {-0.25f, 0.2f}, {1.0f, -0.4f}}, gb[3] = {0.1f, 0.1f, -0.3f};
+  const double want_w[3][2] = {{0.8900000020, -0.5949999950}, {0.8722331503, -0.6420249925},
+                               {0.8588990707, -0.6459807947}};
+  const double want_b[3] = {0.2000000100, 0.1500000150, 0.1486981012};
+  const double want_m[2] = {0.068, 0.0142}, want_v[2] = {0.00056193775, 0.00011988004};
+  for (int t = 0; t < 3; ++t) {
+    ps[0].grad.data<float>()[0] = gw[t][0];
+    ps[0].grad.data<float>()[1] = gw[t][1];
+    ps[1].grad.data<float>()[0] = gb[t];
+    opt.step(ps, lr[t], 0.1, 0.9, 0.999, 1e-8, clip[t]);
+    EXPECT_EQ(opt.steps(), t + 1);
+    EXPECT_NEAR(ps[0].param.get(0), want_w[t][0], 2e-6) << "step " << t + 1;
+    EXPECT_NEAR(ps[0].param.get(1), want_w[t][1], 2e-6) << "step " << t + 1;
+    EXPECT_NEAR(ps[1].param.get(0), want_b[t], 2e-6) << "step " << t + 1 << " (no weight decay)";
+  }
+  // The moments after step 3 (the clip scales the gradient before both).
+  EXPECT_NEAR(opt.exp_avg(0).get(0), want_m[0], 1e-7);
+  EXPECT_NEAR(opt.exp_avg(0).get(1), want_m[1], 1e-7);
+  EXPECT_NEAR(opt.exp_avg_sq(0).get(0), want_v[0], 1e-8);
+  EXPECT_NEAR(opt.exp_avg_sq(0).get(1), want_v[1], 1e-8);
+}
+
+// The learning rate of every warm-up iteration, as logged and as applied, against Megatron's schedule computed by
+// hand: lr (it + 1) / W for it < W (iteration it + 1 of the log), then the cosine decay. With W = 4, lr 3e-3:
+// 7.5e-4, 1.5e-3, 2.25e-3, 3e-3. The applied one: with betas 0 (m = g, v = g^2, both corrections 1) every AdamW step
+// moves each weight whose gradient is far above eps by exactly lr, so the largest change of a step is its lr (to
+// 2e-4 relative: half an fp32 ulp of a LayerNorm weight of 1 is 6e-8, eps 1e-8 is negligible against the largest
+// gradients).
+TEST(Trainer, WarmupLearningRatesAreMegatronsAsLoggedAndApplied) {
+  train::TrainConfig c = tiny_config();
+  c.train_iters = 6;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.lr_warmup_iters = 4;
+  c.lr_decay_style = "cosine";
+  c.weight_decay = 0;
+  c.adam_beta1 = 0;
+  c.adam_beta2 = 0;
+  c.clip_grad = 0;
+  c.layer.hidden_dropout = 0;
+  c.layer.attention_dropout = 0;
+  c.validate(1);
+  train::Trainer t(c, *g_groups, corpus_data(c));
+  // iterations 1..4: warm-up; 5: cos decay at r = 0 (lr); 6: r = 1/2, min_lr + (lr - min_lr) / 2 = 1.65e-3
+  const double want[6] = {7.5e-4, 1.5e-3, 2.25e-3, 3e-3, 3e-3, 1.65e-3};
+  for (int it = 0; it < 6; ++it) {
+    const std::map<std::string, Tensor> before = t.full_params();
+    const train::TrainResult r = t.train({}, 1);
+    ASSERT_EQ(r.iterations.size(), 1u);
+    EXPECT_EQ(r.iterations[0].iteration, it + 1);
+    EXPECT_NEAR(r.iterations[0].lr, want[it], 1e-12) << "logged lr of iteration " << it + 1;
+    double moved = 0;
+    for (const auto& [name, p] : t.full_params()) {
+      const Tensor& b = before.at(name);
+      for (int64_t i = 0; i < p.numel(); ++i) moved = std::max(moved, std::abs(double(p.get(i)) - double(b.get(i))));
+    }
+    EXPECT_NEAR(moved, want[it], 2e-4 * want[it]) << "lr applied at iteration " << it + 1;
+  }
+}

@@ -20,6 +20,8 @@
 //   copies are kept, the arena is sized for the largest plan), so the absolute peak is that of the largest plan.
 #include "ampipe/cli/bench_layer.h"
 
+#include "ampipe/core/output_file.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -396,9 +398,7 @@ void report_bench(const BenchLayerArgs& a, const model::LayerConfig& cfg, const 
     config["num_layers"] = a.num_layers;
     config["ranks"] = world;
     nlohmann::json doc{{"config", config}, {"results", out}};
-    std::ofstream f(a.json_file);
-    if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
-    f << doc.dump(2) << "\n";
+    core::write_output(core::open_output(a.json_file, "--json"), doc.dump(2) + "\n", a.json_file, "--json");
   }
 }
 
@@ -463,6 +463,7 @@ int run_bench_layer(BenchLayerArgs& a) {
       r.predicted_s = sim::simulate(plans, prof).step_s;
     }
   }
+  rt.end_startup();  // the steps: waits are bounded by --comm-timeout from here on
   time_configs(a, res, st, x, dy, token_base, groups);
   if (rt.rank() == 0) report_bench(a, cfg, res, skipped, layout, rt.size());
   return 0;

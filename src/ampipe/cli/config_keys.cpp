@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 
+#include "ampipe/core/json.h"
 #include "ampipe/core/error.h"
 
 namespace ampipe::cli {
@@ -28,7 +29,7 @@ void check_config_keys_once(const std::string& text, const nlohmann::json& j, co
     return true;
   };
   try {
-    const nlohmann::json parsed = nlohmann::json::parse(text, on_event);
+    const nlohmann::json parsed = core::parse_json(text, on_event);
     (void)parsed;
   } catch (const nlohmann::json::exception&) {
     return;  // the caller has parsed it already; nothing more to say here

@@ -767,6 +767,11 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--comm-timeout", R, kGroupParallel, G::number,
                    "seconds a wait may block before the job is aborted (at most a week; larger values are clamped)",
                    AT(comm->comm_timeout_s), kDef | kAgree));
+  v.push_back(flag("--startup-timeout", R, kGroupParallel, G::number,
+                   "seconds a rank waits for its peers before the first step (the start-up agreements, the checks of "
+                   "flags, files and checkpoints on every rank) and for their answer when one of them failed; "
+                   "at most --comm-timeout",
+                   AT(comm->startup_timeout_s), kDef | kAgree));
   v.push_back(flag("--memory-limit", R, kGroupTraining, G::text,
                    "peak memory this rank may use, e.g. 8G or 512M (binary suffixes); default: the host's available "
                    "memory (MemAvailable or the cgroup limit, shared by the ranks on the host); 0: no check",
@@ -781,7 +786,7 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
       kDef));
   v.push_back(flag("--global-batch-size", kLayerCheck, kGroupTraining, G::integer,
                    "sequences in the global batch (default: micro-batch size x data-parallel ranks)",
-                   AT(layer_check->global_batch_size)));
+                   AT(layer_check->global_batch_size), kUnsetZero));
   v.push_back(flag("--export", kLayerCheck, kGroupOptions, G::text,
                    "write params/inputs/outputs/grads safetensors into this directory", AT(layer_check->export_dir),
                    kPath));
@@ -828,9 +833,10 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
                    AT(plan->step)));
   v.push_back(flag("--global-batch-size", kPlan, kGroupTraining, G::integer,
                    "with --step: sequences per iteration (default: one micro-batch per data-parallel rank)",
-                   AT(plan->global_batch_size)));
+                   AT(plan->global_batch_size), kUnsetZero));
   v.push_back(flag("--world-size", kPlan, kGroupParallel, G::integer,
-                   "with --step: devices (data-parallel size = world / (tp x cp))", AT(plan->world_size), kDef));
+                   "with --step: devices (data-parallel size = world / (tp x cp))", AT(plan->world_size),
+                   kDef | kUnsetZero));
   v.push_back(flag("--vocab-size", kPlan, kGroupModel, G::integer, "with --step: vocabulary of the LM head",
                    AT(plan->vocab_size), kDef));
 }
@@ -901,7 +907,7 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
   const unsigned T = kTrainSubs;
   v.push_back(flag("--global-batch-size", T, kGroupTraining, G::integer,
                    "sequences per iteration (default: micro-batch size x data-parallel size)",
-                   AT(train->cfg.global_batch_size)));
+                   AT(train->cfg.global_batch_size), kUnsetZero));
   v.push_back(flag("--train-iters", T, kGroupTraining, G::integer, "iterations", AT(train->cfg.train_iters), kDef));
   v.push_back(flag("--train-samples", T, kGroupTraining, G::integer,
                    "train for this many sequences instead: --train-iters = samples / global batch (Megatron's "
@@ -990,7 +996,7 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--split", T, kGroupData, G::text,
                    "train,valid,test weights of the token stream, or of each indexed dataset's documents, in that "
                    "order (Megatron's default with --data-path: 969,30,1)",
-                   AT(train->cfg.split), kDef));
+                   AT(train->cfg.split), kDef | kNonEmpty));
   v.push_back(flag("--eval-interval", T, kGroupData, G::integer, "evaluate every N iterations (0: never)",
                    AT(train->cfg.eval_interval), kDef));
   v.push_back(flag("--eval-iters", T, kGroupData, G::integer, "global batches per evaluation (0: no evaluation)",
@@ -1124,10 +1130,10 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
                    "§8)",
                    AT(simulate->compute_efficiency), kDef));
   v.push_back(flag("--world-size", S, kGroupParallel, G::integer, "devices to simulate (default: the MPI world size)",
-                   AT(simulate->world_size)));
+                   AT(simulate->world_size), kUnsetZero));
   v.push_back(flag("--nodes", S, kGroupParallel, G::integer,
                    "nodes the devices sit on (default: world size / the profile's devices_per_node, at least 1)",
-                   AT(simulate->nodes)));
+                   AT(simulate->nodes), kUnsetZero));
   v.push_back(flag("--json", S, kGroupLogging, G::text, "also write the predictions as JSON to this file",
                    AT(simulate->json_file), kPath));
   v.push_back(flag("--out", kCalibrate, kGroupOptions, G::text,
@@ -1195,6 +1201,30 @@ CLI::Validator non_empty_path() {
         return v.empty() ? std::string("an empty path is not a file or directory") : std::string();
       },
       "PATH");
+}
+
+// kUnsetZero: an integer >= 1 (0 is the field's "not given").
+CLI::Validator positive_validator() {
+  return CLI::Validator(
+      [](std::string& v) {
+        size_t used = 0;
+        long long x = 0;
+        try {
+          x = std::stoll(v, &used);
+        } catch (const std::exception&) {
+          return std::string();  // not an integer: CLI11's conversion says so
+        }
+        if (used != v.size() || x >= 1) return std::string();
+        return v + " is invalid: it must be >= 1 (leave the flag out for its default)";
+      },
+      "INT");
+}
+
+// kNonEmpty: a text that is not "" ("" is the field's "not given").
+CLI::Validator non_empty_text() {
+  return CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("'' is invalid: it must not be empty") : std::string(); },
+      "TEXT");
 }
 
 // A no-op's value: its grammar (an integer, a number) and Megatron's choices.
@@ -1346,6 +1376,8 @@ void add_flags(CLI::App& app, Sub sub, const FlagTargets& t) {
     }
     if (s->attrs & kRequired) o->required();
     if (s->attrs & kPath) o->check(non_empty_path());
+    if (s->attrs & kUnsetZero) o->check(positive_validator());
+    if (s->attrs & kNonEmpty) o->check(non_empty_text());
     o->group(s->group);
   }
 }

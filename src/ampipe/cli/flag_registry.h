@@ -83,6 +83,10 @@ enum FlagAttr : unsigned {
   kNoConfig = 8,  // not a --config key (--config itself)
   kAgree = 16,    // its value as given joins train's rank agreement (train_agreement.cpp); train::config_keys()
                   // brings the training configuration's
+  kUnsetZero = 32,  // an integer whose field holds 0 for "not given" (a default derived later): a value given must be
+                    // >= 1 (`--global-batch-size 0` used to run with the default); a 0 in --config (a checkpoint's
+                    // metadata.json records the unset field) is the default
+  kNonEmpty = 64,   // a text whose field holds "" for "not given": "" given is refused (`--split ''`)
 };
 
 // What the flags of one subcommand write to (null: that subcommand has none of those).

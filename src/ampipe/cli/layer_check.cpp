@@ -175,6 +175,7 @@ int run_layer_check(LayerCheckArgs& a) {
     }
     return v;
   };
+  rt.end_startup();  // the steps: waits are bounded by --comm-timeout from here on
   for (int64_t j = 0; j < K; ++j) {
     const int64_t m = me.dp * K + j;
     xs.push_back(micro_batch_slice(cfg, G, m, 0));

@@ -190,6 +190,25 @@ void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
                                      "expert_model_parallel_size", "sequence_parallel"};
     for (const auto& [key, value] : mine.items()) keys.push_back(key);
     std::string what = "their configurations";
+    // The checkpoint each rank would resume from is no flag: ranks whose --load copies differ (their markers name
+    // other iterations, or one has none) would each resume their own state and all-reduce together.
+    const char* kCkpt = "checkpoint iteration";
+    bool differs_elsewhere = false;
+    for (const auto& [key, value] : mine.items())
+      if (key != kCkpt && key != "load" && (!theirs.contains(key) || theirs[key] != value)) differs_elsewhere = true;
+    if (!differs_elsewhere && mine.contains(kCkpt) && theirs.contains(kCkpt) && mine[kCkpt] != theirs[kCkpt]) {
+      comm::Runtime& rt = comm::Runtime::current();
+      auto held = [](const nlohmann::json& v) {
+        return v.is_number() ? fmt::format("iteration {}", v.dump()) : std::string("no checkpoint");
+      };
+      throw ConfigError(fmt::format("the ranks would resume from different checkpoints: --load {} holds {} on {} and {} "
+                                    "on {} (as their {} say); every rank must load the same checkpoint",
+                                    // (a --load without a checkpoint is cleared: the run starts afresh)
+                                    mine.value("load", std::string()).empty() ? theirs.value("load", std::string())
+                                                                              : mine.value("load", std::string()),
+                                    held(mine[kCkpt]), rt.rank_name(0),
+                                    held(theirs[kCkpt]), rt.rank_name(int(r)), train::kLatestMarker));
+    }
     for (const std::string& key : keys)
       if (mine.contains(key) && (!theirs.contains(key) || theirs[key] != mine[key])) {
         what = fmt::format("--{} (rank 0: {}, rank {}: {})", key, mine[key].dump(),
@@ -213,10 +232,14 @@ void CommFlags::apply() const {
   if (!(comm_timeout_s > 0) || !std::isfinite(comm_timeout_s))
     throw ConfigError(fmt::format("--comm-timeout {} is invalid: it must be a finite number of seconds > 0",
                                   comm_timeout_s));
+  if (!(startup_timeout_s > 0) || !std::isfinite(startup_timeout_s))
+    throw ConfigError(fmt::format("--startup-timeout {} is invalid: it must be a finite number of seconds > 0",
+                                  startup_timeout_s));
   comm::Runtime& rt = comm::Runtime::current();
   rt.set_check_collectives(check_collectives);
-  const double s = std::min(comm_timeout_s, kMaxTimeoutS);
+  const double s = std::min(comm_timeout_s, kMaxTimeoutS), u = std::min(startup_timeout_s, kMaxTimeoutS);
   rt.set_comm_timeout(std::chrono::milliseconds(std::max<int64_t>(1, int64_t(s * 1000))));
+  rt.set_startup_timeout(std::chrono::milliseconds(std::max<int64_t>(1, int64_t(u * 1000))));
 }
 
 }  // namespace ampipe::cli

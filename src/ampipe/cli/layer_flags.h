@@ -78,10 +78,12 @@ void check_output_file(const std::string& flag, const std::string& path, const c
 struct CommFlags {
   bool check_collectives = false;
   double comm_timeout_s = 300;
+  double startup_timeout_s = 30;  // --startup-timeout: waits before the first step (comm::RuntimeOptions)
   // A wait longer than this is a timeout whatever --comm-timeout says (a week: the deadline arithmetic of the
   // steady clock stays far from overflow).
   static constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
-  // Checks --comm-timeout (finite, > 0; values above kMaxTimeoutS are clamped to it) and sets both on the runtime.
+  // Checks --comm-timeout and --startup-timeout (finite, > 0; values above kMaxTimeoutS are clamped to it) and sets
+  // them and --check-collectives on the runtime.
   void apply() const;
 };
 

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ampipe/cli/flag_registry.h"
@@ -42,6 +44,24 @@ bool given(const PreprocessArgs& args, const char* flag) {
 constexpr const char* kJsonFlags[] = {"--json-keys",   "--tokenizer-type", "--append-eod",   "--workers",
                                       "--log-interval", "--split-sentences", "--keep-newlines", "--lang",
                                       "--partitions",  "--keep-sequential-samples", "--vocab-file", "--merge-file"};
+
+// The files this run writes must not be the ones it reads: `--input x.bin --output-prefix x` used to overwrite its
+// own input. Compared as files (links and other spellings of one path included), before anything is written.
+void refuse_overwriting_inputs(const PreprocessArgs& args, const std::vector<std::string>& outputs) {
+  const std::pair<const char*, const std::string*> inputs[] = {{"--input", &args.input},
+                                                               {"--tokenizer-model", &args.tokenizer_model},
+                                                               {"--vocab-file", &args.vocab_file},
+                                                               {"--merge-file", &args.merge_file}};
+  for (const std::string& out : outputs)
+    for (const auto& [flag, in] : inputs) {
+      std::error_code ec;
+      if (in->empty() || !std::filesystem::exists(out, ec)) continue;
+      if (std::filesystem::equivalent(out, *in, ec))
+        throw ConfigError(fmt::format("--output-prefix {}: this run would write {}, which is its {} {}: refusing to "
+                                      "overwrite an input; choose another --output-prefix",
+                                      args.output_prefix, out, flag, *in));
+    }
+}
 
 bool json_lines_input(const PreprocessArgs& args) {
   const std::string ext = std::filesystem::path(args.input).extension().string();
@@ -81,6 +101,11 @@ int run_preprocess_json(PreprocessArgs& args) {
              args.output_prefix, fmt::join(args.json_keys, ","), tok->describe(), args.workers,
              args.workers == 1 ? "" : "s", args.append_eod ? ", --append-eod" : "");
   std::fflush(stdout);
+  std::vector<std::string> outputs;
+  for (const std::string& key : args.json_keys)
+    for (const char* ext : {".bin", ".idx"})
+      outputs.push_back(fmt::format("{}_{}_document{}", args.output_prefix, key, ext));
+  refuse_overwriting_inputs(args, outputs);
   train::PreprocessJsonOptions o;
   o.input = args.input;
   o.output_prefix = args.output_prefix;
@@ -128,6 +153,8 @@ int run_preprocess(PreprocessArgs& args) {
   if (!train::sentencepiece_available())
     throw ConfigError("ampipe preprocess: this ampipe was built without libsentencepiece (install "
                       "libsentencepiece-dev, e.g. with scripts/setup.sh, and rebuild)");
+  refuse_overwriting_inputs(args, {args.output_prefix + ".bin", args.output_prefix + ".model",
+                                   args.output_prefix + ".vocab"});
   const std::string text = train::read_text_file(args.input, "--input");
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();

@@ -49,6 +49,7 @@
 #include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/output_file.h"
 #include "ampipe/schedule/model_step.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/sim/profile.h"
@@ -286,9 +287,7 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"dp_allreduce_bytes", ref.dp_allreduce_bytes},
                        {"dp_allreduce_s", ref.dp_allreduce_s},
                        {"megatron_flops", ref.megatron_flops}}}};
-  std::ofstream f(a.json_file);
-  f << doc.dump(2) << "\n";
-  if (!f) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
+  core::write_output(core::open_output(a.json_file, "--json"), doc.dump(2) + "\n", a.json_file, "--json");
   fmt::print("wrote {}\n", a.json_file);
 }
 

@@ -241,6 +241,13 @@ namespace {
 // With --exit-on-missing-checkpoint (Megatron's) a --load without a checkpoint is an error instead.
 void start_or_resume(train::TrainConfig& cfg, TrainFlags& flags) {
   std::vector<std::string>& notices = flags.layer.notices;
+  std::error_code ec;
+  if (!cfg.load.empty() && std::filesystem::exists(cfg.load, ec) && !std::filesystem::is_directory(cfg.load, ec))
+    throw ConfigError(fmt::format("--load {}: not a directory ({}): --load names a checkpoint directory, the one "
+                                  "--save wrote",
+                                  cfg.load,
+                                  std::filesystem::is_regular_file(cfg.load, ec) ? "a regular file"
+                                                                                 : "not a regular file"));
   if (!cfg.load.empty() && !train::checkpoint_exists(cfg.load)) {
     const std::string why = std::filesystem::is_directory(cfg.load)
                                 ? std::string(train::kLatestMarker) + " is missing"
@@ -347,6 +354,7 @@ int run_train(TrainFlags& flags) {
   train::Trainer trainer(cfg, groups, data);
   trainer.set_report_a2a_hidden(multi_host);
   const int64_t start = trainer.maybe_load();
+  rt.end_startup();  // every rank loaded its checkpoint; waits are bounded by --comm-timeout from here on
   // --trace-iteration K is the K-th iteration of this run: after a resume it must still be one this run trains.
   if (!cfg.trace.empty() && start + cfg.trace_iteration > trainer.end_iteration())
     throw ConfigError(fmt::format("--trace-iteration {} is invalid for this run: it trains iterations {}..{} (K counts "

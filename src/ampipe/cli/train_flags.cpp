@@ -1,4 +1,5 @@
 #include "ampipe/cli/train_flags.h"
+#include "ampipe/core/json.h"
 #include "ampipe/cli/flag_help.h"
 
 #include "ampipe/cli/config_keys.h"
@@ -136,7 +137,7 @@ train::TrainConfig TrainFlags::finish() {
     ss << in.rdbuf();
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(ss.str());
+      j = core::parse_json(ss.str());
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(fmt::format("--config {}: not valid JSON ({})", config_file, e.what()));
     }
@@ -172,11 +173,35 @@ train::TrainConfig TrainFlags::finish() {
                                                                              // data_path of the bundled corpus)
       const std::string flag = config_key_flag(key);
       const FlagSpec* spec = find_flag(sub, flag);  // the registry's keys: the flags of this subcommand
-      CLI::Option* opt = spec == nullptr || (spec->attrs & kNoConfig) ? nullptr : app->get_option_no_throw(flag);
+      if (spec != nullptr && (spec->attrs & kNoConfig))
+        throw ConfigError(fmt::format("--config {}: key \"{}\" is not a config key: {} is given on the command line "
+                                      "only",
+                                      config_file, key, flag));
+      CLI::Option* opt = spec == nullptr ? nullptr : app->get_option_no_throw(flag);
       if (opt == nullptr)
         throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {}{})", config_file, key, flag,
                                       closest_flag(*app, flag).empty() ? std::string()
                                                                        : "; did you mean " + closest_flag(*app, flag) + "?"));
+      // A list is a value only for a flag that takes several (or a comma list); an empty one gives no value at all,
+      // and a list of lists none this engine reads.
+      if (value.is_array()) {
+        const bool takes_list = spec->grammar == Grammar::string_list || spec->grammar == Grammar::text_list ||
+                                spec->grammar == Grammar::int_list || spec->grammar == Grammar::degree_list ||
+                                spec->grammar == Grammar::text;
+        for (const nlohmann::json& e : value)
+          if (e.is_array() || e.is_object())
+            throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: a list of lists or objects is not a value "
+                                          "of {}",
+                                          config_file, key, value.dump(), flag));
+        if (!takes_list)
+          throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {} takes one value, not a list", config_file,
+                                        key, value.dump(), flag));
+        if (value.empty() && spec->grammar != Grammar::string_list)
+          throw ConfigError(fmt::format("--config {}: key \"{}\" = []: an empty list gives {} no value", config_file,
+                                        key, flag));
+      }
+      if ((spec->attrs & kUnsetZero) && value.is_number() && value == 0) continue;  // 0: not given (a checkpoint's
+                                                                                    // metadata.json)
       if (opt->count() > 0) continue;  // the command line wins
       if (std::find(alternatives_given.begin(), alternatives_given.end(), flag) != alternatives_given.end()) continue;
       std::string arg;

@@ -188,12 +188,40 @@ void Engine::finish_op(Op& op) {
   ev.complete();
 }
 
-void Engine::fail_op(Op& op, std::string message) {
+void Engine::fail_op(Op& op, std::string message, bool peer_stopped) {
   op.finish = nullptr;
   op.then = nullptr;
   op.start = nullptr;
   op.ev->finished = std::chrono::steady_clock::now();
-  op.ev->fail(std::move(message));
+  op.ev->fail(std::move(message), peer_stopped);
+}
+
+bool Engine::fail_for_peer() {
+  if (control_ == nullptr) return false;
+  if (peer_left_.empty()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_poll_ >= std::chrono::milliseconds(1)) {
+      control_->poll();
+      last_poll_ = now;
+    }
+    const int who = control_->first_exit.load();
+    if (who < 0 || now - control_->first_exit_at < kPeerGrace) return false;
+    peer_left_ = control_->left_line(who);
+  }
+  bool any = false;
+  for (auto& q : lanes_) {
+    for (auto& op : q) {
+      if (op->started || op->check_pending) abandoned_ = true;
+      const OpInfo& in = op->ev->info;
+      fail_op(*op, fmt::format("{}, while rank {} waited for {} seq={} on group {} (tag {})", peer_left_, world_rank_,
+                               op_kind_name(in.kind), in.seq, in.group, in.tag),
+              true);
+      pending_--;
+      any = true;
+    }
+    q.clear();
+  }
+  return any;
 }
 
 bool Engine::step() {
@@ -207,6 +235,7 @@ bool Engine::step() {
     for (auto& op : in) admit(std::move(op));
     if (!in.empty()) progressed = true;
   }
+  if (fail_for_peer()) return true;  // a peer that left never completes them
   for (auto& q : lanes_) {
     int seen = 0;
     for (auto it = q.begin(); it != q.end();) {

@@ -32,10 +32,11 @@ void EventState::complete() {
   cv.notify_all();
 }
 
-void EventState::fail(std::string message) {
+void EventState::fail(std::string message, bool by_peer) {
   {
     std::lock_guard lk(mu);
     error = std::move(message);
+    peer_stopped = by_peer;
     stage = int(OpStage::failed);
   }
   cv.notify_all();
@@ -123,13 +124,14 @@ void Event::wait(std::chrono::milliseconds timeout) const {
       throw CommError(fmt::format(
           "rank {}: timed out after {} ms waiting for {} seq={} on group {}{} ({}), tag {}, lane {}; state: {}; "
           "last completed on this group: {}. A peer may have died or issued a different collective; rerun with "
-          "--check-collectives to compare ranks, or raise --comm-timeout.",
+          "--check-collectives to compare ranks, or raise {}.",
           s.world_rank, timeout.count(), op_kind_name(in.kind), in.seq, in.group, peer, size_str(in.bytes), in.tag,
-          lane_name(in.lane), state, last));
+          lane_name(in.lane), state, last, default_timeout_flag()));
     }
   }
   if (s.stage.load() == int(OpStage::failed)) {
     std::lock_guard lk(s.mu);
+    if (s.peer_stopped) throw PeerStopped(s.error);
     throw CommError(s.error);
   }
 }

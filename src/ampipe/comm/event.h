@@ -53,12 +53,13 @@ struct EventState {
   std::atomic<int> stage{int(OpStage::queued)};
   std::chrono::steady_clock::time_point issued, started, finished;
   std::string error;  // set before stage becomes failed
+  bool peer_stopped = false;  // failed because a peer left the job (wait throws PeerStopped); set with error
   std::atomic<int64_t> blocked_us{0};
   std::mutex mu;
   std::condition_variable cv;
 
   void complete();                          // engine: mark done and wake waiters
-  void fail(std::string message);           // engine: mark failed and wake waiters
+  void fail(std::string message, bool by_peer = false);  // engine: mark failed and wake waiters
 };
 
 class Event {

@@ -91,6 +91,47 @@ struct Op {
   std::vector<unsigned char> check_all;   // every member's, in group-rank order
 };
 
+// The control channel (runtime.cpp): a communicator of its own, duplicated from the world at start-up, that only
+// carries the start-up agreements (Runtime::agree) and the exit notes (Runtime::finish). It is served by the thread
+// that calls agree / finish, and polled for exit notes by the engine thread while ops are pending; every MPI call on
+// it is made under `mu`. Its messages are at most kMaxControlBytes (eager in every OpenMPI transport), so a send
+// completes whether or not the peer ever receives it, and a rank that leaves strands no peer in a send.
+struct Control {
+  static constexpr int kExitTag = 1;         // one exit note from each rank to each peer, at the end of the process
+  static constexpr int kAgreeTagBase = 16;   // agreement n uses tag kAgreeTagBase + n
+  static constexpr size_t kMaxControlBytes = 1024;
+  enum class ExitKind : int { ok = 0, failed = 1, stopped = 2 };
+  struct Note {
+    bool arrived = false;
+    ExitKind kind = ExitKind::ok;
+    int code = 0;
+    std::string message;
+  };
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  std::vector<std::string> hosts;  // every rank's host name (gathered at start-up)
+
+  std::mutex mu;
+  std::vector<Note> notes;  // [rank]: the exit note of each peer that has sent one (guarded by mu)
+  std::vector<MPI_Request> sends;  // unfinished sends of this rank (guarded by mu)
+  std::vector<std::shared_ptr<std::string>> send_bufs;  // their buffers, index for index
+  std::atomic<int> first_exit{-1};  // the first peer whose exit note arrived (-1: none)
+  std::chrono::steady_clock::time_point first_exit_at;
+
+  // "rank 1 (node7)".
+  std::string name(int r) const;
+  // Receives the exit notes that have arrived (any thread). Returns true when some peer has left.
+  bool poll();
+  bool poll_locked();
+  // Sends `bytes` to `peer` with `tag` (non-blocking; the request is kept in `sends`). Called with mu held.
+  void send_locked(const std::string& bytes, int peer, int tag);
+  // The line of a peer that left, for ops and agreements it strands: "rank 1 (node7) has left the job (...)".
+  std::string left_line(int peer);
+  static std::string encode(const Note& n);
+  static Note decode(const std::string& bytes);
+};
+
 struct EngineOptions {
   std::chrono::microseconds poll_interval{100};
   int lane_depth = 1;
@@ -112,13 +153,23 @@ class Engine {
   // Ops queued or in flight (for diagnostics).
   size_t pending() const;
   void set_poll_interval(std::chrono::microseconds us) { poll_us_ = us.count(); }
+  // The control channel whose exit notes fail the pending ops (a peer that left will never complete them).
+  void set_control(Control* c) { control_ = c; }
+  // Ops that were in flight (their MPI requests posted) when a peer left: their requests are abandoned, so the
+  // process must not finalise MPI normally (Runtime::finish aborts instead).
+  bool abandoned_requests() const { return abandoned_.load(); }
+  // A peer's exit note fails the pending ops this long after it arrived (an op the peer completed before it left
+  // still completes here in that time).
+  static constexpr std::chrono::milliseconds kPeerGrace{1000};
 
  private:
   void loop();
   bool step();  // one pass; true when something progressed
   void admit(std::unique_ptr<Op> op);
   void finish_op(Op& op);
-  void fail_op(Op& op, std::string message);
+  void fail_op(Op& op, std::string message, bool peer_stopped = false);
+  // A peer left: fails every queued op (and every op submitted later) with the line naming it.
+  bool fail_for_peer();
 
   int world_rank_;
   EngineOptions opts_;
@@ -131,6 +182,10 @@ class Engine {
   bool stop_requested_ = false;
   std::atomic<bool> running_{false};
   std::thread thread_;
+  Control* control_ = nullptr;
+  std::chrono::steady_clock::time_point last_poll_{};
+  std::string peer_left_;  // engine thread only: set once a peer's exit note failed the ops
+  std::atomic<bool> abandoned_{false};
 };
 
 // 64-bit FNV-1a over the check record fields (group label, seq, kind, dtype, bytes, elements, tag).

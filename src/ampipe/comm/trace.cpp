@@ -9,6 +9,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/output_file.h"
 
 namespace ampipe::comm {
 
@@ -96,10 +97,10 @@ size_t Trace::write_chrome_trace(const std::string& path) {
       events.push_back(std::move(e));
     }
   }
-  std::ofstream f(path);
-  if (!f) throw ConfigError(fmt::format("trace file {}: cannot open for writing", path));
-  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1) << "\n";
-  if (!f) throw ConfigError(fmt::format("trace file {}: write failed", path));
+  // Never blocks in open (a FIFO without a reader is refused): a blocked open would hold rank 0 past SIGTERM.
+  core::OutputFile f = core::open_output(path, "--trace");
+  core::write_output(std::move(f), nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1) + "\n",
+                     path, "--trace");
   return n;
 }
 

@@ -22,6 +22,14 @@ class CommError : public std::runtime_error {
   explicit CommError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// This rank stopped because another rank left the job (it failed, or it exited while this rank still waited for
+// it): the message names that rank. The exit agreement (comm::Runtime::finish) decides which rank's line is printed
+// and the exit code every rank returns.
+class PeerStopped : public CommError {
+ public:
+  explicit PeerStopped(const std::string& what) : CommError(what) {}
+};
+
 // Training reached numbers that are not finite (a NaN or infinite loss or gradient norm): every rank detects it on
 // the same all-reduced values, so every rank stops at the same iteration.
 class NumericError : public std::runtime_error {

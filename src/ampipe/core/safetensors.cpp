@@ -15,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "ampipe/core/json.h"
 #include "ampipe/core/checksum.h"
 
 namespace ampipe::core {
@@ -158,7 +159,7 @@ TensorMap load_safetensors(const std::string& path, const SafetensorsLoadOptions
                                   buf.size()));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(buf.begin() + 8, buf.begin() + 8 + long(n));
+    header = parse_json(std::string_view(buf.data() + 8, size_t(n)));
   } catch (const std::exception& e) {
     throw ConfigError(fmt::format("{}: bad safetensors header: {}", path, e.what()));
   }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ampipe/core/json.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/safetensors.h"
 
@@ -104,7 +105,7 @@ Profile scale_compute(Profile p, double efficiency) {
 Profile parse_profile(const std::string& text, const std::string& where) {
   json j;
   try {
-    j = json::parse(text);
+    j = core::parse_json(text);
   } catch (const json::exception& e) {
     throw ConfigError(fmt::format("{}: not valid JSON: {}", where, e.what()));
   }

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "ampipe/core/json.h"
 #include "ampipe/core/error.h"
 
 namespace ampipe::train {
@@ -463,7 +464,7 @@ std::string read_file(const std::string& path, const std::string& flag, const ch
 
 nlohmann::json parse_json(const std::string& text, const std::string& where, const char* what) {
   try {
-    return nlohmann::json::parse(text);
+    return core::parse_json(text);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("{}: is not valid JSON ({}), expected {}", where, e.what(), what));
   }

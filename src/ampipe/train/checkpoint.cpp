@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ampipe/core/json.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/safetensors.h"
@@ -212,7 +213,10 @@ core::TensorMap load_checked(const std::string& path, const std::string& file, i
 CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, GptModel& model, AdamW& opt,
                                const comm::Groups& groups, bool load_optim) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw ConfigError(fmt::format("--load {}: the directory does not exist", dir));
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(fmt::format("--load {}: {}", dir,
+                                  fs::exists(dir, ec) ? "not a directory: --load names a checkpoint directory"
+                                                      : "the directory does not exist"));
   const std::string marker = dir + "/" + kLatestMarker;
   if (!fs::exists(marker, ec))
     throw ConfigError(fmt::format("--load {}: no checkpoint there ({} is missing)", dir, kLatestMarker));
@@ -228,7 +232,7 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
     throw ConfigError(fmt::format("--load {}: the file is missing (the marker names iteration {})", meta_path,
                                   iteration));
   try {
-    meta.json = nlohmann::json::parse(read_text(meta_path, "metadata.json"));
+    meta.json = core::parse_json(read_text(meta_path, "metadata.json"));
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("--load {}: corrupt metadata: {}", meta_path, e.what()));
   }

@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 
+#include "ampipe/core/json.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint.h"
 
@@ -60,7 +61,7 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool 
   if (!mj)
     return fail(fmt::format("--load {}: the file is missing (the marker names iteration {})", meta, info.iteration));
   try {
-    const nlohmann::json j = nlohmann::json::parse(*mj);
+    const nlohmann::json j = core::parse_json(*mj);
     info.config = j.is_object() && j.contains("config") && j["config"].is_object() ? j["config"]
                                                                                     : nlohmann::json::object();
   } catch (const nlohmann::json::exception& e) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "ampipe/core/json.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/bpe_tokenizer.h"
 #include "ampipe/train/indexed_dataset.h"
@@ -47,7 +48,7 @@ Encoded encode_line(const std::string& line, int64_t lineno, const PreprocessJso
   };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(line);
+    j = core::parse_json(line);
   } catch (const nlohmann::json::exception& ex) {
     return fail(fmt::format("not valid JSON ({}); each line must be one JSON object", ex.what()));
   }

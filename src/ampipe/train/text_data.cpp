@@ -212,6 +212,10 @@ DataSplit parse_split(const std::string& text) {
     throw ConfigError(fmt::format("--split {} is invalid: give up to three non-negative weights for the training, "
                                   "validation and test splits, e.g. 969,30,1",
                                   text));
+  if (!std::isfinite(out.train + out.valid + out.test))  // normalised by their sum: every weight would become 0
+    throw ConfigError(fmt::format("--split {} is invalid: the weights' sum overflows a double; give weights whose sum "
+                                  "is finite (only their ratios count, e.g. 969,30,1)",
+                                  text));
   if (!(out.valid > 0) || !(out.train > 0))
     throw ConfigError(fmt::format("--split {} is invalid: the training and the validation weight must be > 0 "
                                   "(evaluation and training each need their own tokens)",
