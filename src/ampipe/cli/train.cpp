@@ -128,7 +128,8 @@ void print_header(const RunInfo& r) {
   if (cfg.ampipe_degree > 1)
     fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
                l.dropless()
-                   ? "equals degree 1 up to summation order: no token is dropped"
+                   ? (l.moe_no_drop ? "equals degree 1 up to summation order: --moe-no-drop drops no token"
+                                  : "equals degree 1 up to summation order: Megatron-Core's router drops no token")
                    : fmt::format("equals degree 1 only while no token is dropped: each chunk of s/M positions routes "
                                  "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
                                  "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
@@ -136,7 +137,8 @@ void print_header(const RunInfo& r) {
   if (l.cp() > 1)
     fmt::print("  context parallelism {} {}\n", l.cp(),
                l.dropless()
-                   ? "equals cp 1 up to summation order: no token is dropped"
+                   ? (l.moe_no_drop ? "equals cp 1 up to summation order: --moe-no-drop drops no token"
+                                  : "equals cp 1 up to summation order: Megatron-Core's router drops no token")
                    : fmt::format("equals cp 1 only while no token is dropped: each cp rank routes its own s/cp = {} "
                                  "positions (chunk by chunk) with its own capacity, so its drops may differ from cp "
                                  "1's; --moe-no-drop makes it exact",
