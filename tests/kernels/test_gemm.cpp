@@ -143,3 +143,36 @@ TEST(Gemm, TensorFormRejectsBadOperands) {
   Tensor b16 = b.to(DType::bf16);
   EXPECT_DEATH(gemm(a, Trans::n, b16, Trans::n, c), "dtypes differ");
 }
+
+// A batch of GEMMs in one call (--moe-grouped-gemm): each matrix of the batch equals the double reference of its own
+// product, with strided row blocks (as the expert-major buffers hold them), transposed operands, accumulation, and
+// bf16 inputs (which on CPUs without bf16 instructions run matrix by matrix).
+TEST(Gemm, BatchedEqualsEachMatrixsReference) {
+  std::mt19937 rng(3);
+  const int64_t B = 3, m = 5, n = 7, k = 9, pad = 4;  // matrix i's rows start (m + pad) rows after matrix i-1's
+  for (DType in : {DType::f32, DType::bf16})
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(in)) + (accumulate ? " accumulate" : ""));
+      const Tensor a = random_tensor({B * (k + pad), m}, in, rng);  // A^T blocks: [k, m] each, op(A) = A^T
+      const Tensor b = random_tensor({B * n, k}, in, rng);          // B blocks [n, k], op(B) = B^T
+      Tensor c = random_tensor({B * (m + pad), n}, DType::f32, rng);
+      const std::vector<float> c0 = c.to_vector();
+      Tensor c_first = c.rows(0, m);
+      gemm_batched(a.rows(0, k), Trans::t, b.rows(0, n), Trans::t, c_first, B, (k + pad) * m, n * k, (m + pad) * n,
+                   accumulate);
+      for (int64_t i = 0; i < B; ++i) {
+        const Tensor ai = a.rows(i * (k + pad), i * (k + pad) + k).clone(), bi = b.rows(i * n, (i + 1) * n).clone();
+        std::vector<float> c0i;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) c0i.push_back(c0[size_t((i * (m + pad) + r) * n + j)]);
+        const std::vector<double> want = ref_gemm(ai, Trans::t, bi, Trans::t, m, n, k, 1.0, accumulate ? &c0i : nullptr);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j)
+            EXPECT_NEAR(c.get((i * (m + pad) + r) * n + j), want[size_t(r * n + j)], 1e-4)
+                << "matrix " << i << " (" << r << ", " << j << ")";
+        for (int64_t r = m; r < m + pad && i + 1 < B; ++r)  // the rows between the blocks are untouched
+          for (int64_t j = 0; j < n; ++j)
+            EXPECT_EQ(c.get((i * (m + pad) + r) * n + j), c0[size_t((i * (m + pad) + r) * n + j)]);
+      }
+    }
+}

@@ -119,6 +119,7 @@ class Cfg:
     pre_softmax: bool = False  # --moe-router-pre-softmax
     topk_scale: float = 0.0  # --moe-router-topk-scaling-factor (0: none)
     aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss or none
+    Fm: int = 0  # the dense MLP's F (§6.11): a shared expert beside the experts, or with E = 0 a dense layer's FFN
     seed: int = 1234
     coeff: float = 0.01
     M: int = 1
@@ -141,14 +142,21 @@ class Cfg:
     def F1(self):
         return 2 * self.F if self.swiglu else self.F
 
+    @property
+    def F1m(self):
+        return 2 * self.Fm if self.swiglu else self.Fm
+
 
 PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
-               "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"]
+               "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight", "mlp.fc1.weight",
+               "mlp.fc2.weight"]
 
 
 def param_names(c: Cfg):
-    """The block's parameters: RMSNorm has no ln biases. Their ids (init tokens) stay their PARAM_NAMES index."""
-    return [n for n in PARAM_NAMES if not (c.norm == "RMSNorm" and n.endswith(".bias"))]
+    """The block's parameters: RMSNorm has no ln biases, a dense layer (E = 0) no router and experts, a block
+    without the dense MLP (Fm = 0) no mlp.*. Their ids (init tokens) stay their PARAM_NAMES index."""
+    return [n for n in PARAM_NAMES if not (c.norm == "RMSNorm" and n.endswith(".bias"))
+            and not (c.E == 0 and n.startswith("moe.")) and not (c.Fm == 0 and n.startswith("mlp."))]
 
 
 def param_shapes(c: Cfg):
@@ -156,7 +164,8 @@ def param_shapes(c: Cfg):
     kv = c.groups * c.d  # k and v rows each (grouped-query attention: g heads)
     return {"ln1.weight": (h,), "ln1.bias": (h,), "attn.qkv.weight": (h + 2 * kv, h), "attn.proj.weight": (h, h),
             "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
-            "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F)}
+            "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F),
+            "mlp.fc1.weight": (c.F1m, h), "mlp.fc2.weight": (h, c.Fm)}
 
 
 def init_params(c: Cfg):
@@ -260,15 +269,17 @@ def sigmoid(x):
 
 
 def act_fwd(c: Cfg, h1):
-    if c.swiglu:
-        a, g = h1[:, :c.F], h1[:, c.F:]
+    if c.swiglu:  # [a | g] halves (the experts' F, or the dense MLP's)
+        F = h1.shape[1] // 2
+        a, g = h1[:, :F], h1[:, F:]
         return a * sigmoid(a) * g
     return gelu(h1)
 
 
 def act_bwd(c: Cfg, h1, dact):
     if c.swiglu:
-        a, g = h1[:, :c.F], h1[:, c.F:]
+        F = h1.shape[1] // 2
+        a, g = h1[:, :F], h1[:, F:]
         sa = sigmoid(a)
         return np.concatenate([dact * g * sa * (1.0 + a * (1.0 - sa)), dact * a * sa], axis=1)
     return dact * gelu_grad(h1)
@@ -481,10 +492,10 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     ln2, ln2c = norm_fwd(c, ln_in, W, "ln2")
     # MoE, chunk by chunk
     Sc = T // c.M
-    W1, W2 = W["moe.experts.fc1.weight"], W["moe.experts.fc2.weight"]
+    W1, W2 = (W["moe.experts.fc1.weight"], W["moe.experts.fc2.weight"]) if E > 0 else (None, None)
     moe = np.zeros((T, h))
     gates, Sp, Sm = [], np.zeros(E), np.zeros(E)
-    for ch in range(c.M):
+    for ch in range(c.M if E > 0 else 0):
         r0 = ch * Sc
         g = gate_chunk(c, ln2[r0:r0 + Sc], W["moe.gate.weight"], token_base + r0)
         g["r0"] = r0
@@ -509,6 +520,10 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
         gates.append(g)
     N = float(T)
     l_aux = E * np.sum((Sp / N) * (Sm / N))
+    if c.Fm > 0:  # §6.11: the dense MLP on every token, added to the experts' output before dropout and residual
+        mh1 = ln2 @ W["mlp.fc1.weight"].T
+        mact = act_fwd(c, mh1)
+        moe = moe + mact @ W["mlp.fc2.weight"].T
     m2 = dropout_mask(c, "mlp_dropout", token_base, T, h)
     Y = ln_in + moe * m2
 
@@ -518,6 +533,11 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     d_ln_in = dY.copy()
     d_moe = dY * m2
     d_ln2 = np.zeros((T, h))
+    if c.Fm > 0:
+        grads["mlp.fc2.weight"] += d_moe.T @ mact
+        dmh1 = act_bwd(c, mh1, d_moe @ W["mlp.fc2.weight"])
+        grads["mlp.fc1.weight"] += dmh1.T @ ln2
+        d_ln2 += dmh1 @ W["mlp.fc1.weight"]
     daux = c.coeff * E * Sm / (N * N)  # d(coeff*l_aux)/d probs[t, e], every token
     for g in gates:
         r0, S = g["r0"], g["S"]

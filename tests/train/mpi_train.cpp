@@ -124,6 +124,37 @@ TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
   }
 }
 
+// A DeepSeek-like model (block 0 dense, block 1 an MoE block with a shared expert beside Megatron-Core's dropless top-2
+// router; RMSNorm, RoPE, SwiGLU) over 20 iterations: tp 2 (x ep 2 on 4 ranks) at AMPipe degree 2 trains as one rank.
+TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
+  const int world = comm::Runtime::current().size();
+  auto deepseek = [](int tp, int ep, int M) {
+    train::TrainConfig c = tp_config(tp, ep, M, 20);
+    model::LayerConfig& l = c.layer;
+    l.sequence_parallel = false;  // the dropless router's capacity is agreed over EP only
+    l.ampipe_tp_sp_comm_overlap = false;
+    l.normalization = model::Normalization::rmsnorm;
+    l.position_embedding = model::PositionEmbedding::rope;
+    l.expert = model::ExpertKind::swiglu;
+    l.moe_router = model::Router::megatron;
+    l.ffn_hidden_size = 8;
+    l.mlp_ffn_hidden_size = 16;
+    c.dense_ffn_hidden_size = 32;
+    c.num_layers = 2;
+    c.first_k_dense_replace = 1;
+    c.moe_aux_loss_coeff = 0.01;
+    return c;
+  };
+  groups_for(1);
+  const RunResult ref = run_training(deepseek(1, 1, 1), groups_for(1));
+  SCOPED_TRACE("tp 2, degree 2");
+  expect_same_run(run_training(deepseek(2, 1, 2), groups_for(1, 2)), ref, 1e-5);
+  if (world >= 4) {
+    SCOPED_TRACE("tp 2 x ep 2, degree 2");
+    expect_same_run(run_training(deepseek(2, 2, 2), groups_for(2, 2)), ref, 1e-5);
+  }
+}
+
 TEST(MpiTrainer, CheckpointsLoadAcrossTensorParallelSizes) {
   comm::Runtime& rt = comm::Runtime::current();
   if (rt.size() != 2) GTEST_SKIP() << "the 2-rank run covers it (tp 2 and tp 1 x dp 2)";

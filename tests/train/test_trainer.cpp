@@ -134,6 +134,47 @@ TEST(Trainer, MegatronRouterDegreesEqualDegreeOne) {
   expect_same_run(run_training(c, *g_groups), ref, 1e-5);
 }
 
+// A DeepSeek-like model in training: block 0 dense (its FFN a dense MLP of --ffn-hidden-size), block 1 an MoE block
+// with a shared expert beside Megatron-Core's dropless router (SwiGLU, RMSNorm): degree 4 equals degree 1, and the
+// blocks have the parameters of their kind.
+TEST(Trainer, DenseFirstSharedExpertDegreesEqualDegreeOne) {
+  train::TrainConfig c = tiny_config();
+  c.layer.normalization = model::Normalization::rmsnorm;
+  c.layer.expert = model::ExpertKind::swiglu;
+  c.layer.moe_router = model::Router::megatron;
+  c.layer.ffn_hidden_size = 8;          // the experts' F (--moe-ffn-hidden-size)
+  c.layer.mlp_ffn_hidden_size = 16;     // the shared expert (--moe-shared-expert-intermediate-size)
+  c.dense_ffn_hidden_size = 48;         // the dense block's FFN (--ffn-hidden-size)
+  c.first_k_dense_replace = 1;
+  c.moe_aux_loss_coeff = 0.01;
+  const RunResult ref = run_training(c, *g_groups);
+  const int64_t h = c.layer.hidden_size;
+  EXPECT_EQ(ref.weights.count("layers.0.moe.gate.weight"), 0u);
+  EXPECT_EQ(ref.weights.at("layers.0.mlp.fc1.weight").numel(), 2 * 48 * h);  // SwiGLU: [2F, h]
+  EXPECT_EQ(ref.weights.at("layers.0.mlp.fc2.weight").numel(), h * 48);
+  EXPECT_EQ(ref.weights.at("layers.1.mlp.fc2.weight").numel(), h * 16);
+  EXPECT_EQ(ref.weights.at("layers.1.moe.experts.fc2.weight").numel(), 4 * h * 8);
+  c.ampipe_degree = 4;
+  expect_same_run(run_training(c, *g_groups), ref, 1e-5);
+  // and the shared expert is in the model: without it the run differs
+  c.layer.mlp_ffn_hidden_size = 0;
+  c.ampipe_degree = 1;
+  EXPECT_NE(run_training(c, *g_groups).losses.back(), ref.losses.back());
+}
+
+// A dense GPT (no --num-experts): every block's FFN a dense MLP; degree 2 equals degree 1, no aux loss.
+TEST(Trainer, DenseGptDegreesEqualDegreeOne) {
+  train::TrainConfig c = tiny_config();
+  c.dense = true;
+  c.layer = c.layer.as_dense(24);
+  c.moe_aux_loss_coeff = 0.01;  // no router: nothing to balance
+  const RunResult ref = run_training(c, *g_groups);
+  for (const auto& [name, w] : ref.weights) EXPECT_EQ(name.find(".moe."), std::string::npos) << name;
+  EXPECT_EQ(ref.weights.at("layers.1.mlp.fc1.weight").numel(), 24 * c.layer.hidden_size);
+  c.ampipe_degree = 2;
+  expect_same_run(run_training(c, *g_groups), ref, 1e-5);
+}
+
 TEST(Trainer, GradientAccumulationEqualsFewerLargerMicroBatches) {
   // 4 micro-batches of 2 = 2 micro-batches of 4 (same samples): the gradient is the mean over the global batch.
   // Without dropout and aux loss: dropout keys are token indices in the [s, b] layout of a micro-batch, and the

@@ -156,8 +156,8 @@ constexpr const char* kActivation = "the experts use GeLU, or SwiGLU with --swig
 constexpr const char* kFcType = "the expert FFN is fc1, the activation, fc2";
 constexpr const char* kNoScale = "the embeddings, the residual branches and the logits are not rescaled";
 constexpr const char* kNoMtp = "multi-token prediction is not implemented (the loss is next-token prediction)";
-constexpr const char* kNoSharedExperts = "shared experts are not implemented (the MoE layer has routed experts only)";
-constexpr const char* kAllMoe = "every block has an MoE layer here (no dense layers)";
+constexpr const char* kNoSharedExpertGate =
+    "the shared expert here is ungated (Megatron-Core's default): its output is added to the routed experts' as it is";
 constexpr const char* kNoNoopLayers = "every layer is a transformer block here (no identity layers)";
 constexpr const char* kRouter =
     "a Megatron-core router option this engine does not have: its routers are DeepSpeed-MoE's gate (--moe-model-type "
@@ -285,11 +285,13 @@ void add_noop_kernel_flags(std::vector<FlagSpec>& v) {
   for (const char* f :
        {"--moe-alltoall-overlap-comm", "--moe-fb-overlap", "--use-ascend-coc", "--mla-up-proj-tp-overlap",
         "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--overlap-p2p-communication-warmup-flush",
-        "--defer-embedding-wgrad-compute", "--moe-shared-expert-overlap", "--overlap-param-gather-with-optimizer-step",
+        "--defer-embedding-wgrad-compute", "--overlap-param-gather-with-optimizer-step",
         "--moe-allgather-overlap-comm", "--delay-wgrad-compute", "--enable-backward-overlap-ag-with-matmul",
         "--enable-overlap-ag-with-matmul", "--enable-overlap-matmul-with-rs"})
     v.push_back(noop(f, G::on_off, kOverlap));
   for (const char* f : {"--wgrad-deferral-limit", "--coc-parallel-num"}) v.push_back(noop(f, G::integer, kOverlap));
+  v.push_back(noop("--moe-shared-expert-overlap", G::on_off,
+                   "the shared expert always runs under the all-to-all here (each chunk's after its combine is issued)"));
   v.push_back(noop("--tp-comm-overlap-cfg", G::text, kOverlap));
   // (older Megatron-LM and MindSpeed-LLM spellings)
   for (const char* f : {"--delay-param-gather", "--no-delay-grad-reduce", "--align-param-gather",
@@ -495,12 +497,8 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--mtp-loss-scaling-factor", G::number, kNoMtp));
   v.push_back(refused("--mtp-spec", G::text_list, kNoMtp));
   v.push_back(refused("--mtp-after-norm", G::on_off, kNoMtp));
-  for (const char* f : {"--moe-shared-expert-intermediate-size", "--n-shared-experts"})
-    v.push_back(refused(f, G::integer, kNoSharedExperts));
   for (const char* f : {"--shared-expert-gate", "--moe-shared-expert-gate"})
-    v.push_back(refused(f, G::on_off, kNoSharedExperts));
-  v.push_back(refused("--moe-layer-freq", G::text, kAllMoe, "1"));
-  v.push_back(refused("--first-k-dense-replace", G::integer, kAllMoe, "0"));
+    v.push_back(refused(f, G::on_off, kNoSharedExpertGate));
   v.push_back(refused("--noop-layers", G::text, kNoNoopLayers));
   v.push_back(refused("--moe-router-bias-update-rate", G::number, kRouter));
   v.push_back(refused("--moe-router-dtype", G::text, kRouter, "fp32"));
@@ -646,6 +644,13 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->moe_ffn_hidden_size)));
   v.push_back(flag("--moe-intermediate-size", L, kGroupMoe, G::integer,
                    "MindSpeed-LLM's deprecated spelling of --moe-ffn-hidden-size", AT(layer->moe_intermediate_size)));
+  v.push_back(flag("--moe-shared-expert-intermediate-size", L, kGroupMoe, G::integer,
+                   "a shared expert of this FFN size beside the routed experts: every token through it, its output "
+                   "added to theirs (Megatron-Core's; docs/layer.md §6.11)",
+                   AT(layer->moe_shared_expert_intermediate_size)));
+  v.push_back(flag("--n-shared-experts", L, kGroupMoe, G::integer,
+                   "MindSpeed-LLM's shared experts: one shared expert of K x the experts' FFN size",
+                   AT(layer->n_shared_experts)));
   v.push_back(flag("--kv-channels", L, kGroupModel, G::integer,
                    "Megatron's attention head dimension: accepted when it is --hidden-size / --num-attention-heads "
                    "(the head dimension here)",
@@ -657,8 +662,8 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--num-attention-heads", L, kGroupModel, G::integer, "attention heads n",
                    AT(layer->cfg.num_attention_heads), kDef));
   v.push_back(flag("--num-experts", L, kGroupMoe, G::integer,
-                   "experts E (train, simulate: required, since without it Megatron trains a dense GPT and this "
-                   "engine has MoE blocks only; layer-check, bench-layer, plan: default 4)",
+                   "experts E (train, simulate: without it (or 0) a dense GPT, as in Megatron; layer-check, "
+                   "bench-layer, plan: default 4, 0 a dense block)",
                    AT(layer->cfg.num_experts)));
   v.push_back(flag("--moe-router-topk", L, kGroupMoe, G::integer, "experts per token k (1 or 2)",
                    AT(layer->cfg.moe_router_topk), kDef));
@@ -668,6 +673,10 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->cfg.moe_min_capacity), kDef));
   v.push_back(flag("--moe-no-drop", L, kGroupMoe, G::on_off, "no capacity limit: no token is dropped",
                    AT(layer->cfg.moe_no_drop)));
+  v.push_back(flag("--moe-grouped-gemm", L, kGroupMoe, G::on_off,
+                   "the local experts' GEMMs of a chunk and their weight gradients as one batched GEMM call each (the "
+                   "same products; docs/layer.md §6.8)",
+                   AT(layer->cfg.moe_grouped_gemm)));
   v.push_back(flag("--moe-model-type", L, kGroupMoe, G::text,
                    "deepspeed_moe (DeepSpeed-MoE's top-1/top-2 gate with a capacity) or megatron_moe (Megatron-Core's "
                    "dropless top-k router, k up to 8)",
@@ -847,7 +856,14 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--config", T, kGroupTraining, G::text,
                    "JSON file of flags (keys: flag names); command-line flags override it", AT(train->config_file),
                    kPath | kNoConfig));
-  v.push_back(flag("--num-layers", T, kGroupModel, G::integer, "MoE blocks L", AT(train->cfg.num_layers), kDef));
+  v.push_back(flag("--num-layers", T, kGroupModel, G::integer, "transformer blocks L", AT(train->cfg.num_layers), kDef));
+  v.push_back(flag("--moe-layer-freq", T, kGroupMoe, G::text,
+                   "which blocks have experts: an integer k (blocks 0, k, 2k, ...) or a list of 0/1 per block such as "
+                   "\"([0]+[1]*23)\"; the others are dense (an MLP of --ffn-hidden-size)",
+                   AT(train->cfg.moe_layer_freq), kDef));
+  v.push_back(flag("--first-k-dense-replace", T, kGroupMoe, G::integer,
+                   "the first K blocks dense (MindSpeed-LLM's, DeepSeek's first_k_dense_replace)",
+                   AT(train->cfg.first_k_dense_replace), kDef));
   v.push_back(flag("--untie-embeddings-and-output-weights", T, kGroupModel, G::on_off,
                    "separate LM-head matrix instead of the token embedding",
                    AT(train->cfg.untie_embeddings_and_output_weights)));
@@ -1075,7 +1091,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
                       "loss scaling belongs to fp16 training, which this engine does not have; use --bf16"));
   v.push_back(refused("--use-distributed-optimizer", G::on_off,
                       "the optimizer state is not sharded: every data-parallel rank keeps the whole AdamW state"));
-  v.push_back(refused("--moe-grouped-gemm", G::on_off, "the experts run as one GEMM each; there is no grouped GEMM"));
   v.push_back(refused("--spec", G::text_list,
                       "a layer spec picks the block's modules; this engine builds its own GPT-MoE block", "local"));
 }

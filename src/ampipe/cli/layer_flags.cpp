@@ -50,10 +50,9 @@ void check_derived_sizes(const LayerFlags& f) {
 
 model::LayerConfig LayerFlags::finish() {
   check_derived_sizes(*this);
-  // Every block is an MoE block: Megatron's expert size, when given, is F (MindSpeed-LLM's deprecated spelling sets
-  // it as MindSpeed-LLM does, over --moe-ffn-hidden-size).
+  // The dense FFN is --ffn-hidden-size; the experts' F is Megatron's expert size when given (MindSpeed-LLM's
+  // deprecated spelling sets it as MindSpeed-LLM does, over --moe-ffn-hidden-size), else the same.
   if (moe_intermediate_size > 0) moe_ffn_hidden_size = moe_intermediate_size;
-  if (moe_ffn_hidden_size > 0) cfg.ffn_hidden_size = moe_ffn_hidden_size;
   if (cfg.ffn_hidden_size == 0) {
     // (a --hidden-size too large for the rule keeps it: the size checks refuse that hidden size itself)
     cfg.ffn_hidden_size = cfg.hidden_size > INT64_MAX / 8 ? cfg.hidden_size
@@ -64,6 +63,9 @@ model::LayerConfig LayerFlags::finish() {
                                     "--ffn-hidden-size",
                                     cfg.hidden_size, cfg.ffn_hidden_size));
   }
+  dense_ffn_hidden_size = cfg.ffn_hidden_size;
+  if (moe_ffn_hidden_size > 0) cfg.ffn_hidden_size = moe_ffn_hidden_size;
+  finish_shared_experts();
   if (noisy_gate_policy == "None")
     cfg.noisy_gate_policy = model::NoisyGatePolicy::none;
   else if (noisy_gate_policy == "Jitter")
@@ -81,12 +83,35 @@ model::LayerConfig LayerFlags::finish() {
   cfg.layernorm_epsilon = float(norm_epsilon);
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
   finish_attention();
-  finish_router();
+  if (!cfg.dense()) finish_router();
   cfg.validate();
   if (cfg.noisy_gate_policy == model::NoisyGatePolicy::rsample && cfg.moe_router_topk == 2)
     notices.push_back("--noisy-gate-policy RSample has no effect with --moe-router-topk 2 (as in DeepSpeed-MoE, "
                       "whose top-2 gate never samples); the gate runs without noise");
   return cfg;
+}
+
+void LayerFlags::finish_shared_experts() {
+  for (const auto& [flag, v] : {std::pair{"--moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size},
+                                {"--n-shared-experts", n_shared_experts}})
+    if (v < 0) throw ConfigError(fmt::format("{} {} is invalid: it must be a positive integer", flag, v));
+  if (moe_shared_expert_intermediate_size > 0 && n_shared_experts > 0 &&
+      moe_shared_expert_intermediate_size != n_shared_experts * cfg.ffn_hidden_size)
+    throw ConfigError(fmt::format("--moe-shared-expert-intermediate-size {} contradicts --n-shared-experts {} x the "
+                                  "experts' F {} (= {}): give one",
+                                  moe_shared_expert_intermediate_size, n_shared_experts, cfg.ffn_hidden_size,
+                                  n_shared_experts * cfg.ffn_hidden_size));
+  const int64_t shared =
+      moe_shared_expert_intermediate_size > 0 ? moe_shared_expert_intermediate_size : n_shared_experts * cfg.ffn_hidden_size;
+  if (cfg.num_experts == 0) {  // a dense model (Megatron: no --num-experts): the MLP of --ffn-hidden-size
+    if (shared > 0)
+      throw ConfigError(fmt::format("--moe-shared-expert-intermediate-size {} needs --num-experts: a shared expert "
+                                    "sits beside routed experts",
+                                    shared));
+    cfg = cfg.as_dense(dense_ffn_hidden_size);
+    return;
+  }
+  cfg.mlp_ffn_hidden_size = shared;
 }
 
 void LayerFlags::finish_attention() {

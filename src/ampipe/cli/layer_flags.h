@@ -35,6 +35,13 @@ struct LayerFlags {
   // what this engine computes: head dim h / n, experts sharded over --tensor-model-parallel-size.
   int64_t moe_ffn_hidden_size = 0;
   int64_t moe_intermediate_size = 0;
+  // Shared experts (model/mlp_block.h): Megatron-Core's --moe-shared-expert-intermediate-size (the shared MLP's F),
+  // or MindSpeed-LLM's --n-shared-experts K (K x the experts' F). 0: none.
+  int64_t moe_shared_expert_intermediate_size = 0;
+  int64_t n_shared_experts = 0;
+  // Set by finish(): Megatron's --ffn-hidden-size (as given, or its rule), the FFN of the dense layers; the experts'
+  // F is cfg.ffn_hidden_size (--moe-ffn-hidden-size when given).
+  int64_t dense_ffn_hidden_size = 0;
   int64_t kv_channels = 0;
   int64_t expert_tensor_parallel_size = 0;
   std::vector<std::string> notices;  // said once at start-up by rank 0 (flags that are accepted but adjusted)
@@ -45,6 +52,8 @@ struct LayerFlags {
   void finish_attention();
   // The router flags into cfg: --moe-model-type and Megatron-Core's router options (ConfigError).
   void finish_router();
+  // The shared-expert sizes into cfg.mlp_ffn_hidden_size; --num-experts 0 makes the block dense (ConfigError).
+  void finish_shared_experts();
   // After the subcommand's own checks of its AMPipe degrees: the pipe-experts rules for every degree it runs
   // (model::LayerConfig::check_pipe_experts; throws ConfigError). When the feature has nothing to pipeline (which
   // does not depend on the degree) it is turned off in `c` and in `cfg`, and the reason joins `notices` once.

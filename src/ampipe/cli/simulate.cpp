@@ -139,6 +139,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   schedule::ModelShape shape;
   shape.layer = l;
   shape.num_layers = cfg.num_layers;
+  shape.layers = cfg.layer_configs();
   shape.vocab = cfg.padded_vocab_size;
   shape.untie_embeddings = cfg.untie_embeddings_and_output_weights;
   shape.position_embedding = l.position_embedding == model::PositionEmbedding::learned_absolute;
@@ -176,8 +177,13 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   const double V_pad = V;
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
   const double gn = double(l.query_groups()) / double(l.num_attention_heads);  // grouped-query attention's g/n
+  // the FFN term per layer, averaged over the layers: the routed experts' k x F (MoE blocks) plus the dense MLP's F_m
+  // (a shared expert, or a dense block's FFN), as Megatron counts shared experts and --moe-layer-freq
+  double ffn = 0;
+  for (const model::LayerConfig& li : cfg.layer_configs())
+    ffn += ((li.dense() ? 0.0 : F * k) + double(li.mlp_ffn_hidden_size)) / h / nl;
   p.megatron_flops = 12 * double(lay.G) * s * nl * h * h *
-                     ((1 + gn + s / h) * 1 + (F / h) * k * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
+                     ((1 + gn + s / h) * 1 + ffn * (swiglu ? 1.5 : 1.0) + V_pad / (2 * nl * h));
   p.tflops_megatron = p.megatron_flops / (p.step_s * 1e12 * lay.W);
   return p;
 }
@@ -191,11 +197,11 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
   const bool inter_missing = (o.ep_spans_nodes || o.cp_spans_nodes || (o.dp_spans_nodes && lay.dp > 1)) &&
                              !prof.links.count("inter");
   const bool reduce_spans = o.dp_spans_nodes && (lay.dp > 1 || o.cp_spans_nodes);
-  fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {} | {} "
+  fmt::print("ampipe simulate: GPT-MoE num_layers={} s={} b={} h={} F={} heads={} E={} top-{} V={} {} {}{} | {} "
              "device{} on {} node{}, {}{}ep={}{} dp={} | global batch {}: {} micro-batch{} per device | profile {}\n",
              cfg.num_layers, l.seq_length, l.micro_batch_size, l.hidden_size, l.ffn_hidden_size,
              l.num_attention_heads, l.num_experts, l.moe_router_topk, cfg.padded_vocab_size, l.bf16 ? "bf16" : "fp32",
-             swiglu ? "swiglu" : "gelu", lay.W, lay.W == 1 ? "" : "s", lay.K, lay.K == 1 ? "" : "s",
+             swiglu ? "swiglu" : "gelu", cfg.ffn_summary(), lay.W, lay.W == 1 ? "" : "s", lay.K, lay.K == 1 ? "" : "s",
              l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
                                       o.tp_spans_nodes ? " (across nodes)" : "")
                         : std::string(),

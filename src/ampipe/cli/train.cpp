@@ -119,10 +119,10 @@ void print_header(const RunInfo& r) {
   const int64_t G = cfg.global_batch(r.world), rss_now = r.rss_now, start = r.start;
   std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
   if (l.cp() > 1) tp += fmt::format("cp={} ({}) ", l.cp(), l.context_parallel_algo);
-  fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={} ({:.2f} M parameters, {}) | "
+  fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={}{} ({:.2f} M parameters, {}) | "
              "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
              cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
-             l.moe_router_topk, cfg.padded_vocab_size, double(r.n_params) / 1e6, l.bf16 ? "bf16" : "fp32", r.world, tp,
+             l.moe_router_topk, cfg.padded_vocab_size, cfg.ffn_summary(), double(r.n_params) / 1e6, l.bf16 ? "bf16" : "fp32", r.world, tp,
              r.layout.ep, r.layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
              l.seq_length, l.micro_batch_size);
   if (cfg.ampipe_degree > 1)

@@ -258,11 +258,10 @@ train::TrainConfig TrainFlags::finish() {
     auto_degree = d.is_auto;
     cfg.ampipe_degree = d.is_auto ? 1 : d.list.front();  // with auto: 1 until run_train has asked the simulator
   }
-  // No --num-experts: Megatron's dense GPT, refused at the end of validate (its other rules are checked first); the
-  // layer is built with placeholder experts until then.
-  cfg.dense = layer.cfg.num_experts == 0 && !given("--num-experts");
-  if (cfg.dense) layer.cfg.num_experts = 4;
+  // No --num-experts (or 0): Megatron's dense GPT, every block's FFN a dense MLP of --ffn-hidden-size.
+  cfg.dense = layer.cfg.num_experts == 0;
   cfg.layer = layer.finish();
+  cfg.dense_ffn_hidden_size = layer.dense_ffn_hidden_size;
   // --vocab-size 0 and --padded-vocab-size 0 as given (0 is their fields' "not given": train/vocab_size.h)
   train::validate_vocab_flags(cfg, given("--vocab-size"), given("--padded-vocab-size"));
   if (recompute_activations) {

@@ -29,6 +29,10 @@ struct DescHash {
     mix(uint64_t(d.lda));
     mix(uint64_t(d.ldb));
     mix(uint64_t(d.ldc));
+    mix(uint64_t(d.batch));
+    mix(uint64_t(d.stride_a));
+    mix(uint64_t(d.stride_b));
+    mix(uint64_t(d.stride_c));
     mix(uint64_t(d.ta) | uint64_t(d.tb) << 2 | uint64_t(d.in) << 4 | uint64_t(d.out) << 6 |
         uint64_t(d.accumulate) << 8);
     uint32_t a;
@@ -66,6 +70,8 @@ Prim make(const GemmDesc& d);
 GemmDesc emulation_desc(const GemmDesc& d) {
   GemmDesc e = d;
   e.in = DType::f32;
+  e.batch = 1;  // a batch runs matrix by matrix (gemm)
+  e.stride_a = e.stride_b = e.stride_c = 0;
   e.lda = d.ta == Trans::n ? d.k : d.m;
   e.ldb = d.tb == Trans::n ? d.n : d.k;
   if (d.out == DType::bf16) {
@@ -75,13 +81,20 @@ GemmDesc emulation_desc(const GemmDesc& d) {
   return e;
 }
 
-Prim make(const GemmDesc& d) {
+// A matrix's memory descriptor, [rows, cols] with row stride ld (transposed: column stride ld), batched when
+// batch > 1 ([batch, rows, cols], matrices `stride` elements apart).
+dnnl::memory::desc matrix_md(int64_t rows, int64_t cols, DType t, bool trans, int64_t ld, int64_t batch,
+                             int64_t stride) {
   using dims = dnnl::memory::dims;
-  const dnnl::memory::desc a_md(dims{d.m, d.k}, dt(d.in),
-                                d.ta == Trans::n ? dims{d.lda, 1} : dims{1, d.lda});
-  const dnnl::memory::desc b_md(dims{d.k, d.n}, dt(d.in),
-                                d.tb == Trans::n ? dims{d.ldb, 1} : dims{1, d.ldb});
-  const dnnl::memory::desc c_md(dims{d.m, d.n}, dt(d.out), dims{d.ldc, 1});
+  const dims st = trans ? dims{1, ld} : dims{ld, 1};
+  if (batch == 1) return dnnl::memory::desc(dims{rows, cols}, dt(t), st);
+  return dnnl::memory::desc(dims{batch, rows, cols}, dt(t), dims{stride, st[0], st[1]});
+}
+
+Prim make(const GemmDesc& d) {
+  const auto a_md = matrix_md(d.m, d.k, d.in, d.ta == Trans::t, d.lda, d.batch, d.stride_a);
+  const auto b_md = matrix_md(d.k, d.n, d.in, d.tb == Trans::t, d.ldb, d.batch, d.stride_b);
+  const auto c_md = matrix_md(d.m, d.n, d.out, false, d.ldc, d.batch, d.stride_c);
   dnnl::primitive_attr attr;
   // alpha as an eltwise post-op before the sum, so that C = alpha * AB + C (output scales are not
   // implemented for bf16 inputs in oneDNN 2.6).
@@ -148,8 +161,18 @@ void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void
 }  // namespace
 
 void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
-  if (desc.m == 0 || desc.n == 0) return;
+  if (desc.m == 0 || desc.n == 0 || desc.batch == 0) return;
   const GemmDesc d = normalised(desc);
+  if (d.batch > 1 && (d.k == 0 || lookup(d).emulated)) {  // matrix by matrix (the emulation widens one at a time)
+    GemmDesc one = d;
+    one.batch = 1;
+    one.stride_a = one.stride_b = one.stride_c = 0;
+    const size_t ea = dtype_size(d.in), ec = dtype_size(d.out);
+    for (int64_t i = 0; i < d.batch; ++i)
+      gemm(one, static_cast<const char*>(a) + size_t(i * d.stride_a) * ea,
+           static_cast<const char*>(b) + size_t(i * d.stride_b) * ea, static_cast<char*>(c) + size_t(i * d.stride_c) * ec);
+    return;
+  }
   if (d.k == 0) {  // empty reduction: C = 0 (or unchanged when accumulating)
     if (!d.accumulate)
       for (int64_t i = 0; i < d.m; ++i)
@@ -170,7 +193,9 @@ void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
   stream.wait();
 }
 
-void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate, float alpha) {
+namespace {
+GemmDesc tensor_desc(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& c, bool accumulate,
+                     float alpha) {
   const int64_t lda = detail::matrix_ld(a, "gemm", "A"), ldb = detail::matrix_ld(b, "gemm", "B"),
                 ldc = detail::matrix_ld(c, "gemm", "C");
   AMPIPE_CHECK(a.dtype() == b.dtype(), "gemm A {} and B {} dtypes differ", dtype_name(a.dtype()),
@@ -191,6 +216,25 @@ void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool 
   d.out = c.dtype();
   d.alpha = alpha;
   d.accumulate = accumulate;
+  return d;
+}
+}  // namespace
+
+void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate, float alpha) {
+  gemm(tensor_desc(a, ta, b, tb, c, accumulate, alpha), a.raw(), b.raw(), c.raw());
+}
+
+void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, int64_t batch, int64_t stride_a,
+                  int64_t stride_b, int64_t stride_c, bool accumulate) {
+  GemmDesc d = tensor_desc(a, ta, b, tb, c, accumulate, 1.0f);
+  AMPIPE_CHECK(batch >= 1 && (batch == 1 || (stride_a > 0 && stride_b > 0 && stride_c > 0)),
+               "gemm_batched: batch {} with strides {}, {}, {}", batch, stride_a, stride_b, stride_c);
+  d.batch = batch;
+  if (batch > 1) {
+    d.stride_a = stride_a;
+    d.stride_b = stride_b;
+    d.stride_c = stride_c;
+  }
   gemm(d, a.raw(), b.raw(), c.raw());
 }
 

@@ -30,6 +30,10 @@ struct GemmDesc {
   DType out = DType::f32;  // type of C
   float alpha = 1.0f;
   bool accumulate = false;  // C += ..., via a sum post-op
+  // A batch of `batch` independent GEMMs of this shape in one call (Megatron's grouped GEMM of the local experts):
+  // matrix i of A, B, C starts stride_a, stride_b, stride_c elements after matrix i-1's. oneDNN's batched matmul
+  // spreads the whole batch over the threads at once.
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 
   bool operator==(const GemmDesc&) const = default;
 };
@@ -42,6 +46,11 @@ void gemm(const GemmDesc& d, const void* a, const void* b, void* c);
 // tensors' row strides, dtypes from the tensors.
 void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate = false,
           float alpha = 1.0f);
+
+// A batch of `batch` GEMMs of the shapes of a, b, c (matrix 0 of each); matrix i of A starts stride_a elements after
+// matrix i-1's (likewise B, C), in the same storage: the caller's views must cover the whole batch.
+void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, int64_t batch, int64_t stride_a,
+                  int64_t stride_b, int64_t stride_c, bool accumulate = false);
 
 // Name of the oneDNN implementation chosen for a descriptor (e.g. "brg:avx512_core_amx_bf16").
 std::string gemm_impl_name(const GemmDesc& d);

@@ -8,6 +8,7 @@
 #include "ampipe/kernels/rope.h"
 #include "ampipe/model/norm.h"
 #include "ampipe/model/linear.h"
+#include "ampipe/model/mlp_block.h"
 
 namespace ampipe::model {
 
@@ -188,6 +189,8 @@ void AttentionBlock::residual_ln2(int c) {
   });
   Tensor mean = s.rows(Buf::ln2_mean, c), rstd = s.rows(Buf::ln2_rstd, c);
   norm_forward(s.cfg, ln_in, s.p.ln2_w, s.p.ln2_b, ln2, mean, rstd);
+  // the dense MLP's input, all-gathered next with sequence parallelism (Stage::tp_mlp_in): bf16 payload
+  if (s.dims.mlp && s.dims.sp && s.bf16()) s.rows(Buf::mlp_send, c).copy_from(ln2);
 }
 
 // ----------------------------------------------------------------------------------------------- backward
@@ -209,6 +212,7 @@ void AttentionBlock::residual_ln2_backward(int c) {
   LayerState& s = st_;
   Tensor d_ln_in = s.rows(Buf::d_ln_in, c);
   d_ln_in.copy_from(s.rows(s.dy, c));
+  if (s.dims.mlp) add_rows(s.rows(Buf::d_ln2, c), mlp_input_grad_rows(s, c));  // the dense MLP's share of d ln2
   norm_backward(s.cfg, s.rows(Buf::d_ln2, c), s.rows(Buf::ln_in, c), s.p.ln2_w, s.rows(Buf::ln2_mean, c),
                 s.rows(Buf::ln2_rstd, c), d_ln_in, s.g.ln2_w, s.g.ln2_b, /*accumulate_dx=*/true);
   s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c).copy_from(d_ln_in);

@@ -34,6 +34,10 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"d_gather", true},         {"dispatch_bwd_partial", true}, {"gate_stats", false},
     {"proj_send", false},       {"proj_recv", false},       {"d_ln1_send", true},       {"d_ln1_recv", true},
     {"cp_kv", false},           {"cp_dkv", false},          {"cp_dkv_recv", false},     {"cp_dkv_send", false},
+    {"mlp_send", false},        {"mlp_in", false},          {"mlp_fc1", false},         {"mlp_act", false},
+    {"mlp_act_bf16", false},    {"mlp_out", false},         {"mlp_y", false},           {"d_mlp", false},
+    {"d_mlp_full", false},      {"d_mlp_bf16", false},      {"d_mlp_act", false},       {"d_mlp_fc1", false},
+    {"d_mlp_fc1_bf16", false},  {"d_mlp_in", false},        {"d_mlp_in_local", false},
 };
 // Buffers with one slot per context-parallel ring step.
 bool per_ring_step(Buf b) {
@@ -41,9 +45,67 @@ bool per_ring_step(Buf b) {
 }
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kNumBufs);
 
+// The router's and the experts' buffers (a dense layer has none of them).
+bool moe_only(Buf b) {
+  switch (b) {
+    case Buf::gate_probs:
+    case Buf::gate_input:
+    case Buf::capacity_need:
+    case Buf::capacity_all:
+    case Buf::dispatch_rows:
+    case Buf::dispatch_send:
+    case Buf::dispatch_recv:
+    case Buf::expert_in:
+    case Buf::fc1_out:
+    case Buf::act:
+    case Buf::act_bf16:
+    case Buf::expert_out:
+    case Buf::combine_send:
+    case Buf::combine_recv:
+    case Buf::expert_y:
+    case Buf::d_expert_y:
+    case Buf::d_weight:
+    case Buf::combine_bwd_send:
+    case Buf::combine_bwd_recv:
+    case Buf::d_expert_out:
+    case Buf::d_expert_in:
+    case Buf::d_act:
+    case Buf::d_fc1:
+    case Buf::d_fc1_bf16:
+    case Buf::dispatch_bwd_send:
+    case Buf::dispatch_bwd_recv:
+    case Buf::d_dispatch:
+    case Buf::d_logits:
+    case Buf::expert_gather:
+    case Buf::combine_partial:
+    case Buf::d_gather:
+    case Buf::dispatch_bwd_partial:
+    case Buf::gate_stats: return true;
+    default: return false;
+  }
+}
+
+// The dense MLP's buffers, for a block that has one.
+bool mlp_needed(const LayerDims& d, Buf b) {
+  const bool bf16 = d.cd != DType::f32;
+  switch (b) {
+    case Buf::mlp_send: return d.sp && bf16;
+    case Buf::mlp_in: return d.sp || bf16;
+    case Buf::mlp_act_bf16:
+    case Buf::d_mlp_bf16:
+    case Buf::d_mlp_fc1_bf16: return bf16;
+    case Buf::mlp_y:
+    case Buf::d_mlp_full:
+    case Buf::d_mlp_in_local: return d.sp;
+    default: return true;
+  }
+}
+
 // Buffers that only some configurations use.
 bool needed(const LayerDims& d, Buf b) {
   const bool bf16 = d.cd != DType::f32;
+  if (!d.moe && moe_only(b)) return false;
+  if (b >= Buf::mlp_send) return d.mlp && mlp_needed(d, b);
   switch (b) {
     case Buf::ln1_out: return !(d.sp && bf16);  // sequence parallel bf16: gathered straight into ln1_out_bf16
     case Buf::ln1_local:
@@ -116,7 +178,12 @@ bool in_compute_dtype(Buf b) {
     case Buf::d_ln1_recv:
     case Buf::cp_kv:
     case Buf::cp_dkv_recv:
-    case Buf::cp_dkv_send: return true;
+    case Buf::cp_dkv_send:
+    case Buf::mlp_send:
+    case Buf::mlp_in:
+    case Buf::mlp_act_bf16:
+    case Buf::d_mlp_bf16:
+    case Buf::d_mlp_fc1_bf16: return true;
     default: return false;
   }
 }
@@ -148,11 +215,15 @@ Scope scope_of(const LayerDims& d, Buf b) {
     case Buf::fc1_out:
     case Buf::act_bf16:
     case Buf::expert_y:
+    case Buf::mlp_in:
+    case Buf::mlp_fc1:
+    case Buf::mlp_act_bf16:
     case Buf::y:
     case Buf::dx: return Scope::saved;
     case Buf::ln1_out:
     case Buf::qkv:
-    case Buf::act: return f32 ? Scope::saved : Scope::shared;
+    case Buf::act:
+    case Buf::mlp_act: return f32 ? Scope::saved : Scope::shared;
     default: return Scope::shared;
   }
 }
@@ -172,7 +243,16 @@ bool chunked_by_rows(Buf b) {
     case Buf::proj_recv:
     case Buf::d_proj:
     case Buf::d_proj_full:
-    case Buf::d_proj_bf16: return true;
+    case Buf::d_proj_bf16:
+    case Buf::ln2_out:
+    case Buf::mlp_send:
+    case Buf::mlp_in:
+    case Buf::mlp_out:
+    case Buf::mlp_y:
+    case Buf::d_mlp:
+    case Buf::d_mlp_full:
+    case Buf::d_mlp_in:
+    case Buf::d_mlp_in_local: return true;
     default: return false;
   }
 }
@@ -260,6 +340,21 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::cp_dkv:
     case Buf::cp_dkv_recv:
     case Buf::cp_dkv_send: return {T, 2 * d.kvl};
+    case Buf::mlp_send:
+    case Buf::mlp_y:
+    case Buf::d_mlp:
+    case Buf::d_mlp_in_local: return {Tl, h};
+    case Buf::mlp_in:
+    case Buf::mlp_out:
+    case Buf::d_mlp_full:
+    case Buf::d_mlp_bf16:
+    case Buf::d_mlp_in: return {T, h};
+    case Buf::mlp_fc1:
+    case Buf::d_mlp_fc1_bf16: return {T, d.F1ml};
+    case Buf::d_mlp_fc1: return f32 ? Shape{T, d.F1ml} : Shape{Sc, d.F1ml};
+    case Buf::mlp_act: return f32 ? Shape{T, d.Fml} : Shape{Sc, d.Fml};
+    case Buf::mlp_act_bf16: return {T, d.Fml};
+    case Buf::d_mlp_act: return {Sc, d.Fml};
   }
   return {};
 }

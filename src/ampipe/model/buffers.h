@@ -110,8 +110,26 @@ enum class Buf : uint8_t {
   cp_dkv_recv,         // [T, 2h/t] compute dtype: partial sums received at ring step t (backward)
   cp_dkv_send,         // [T, 2h/t] bf16 copy of cp_dkv slot t, what ring step t sends (bf16 only: the dK, dV sums
                        // travel in the compute dtype, as K and V do, and are added in fp32)
+  // the dense MLP (LayerDims::mlp, model/mlp_block.h): a dense layer's FFN, or the shared expert; row buffers
+  mlp_send,            // [Tl, h] bf16 copy of ln2_out, the all-gather's input (sequence parallel in bf16 only)
+  mlp_in,              // [T, h] compute dtype: every row's MLP input (sequence parallel: all-gathered; bf16:
+                       // converted); fp32 without sequence parallelism the MLP reads ln2_out itself
+  mlp_fc1,             // [T, F1m/t] fp32
+  mlp_act,             // [T, Fm/t] fp32 activation (bf16 mode: [S_c, Fm/t], one chunk's staging)
+  mlp_act_bf16,        // [T, Fm/t] its bf16 copy (bf16 only)
+  mlp_out,             // [T, h] fp32 output; tp: partial sums over the local F columns, all-reduced in place or
+                       // reduce-scattered into mlp_y
+  mlp_y,               // [Tl, h] fp32 the reduce-scattered rows (sequence parallel only)
+  d_mlp,               // [Tl, h] fp32 gradient of the MLP output (the weighted sum's dropout backward)
+  d_mlp_full,          // [T, h] fp32 d_mlp all-gathered (sequence parallel only)
+  d_mlp_bf16,          // [T, h] bf16 copy of every row's output gradient (bf16 only)
+  d_mlp_act,           // [S_c, Fm/t] fp32, one slot
+  d_mlp_fc1,           // [T, F1m/t] fp32 (bf16 mode: [S_c, F1m/t], one chunk's staging)
+  d_mlp_fc1_bf16,      // [T, F1m/t] its bf16 copy (bf16 only)
+  d_mlp_in,            // [T, h] fp32 input gradient; tp: partial sums, all-reduced in place or reduce-scattered
+  d_mlp_in_local,      // [Tl, h] fp32 the reduce-scattered rows (sequence parallel only)
 };
-inline constexpr int kNumBufs = int(Buf::cp_dkv_send) + 1;
+inline constexpr int kNumBufs = int(Buf::d_mlp_in_local) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 

@@ -62,29 +62,37 @@ Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, int cp_ran
           LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
           ep_rank, tp_rank, cp_rank, 0, Tensor(), Tensor(), 0.0f},
       attn_(st_),
-      moe_(st_) {}
+      moe_(st_),
+      mlp_(st_) {}
 
 void Layer::set_training(bool on) { st_.cfg.training = on; }
 
 void Layer::refresh_weights() {
   LayerState& s = st_;
-  const Tensor fc1 = s.p.fc1_w.view({s.dims.L * s.dims.F1l, s.dims.h});
-  const Tensor fc2 = s.p.fc2_w.view({s.dims.L * s.dims.h, s.dims.Fl});
+  const bool moe = s.dims.moe, mlp = s.dims.mlp;
+  const Tensor fc1 = moe ? s.p.fc1_w.view({s.dims.L * s.dims.F1l, s.dims.h}) : Tensor();
+  const Tensor fc2 = moe ? s.p.fc2_w.view({s.dims.L * s.dims.h, s.dims.Fl}) : Tensor();
   if (!s.bf16()) {  // views: nothing to copy, and a replaced parameter tensor is picked up
-    s.w = {s.p.qkv_w, s.p.proj_w, fc1, fc2};
+    s.w = {s.p.qkv_w, s.p.proj_w, fc1, fc2, s.p.mlp_fc1_w, s.p.mlp_fc2_w};
     return;
   }
   if (!s.w.stale) return;
-  if (!s.w.qkv.defined() || s.w.qkv.dtype() != DType::bf16) {  // allocated once, on the first forward
-    s.w.qkv = Tensor::empty(s.p.qkv_w.shape(), DType::bf16);
-    s.w.proj = Tensor::empty(s.p.proj_w.shape(), DType::bf16);
-    s.w.fc1 = Tensor::empty(fc1.shape(), DType::bf16);
-    s.w.fc2 = Tensor::empty(fc2.shape(), DType::bf16);
+  // bf16 copies, allocated once (on the first forward) and refreshed from the fp32 parameters
+  auto refresh = [](Tensor& copy, const Tensor& from) {
+    if (!from.defined()) return;
+    if (!copy.defined() || copy.dtype() != DType::bf16) copy = Tensor::empty(from.shape(), DType::bf16);
+    copy.copy_from(from);
+  };
+  refresh(s.w.qkv, s.p.qkv_w);
+  refresh(s.w.proj, s.p.proj_w);
+  if (moe) {
+    refresh(s.w.fc1, fc1);
+    refresh(s.w.fc2, fc2);
   }
-  s.w.qkv.copy_from(s.p.qkv_w);
-  s.w.proj.copy_from(s.p.proj_w);
-  s.w.fc1.copy_from(fc1);
-  s.w.fc2.copy_from(fc2);
+  if (mlp) {
+    refresh(s.w.mlp_fc1, s.p.mlp_fc1_w);
+    refresh(s.w.mlp_fc2, s.p.mlp_fc2_w);
+  }
   s.w.stale = false;
 }
 
@@ -139,6 +147,10 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::attention_recompute:
       if (!fwd) return attn_.attention_recompute(c);
       break;
+    case Stage::mlp: return fwd ? mlp_.forward(c) : mlp_.backward(c);
+    case Stage::mlp_wgrad:
+      if (!fwd) return mlp_.weight_grads();
+      break;
     // Communication stages are Plan collectives, run by the executor through comm/: none reaches a block.
     case Stage::capacity:
     case Stage::dispatch:
@@ -149,14 +161,16 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::tp_expert_in:
     case Stage::tp_expert_out:
     case Stage::cp_ring:
-    case Stage::cp_aux_stats: break;
+    case Stage::cp_aux_stats:
+    case Stage::tp_mlp_in:
+    case Stage::tp_mlp_out: break;
   }
   AMPIPE_CHECK(false, "stage {}.{} is not a compute stage of the layer", stage_name(s), dir_name(d));
 }
 
 double Layer::flops() const {
   double f = 0;
-  for (Stage s : {Stage::ln1_qkv, Stage::attention, Stage::out_proj, Stage::gate, Stage::experts})  // qkv's
+  for (Stage s : {Stage::ln1_qkv, Stage::attention, Stage::out_proj, Stage::gate, Stage::experts, Stage::mlp})
     for (int c = 0; c < st_.dims.M; ++c) {
       LayerDims d = st_.dims;
       d.C = st_.mem.capacity(c);
@@ -164,7 +178,7 @@ double Layer::flops() const {
     }
   // the weight gradients over all chunks (the deferred expert ones only with a fixed capacity: C is the planned one)
   return f + stage_flops(st_.dims, Stage::attention_wgrad, Dir::bwd, -1) +
-         stage_flops(st_.dims, Stage::expert_wgrad, Dir::bwd, -1);
+         stage_flops(st_.dims, Stage::expert_wgrad, Dir::bwd, -1) + stage_flops(st_.dims, Stage::mlp_wgrad, Dir::bwd, -1);
 }
 
 }  // namespace ampipe::model

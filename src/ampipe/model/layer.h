@@ -1,4 +1,5 @@
-// One MoE block as a set of stages over planned memory: an AttentionBlock and a MoeBlock sharing a LayerState. The
+// One block as a set of stages over planned memory: an AttentionBlock, a MoeBlock (the router, the experts and the
+// weighted sum) and, in a block that has one, an MlpBlock (a shared expert, or a dense layer's FFN), sharing a LayerState. The
 // layer knows nothing about the order its stages run in, or about communication: a schedule::Plan decides the
 // order, and the executor calls run(stage, dir, chunk) for compute tasks and moves the bytes of collective tasks
 // between the buffers a Plan names (buffer()). One Layer lives as long as its stack and is reused for every
@@ -11,6 +12,7 @@
 #include "ampipe/model/attention_block.h"
 #include "ampipe/model/buffers.h"
 #include "ampipe/model/layer_state.h"
+#include "ampipe/model/mlp_block.h"
 #include "ampipe/model/moe_block.h"
 #include "ampipe/model/stage.h"
 
@@ -62,6 +64,7 @@ class Layer {
   LayerState st_;
   AttentionBlock attn_;
   MoeBlock moe_;
+  MlpBlock mlp_;
 };
 
 }  // namespace ampipe::model

@@ -32,6 +32,16 @@ kernels::RopeSpec LayerConfig::rope_spec() const {
   return r;
 }
 
+LayerConfig LayerConfig::as_dense(int64_t ffn) const {
+  LayerConfig c = *this;
+  c.num_experts = 0;
+  c.mlp_ffn_hidden_size = ffn;
+  c.use_pipe_experts = false;
+  c.pipe_experts_multi_data = 1;
+  c.pipe_experts_multi_stream = false;
+  return c;
+}
+
 void LayerConfig::validate() const {
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) throw ConfigError(fmt::format("{} {} is invalid: it must be a positive integer", flag, v));
@@ -41,7 +51,11 @@ void LayerConfig::validate() const {
   positive("--hidden-size", hidden_size);
   positive("--ffn-hidden-size", ffn_hidden_size);
   positive("--num-attention-heads", num_attention_heads);
-  positive("--num-experts", num_experts);
+  if (num_experts < 0 || (num_experts == 0 && mlp_ffn_hidden_size <= 0))
+    throw ConfigError(fmt::format("--num-experts {} is invalid: it must be a positive integer", num_experts));
+  if (mlp_ffn_hidden_size < 0)
+    throw ConfigError(fmt::format("--moe-shared-expert-intermediate-size {} is invalid: it must be a positive integer",
+                                  mlp_ffn_hidden_size));
   positive("--expert-model-parallel-size", expert_model_parallel_size);
   if (hidden_size % num_attention_heads != 0)
     throw ConfigError(fmt::format(
@@ -86,7 +100,7 @@ void LayerConfig::validate() const {
   if (!(moe_router_topk_scaling_factor >= 0) || !std::isfinite(moe_router_topk_scaling_factor))
     throw ConfigError(fmt::format("--moe-router-topk-scaling-factor {} is invalid: it must be a positive number",
                                   moe_router_topk_scaling_factor));
-  if (moe_router_topk > num_experts)
+  if (moe_router_topk > num_experts && !dense())
     throw ConfigError(fmt::format("--moe-router-topk {} is larger than --num-experts {}: a token cannot pick more "
                                   "experts than exist",
                                   moe_router_topk, num_experts));
@@ -105,7 +119,7 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--attention-dropout {} is invalid: it must be in [0, 1)", attention_dropout));
   if (!(init_method_std > 0))
     throw ConfigError(fmt::format("--init-method-std {} is invalid: it must be > 0", init_method_std));
-  if (num_experts % expert_model_parallel_size != 0)
+  if (num_experts % expert_model_parallel_size != 0 && !dense())
     throw ConfigError(fmt::format("--num-experts {} is not divisible by --expert-model-parallel-size {}: every EP "
                                   "rank must own the same number of experts",
                                   num_experts, expert_model_parallel_size));
@@ -124,7 +138,9 @@ void LayerConfig::validate() const {
                                   seq_length, context_parallel_size, 2 * context_parallel_size));
   const int64_t t = tensor_model_parallel_size;
   for (const auto& [flag, v] : {std::pair<const char*, int64_t>{"--num-attention-heads", num_attention_heads},
-                                {"--ffn-hidden-size", ffn_hidden_size}, {"--hidden-size", hidden_size}})
+                                {"--ffn-hidden-size", ffn_hidden_size}, {"--hidden-size", hidden_size},
+                                {dense() ? "--ffn-hidden-size" : "--moe-shared-expert-intermediate-size",
+                                 mlp_ffn_hidden_size}})
     if (v % t != 0)
       throw ConfigError(fmt::format("{} {} is not divisible by --tensor-model-parallel-size {}: every tensor-parallel "
                                     "rank must hold the same share of it",
@@ -133,12 +149,12 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --tensor-model-parallel-size {} with "
                                   "--sequence-parallel: every tensor-parallel rank holds seq-length/tp rows",
                                   seq_length, t));
-  if (sequence_parallel && t > 1 && megatron_router())
+  if (sequence_parallel && t > 1 && megatron_router() && !dense())
     throw ConfigError(fmt::format("--moe-model-type megatron_moe cannot be used with --sequence-parallel and "
                                   "--tensor-model-parallel-size {} yet: its dropless capacity would have to be agreed "
                                   "over EP x TP (every tp rank routes its own rows)",
                                   t));
-  if (sequence_parallel && t > 1 && moe_no_drop)
+  if (sequence_parallel && t > 1 && moe_no_drop && !dense())
     throw ConfigError(fmt::format("--moe-no-drop cannot be used with --sequence-parallel and "
                                   "--tensor-model-parallel-size {} yet: every tp rank routes its own rows, and a "
                                   "dropless capacity would have to be agreed over EP x TP (for no drops, use "

@@ -46,7 +46,12 @@ struct LayerConfig {
   int64_t rotary_interpolation_factor = 0;
   bool use_rope_scaling = false;
   double rope_scaling_factor = 8.0;
-  int64_t num_experts = 4;          // E
+  int64_t num_experts = 4;          // E; 0: a dense layer (no router, no experts: the dense MLP below is its FFN)
+  // The block's dense MLP (model/mlp_block.h), of F_m = mlp_ffn_hidden_size (0: none): beside the routed experts
+  // Megatron-Core's shared expert (--moe-shared-expert-intermediate-size), every token through it and its output
+  // added to theirs; in a dense layer (num_experts 0: --moe-layer-freq, --first-k-dense-replace, or a GPT without
+  // --num-experts) the layer's FFN (--ffn-hidden-size). Same activation as the experts (--swiglu).
+  int64_t mlp_ffn_hidden_size = 0;
   int moe_router_topk = 2;          // k
   double moe_train_capacity_factor = 1.0;
   int64_t moe_min_capacity = 4;
@@ -61,6 +66,9 @@ struct LayerConfig {
   bool use_rts = true;  // random token selection, top-1 only
   NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::none;
   ExpertKind expert = ExpertKind::gelu;  // --swiglu selects SwiGLU experts
+  // --moe-grouped-gemm: the local experts' GEMMs of a chunk (forward) and their deferred weight gradients as one
+  // batched GEMM call each (kernels::gemm_batched) instead of one call per expert; the same products.
+  bool moe_grouped_gemm = false;
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;  // on the attention probabilities (kernels::AttentionDropout)
   float layernorm_epsilon = 1e-5f;  // --norm-epsilon, for either normalisation
@@ -102,6 +110,11 @@ struct LayerConfig {
   bool recompute_attention = false;
 
   bool rmsnorm() const { return normalization == Normalization::rmsnorm; }
+  bool dense() const { return num_experts == 0; }
+  bool has_mlp() const { return mlp_ffn_hidden_size > 0; }
+  // This block as a dense layer of the same model: no experts, the dense MLP of F_m = ffn (the model's
+  // --ffn-hidden-size), the MoE-only options (pipe-experts) off.
+  LayerConfig as_dense(int64_t ffn) const;
   bool megatron_router() const { return moe_router == Router::megatron; }
   // No token is ever dropped: --moe-no-drop, or Megatron-Core's router (dropless here).
   bool dropless() const { return moe_no_drop || megatron_router(); }

@@ -47,12 +47,24 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.rope = cfg.rope();
   d.Fl = d.F / d.tp;
   d.F1l = d.F1 / d.tp;
+  d.moe = !cfg.dense();
+  d.mlp = cfg.has_mlp();
+  d.Fm = cfg.mlp_ffn_hidden_size;
+  d.F1m = cfg.expert == ExpertKind::swiglu ? 2 * d.Fm : d.Fm;
+  AMPIPE_CHECK(d.Fm % d.tp == 0, "tp {} does not divide the dense MLP's F {}", d.tp, d.Fm);
+  d.Fml = d.Fm / d.tp;
+  d.F1ml = d.F1m / d.tp;
+  if (!d.moe) {  // a dense layer: no router, no experts, no all-to-all
+    d.E = d.k = d.L = 0;
+    d.ep = 1;
+  }
   d.srcs = d.sp ? d.tp * d.ep : d.ep;
   d.overlap_tp = d.tp > 1 && (cfg.ampipe_tp_sp_comm_overlap || (cfg.pipe_experts_multi_stream && d.sp));
   d.capacity_is_bound = cfg.dropless();
-  d.agree_capacity = cfg.dropless() && d.ep > 1;
-  d.C = cfg.dropless() ? d.Scl
-                        : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
+  d.agree_capacity = cfg.dropless() && d.ep > 1 && d.moe;
+  d.C = !d.moe ? 0
+        : cfg.dropless() ? d.Scl
+                         : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
   d.defer_expert_wgrad = !cfg.dropless();
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.recompute = cfg.recompute;
@@ -71,7 +83,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
         d.pieces.push_back({l, 1, n * slice, slots, row});
         row += d.ep * slots;
       }
-  } else if (d.overlap_tp) {  // --ampipe-tp-sp-comm-overlap: one piece per (chunk, local expert), all its slots
+  } else if (d.overlap_tp && d.moe) {  // --ampipe-tp-sp-comm-overlap: one piece per (chunk, local expert), all its slots
     for (int64_t l = 0; l < d.L; ++l) d.pieces.push_back({l, 1, 0, d.C, l * d.ep * d.C});
   }
   return d;
@@ -122,6 +134,8 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     case Stage::gate: return (dir == Dir::fwd ? 1 : 2) * 2 * Scl * h * double(d.E);  // fp32; backward: dx and dWg
     case Stage::experts: return dir == Dir::fwd || d.defer_expert_wgrad ? expert : 2 * expert;
     case Stage::expert_wgrad: return dir == Dir::bwd && d.defer_expert_wgrad ? double(d.M) * expert : 0;
+    case Stage::mlp: return 2 * Sc * h * double(d.F1ml + d.Fml);  // backward: the input-gradient GEMMs
+    case Stage::mlp_wgrad: return dir == Dir::bwd ? 2 * T * h * double(d.F1ml + d.Fml) : 0;
     default: return 0;  // element-wise stages and collectives
   }
 }
@@ -169,6 +183,14 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     case Stage::attention_wgrad: return T * (qkv + hl + 4 * h) * e + 2 * (qkv + hl) * h * f;
     case Stage::weighted_sum: return io * (double(d.E * d.C) * h * f + 3 * act * f);
     case Stage::cp_dkv_reduce: return double(d.T) * kv2 * f * 4;  // add a received slot, unpack into dqkv
+    case Stage::mlp: {
+      const double Fm = double(d.F1ml + d.Fml);
+      return io * (Sc * h * (e + f) + Sc * Fm * (f + e)) + Fm * h * e;
+    }
+    case Stage::mlp_wgrad: {  // every row's input, output gradient and activations once; the fp32 gradients
+      const double Fm = double(d.F1ml + d.Fml);
+      return T * (2 * h + Fm) * e + 2 * Fm * h * f;
+    }
     default: return 0;  // the aux loss and collectives
   }
 }
@@ -197,6 +219,9 @@ double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
       return fwd ? (d.sp ? double(d.tp) : 1.0) * slots * h * e : (d.sp ? slots * h * e : 0);
     case Stage::tp_aux_stats:
     case Stage::cp_aux_stats: return fwd ? double(2 * d.E + 1) * f : 0;
+    // the dense MLP's: the input rows gathered in the compute dtype, the reductions and the gradient's gather fp32
+    case Stage::tp_mlp_in: return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * f;
+    case Stage::tp_mlp_out: return fwd ? double(d.Sc) * h * f : (d.sp ? double(d.Scl) * h * f : 0);
     default: return 0;
   }
 }

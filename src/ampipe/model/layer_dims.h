@@ -46,6 +46,10 @@ struct LayerDims {
   // Grouped-query attention: g K, V heads (g = n without it), gl = g/t of them on this rank, kvl = gl*d columns of
   // each of k and v, qkvl = hl + 2*kvl columns of the fused [q | k | v] (3*hl without grouping).
   int64_t g = 0, gl = 0, kvl = 0, qkvl = 0;
+  // The block's parts: routed experts (moe: E > 0) and a dense MLP (mlp: F_m = Fm > 0; F1m = Fm or 2Fm for
+  // SwiGLU, Fml and F1ml their tp shares): a shared expert beside the experts, or a dense layer's FFN alone.
+  bool moe = true, mlp = false;
+  int64_t Fm = 0, F1m = 0, Fml = 0, F1ml = 0;
   bool rope = false;  // rotary embeddings: the QKV stage rotates q and k (its backward rotates dq, dk back)
   // Expert capacity per chunk the buffers are planned for. With token drops this is the capacity every chunk uses
   // (gate_capacity(S_c, E, k, factor, min)); with --moe-no-drop the capacity is data-dependent, and C is its bound

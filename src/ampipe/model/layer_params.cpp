@@ -12,22 +12,27 @@ std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
   std::vector<std::pair<std::string, Tensor>> all = {
       {"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w},
       {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
-      {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w}};
-  std::erase_if(all, [](const auto& p) { return !p.second.defined(); });  // RMSNorm: no biases
+      {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w},
+      {"mlp.fc1.weight", mlp_fc1_w}, {"mlp.fc2.weight", mlp_fc2_w}};
+  // RMSNorm: no biases; a dense layer: no router and experts; no dense MLP beside the experts
+  std::erase_if(all, [](const auto& p) { return !p.second.defined(); });
   return all;
 }
 
 std::vector<std::string> param_names(const LayerConfig& cfg) {
   std::vector<std::string> names = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight",
-                                    "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight"};
+                                    "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight",
+                                    "mlp.fc1.weight", "mlp.fc2.weight"};
   if (cfg.rmsnorm()) std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias"); });
+  if (cfg.dense()) std::erase_if(names, [](const std::string& n) { return n.starts_with("moe."); });
+  if (!cfg.has_mlp()) std::erase_if(names, [](const std::string& n) { return n.starts_with("mlp."); });
   return names;
 }
 
 int LayerParams::id(const std::string& name) {
   static const char* const kNames[] = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight",
                                        "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight",
-                                       "moe.experts.fc2.weight"};
+                                       "moe.experts.fc2.weight", "mlp.fc1.weight", "mlp.fc2.weight"};
   for (int i = 0; i < int(std::size(kNames)); ++i)
     if (name == kNames[i]) return i;
   AMPIPE_CHECK(false, "unknown parameter {}", name);
@@ -50,6 +55,9 @@ TpSplit tp_split(const LayerConfig& cfg, const std::string& name) {
   if (name == "moe.experts.fc1.weight")
     return cfg.expert == ExpertKind::swiglu ? TpSplit{{L, 2, F, h}, 2, {}} : TpSplit{{L, F, h}, 1, {}};
   if (name == "moe.experts.fc2.weight") return {{L, h, F}, 2, {}};
+  const int64_t Fm = cfg.mlp_ffn_hidden_size;
+  if (name == "mlp.fc1.weight") return cfg.expert == ExpertKind::swiglu ? TpSplit{{2, Fm, h}, 1, {}} : TpSplit{{Fm, h}, 0, {}};
+  if (name == "mlp.fc2.weight") return {{h, Fm}, 1, {}};
   return {};
 }
 
@@ -72,7 +80,8 @@ Shape local_shape(const LayerConfig& cfg, const std::string& name) {
   if (LayerParams::is_expert(name)) s[0] = cfg.local_experts();
   const int64_t t = cfg.tp();
   if (t > 1 && tp_split(cfg, name).dim >= 0) {
-    if (name == "attn.qkv.weight" || name == "moe.experts.fc1.weight") s[s.size() - 2] /= t;  // output rows
+    if (name == "attn.qkv.weight" || name == "moe.experts.fc1.weight" || name == "mlp.fc1.weight")
+      s[s.size() - 2] /= t;  // output rows
     else s.back() /= t;  // input columns (row-parallel)
   }
   return s;
@@ -141,6 +150,9 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   if (name == "moe.gate.weight") return {E, h};
   if (name == "moe.experts.fc1.weight") return {E, fc1_rows, h};
   if (name == "moe.experts.fc2.weight") return {E, h, F};
+  const int64_t Fm = cfg.mlp_ffn_hidden_size;
+  if (name == "mlp.fc1.weight") return {cfg.expert == ExpertKind::swiglu ? 2 * Fm : Fm, h};
+  if (name == "mlp.fc2.weight") return {h, Fm};
   AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
@@ -153,9 +165,15 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   p.proj_w = local("attn.proj.weight");
   p.ln2_w = local("ln2.weight");
   if (!cfg.rmsnorm()) p.ln2_b = local("ln2.bias");
-  p.gate_w = local("moe.gate.weight");
-  p.fc1_w = local("moe.experts.fc1.weight");
-  p.fc2_w = local("moe.experts.fc2.weight");
+  if (!cfg.dense()) {
+    p.gate_w = local("moe.gate.weight");
+    p.fc1_w = local("moe.experts.fc1.weight");
+    p.fc2_w = local("moe.experts.fc2.weight");
+  }
+  if (cfg.has_mlp()) {
+    p.mlp_fc1_w = local("mlp.fc1.weight");
+    p.mlp_fc2_w = local("mlp.fc2.weight");
+  }
   return p;
 }
 
@@ -166,7 +184,7 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     LayerParams whole = init_params(one, ep_rank);
     LayerParams p;
     auto take = [&](const std::string& name, const Tensor& t) {
-      return tp_split(cfg, name).dim < 0 ? t : tp_take(cfg, name, t, tp_rank);
+      return !t.defined() || tp_split(cfg, name).dim < 0 ? t : tp_take(cfg, name, t, tp_rank);
     };
     p.ln1_w = whole.ln1_w;
     p.ln1_b = whole.ln1_b;
@@ -177,6 +195,8 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     p.gate_w = whole.gate_w;
     p.fc1_w = take("moe.experts.fc1.weight", whole.fc1_w);
     p.fc2_w = take("moe.experts.fc2.weight", whole.fc2_w);
+    p.mlp_fc1_w = take("mlp.fc1.weight", whole.mlp_fc1_w);
+    p.mlp_fc2_w = take("mlp.fc2.weight", whole.mlp_fc2_w);
     return p;
   }
   LayerParams p = zeros_like_params(cfg);

@@ -11,6 +11,9 @@
 //   moe.gate.weight  [E, h]    fp32 logits = x W^T
 //   moe.experts.fc1.weight [E, F, h] (GeLU) or [E, 2F, h] (SwiGLU: rows [0, F) gate branch a, [F, 2F) value g)
 //   moe.experts.fc2.weight [E, h, F]
+//   mlp.fc1.weight [F_m, h] or [2F_m, h] (SwiGLU, as the experts')   the dense MLP (a shared expert, or a dense
+//   mlp.fc2.weight [h, F_m]                                          layer's FFN; LayerConfig::mlp_ffn_hidden_size)
+// A dense layer (LayerConfig::dense) has no moe.* tensors.
 #pragma once
 
 #include <string>
@@ -30,6 +33,8 @@ struct LayerParams {
   Tensor gate_w;        // [E, h]
   Tensor fc1_w;         // [L, F or 2F, h]: this rank's experts
   Tensor fc2_w;         // [L, h, F]
+  Tensor mlp_fc1_w;     // [F1_m, h]: the dense MLP (undefined without one)
+  Tensor mlp_fc2_w;     // [h, F_m]
 
   // (name, tensor) pairs in a fixed order; the tensors are views (writes go to the parameters). With RMSNorm the
   // biases are undefined and not listed.
@@ -50,6 +55,7 @@ struct LayerParams {
 //   attn.proj.weight [h, h], dim 1: the local heads' input columns (row-parallel)
 //   moe.experts.fc1.weight [L, F, h], dim 1 (SwiGLU [L, 2, F, h], dim 2: the same F/t rows of both branches)
 //   moe.experts.fc2.weight [L, h, F], dim 2 (row-parallel)
+//   mlp.fc1.weight [F_m, h], dim 0 (SwiGLU [2, F_m, h], dim 1); mlp.fc2.weight [h, F_m], dim 1
 struct TpSplit {
   Shape view;
   int dim = -1;
@@ -72,7 +78,7 @@ LayerParams zeros_like_params(const LayerConfig& cfg);
 // Initialises the full weights from the seed and keeps EP rank `ep_rank`'s shard (docs/design.md, "Numerics and determinism": same
 // seed, same weights, whatever the layout). LayerNorm weights 1, biases 0; every matrix element
 // init_method_std * philox_normal(key = (seed, layer, init), token = parameter id, feature = flat index in the
-// FULL tensor), parameter ids in the order of named(): qkv 2, proj 3, gate 6, fc1 7, fc2 8.
+// FULL tensor), parameter ids in the order of named(): qkv 2, proj 3, gate 6, fc1 7, fc2 8, mlp.fc1 9, mlp.fc2 10.
 // With tp > 1 each rank initialises its EP-local tensors whole and keeps its TP shard.
 LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank = 0);
 

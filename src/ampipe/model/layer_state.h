@@ -23,6 +23,8 @@ struct ComputeWeights {  // this tp rank's shards (tp = 1: the whole tensors)
   Tensor proj;  // [h, h/t]: the local heads' columns
   Tensor fc1;   // [L*F1/t, h]
   Tensor fc2;   // [L*h, F/t]
+  Tensor mlp_fc1;  // [F1_m/t, h]: the dense MLP
+  Tensor mlp_fc2;  // [h, F_m/t]
   bool stale = true;  // bf16: the copies no longer match the parameters
 };
 

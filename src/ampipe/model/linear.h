@@ -19,6 +19,17 @@ inline void linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw_acc
   kernels::gemm(dy, kernels::Trans::t, x, kernels::Trans::n, dw_accum, /*accumulate=*/true);
 }
 
+// The same three forms for a batch of `n` experts at once (--moe-grouped-gemm): x, w, y are expert 0's matrices and
+// expert i's start sx, sw, sy elements after expert i-1's, in the same buffers.
+inline void grouped_linear_forward(const Tensor& x, int64_t sx, const Tensor& w, int64_t sw, Tensor& y, int64_t sy,
+                                   int64_t n) {
+  kernels::gemm_batched(x, kernels::Trans::n, w, kernels::Trans::t, y, n, sx, sw, sy);
+}
+inline void grouped_linear_weight_grad(const Tensor& dy, int64_t sdy, const Tensor& x, int64_t sx, Tensor& dw_accum,
+                                       int64_t sdw, int64_t n) {
+  kernels::gemm_batched(dy, kernels::Trans::t, x, kernels::Trans::n, dw_accum, n, sdy, sx, sdw, /*accumulate=*/true);
+}
+
 // `src` itself in fp32 mode; in bf16 mode its copy, converted (bf16 rounds to nearest even, fp32 widens exactly),
 // in buffer `copy`: the whole buffer for chunk c (converted), or rows of chunk c of a [T, *] buffer
 // (converted_rows).

@@ -8,6 +8,7 @@
 #include "ampipe/kernels/dropout.h"
 #include "ampipe/model/dispatch.h"
 #include "ampipe/model/linear.h"
+#include "ampipe/model/mlp_block.h"
 
 namespace ampipe::model {
 
@@ -153,26 +154,48 @@ void MoeBlock::experts_to_piece(const Tensor& rows, Tensor& region, const Expert
     }
 }
 
+// Elements between local expert l's and expert l+1's rows of an expert-major buffer [L, M*R, X] (planned capacity,
+// LayerMemory::expert_rows).
+int64_t MoeBlock::expert_stride(Buf b) const {
+  const Tensor t = st_.mem.get(b);
+  return t.size(1) * t.size(2);
+}
+
 void MoeBlock::experts(int c, int p) {
   LayerState& s = st_;
   const ExpertPiece pc = piece(c, p);
   const int64_t F1 = s.dims.F1l, h = s.dims.h, r0 = s.dims.srcs * pc.slot0, n = s.dims.srcs * pc.slots;
+  const int64_t l0 = pc.expert0, l1 = pc.expert0 + pc.experts;
   // sequence parallel: the slots all-gathered over tp (Stage::tp_expert_in)
   piece_to_experts(s.mem.get(s.dims.sp ? Buf::expert_gather : Buf::dispatch_recv, c, p), Buf::expert_in, c, pc);
   const Tensor out = s.mem.get(Buf::expert_out, c);
-  for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
-    Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n), o = chunk_expert_rows(out, l).rows(r0, r0 + n);
+  const bool grouped = s.cfg.moe_grouped_gemm && pc.experts > 1;
+  const Buf kept_act = s.bf16() ? Buf::act_bf16 : Buf::act;  // what fc2 reads (and its weight gradient)
+  auto fc1_rows = [&](int64_t l) { return s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n); };
+  auto act_rows = [&](int64_t l) { return s.mem.expert_rows(kept_act, l, c).rows(r0, r0 + n); };
+  auto out_rows = [&](int64_t l) { return chunk_expert_rows(out, l).rows(r0, r0 + n); };
+  if (grouped) {  // fc1 of every expert of the piece in one call: [n, h] -> [n, F1] each
+    Tensor h1 = fc1_rows(l0);
+    grouped_linear_forward(s.mem.expert_rows(Buf::expert_in, l0, c).rows(r0, r0 + n), expert_stride(Buf::expert_in),
+                           s.w.fc1.rows(l0 * F1, (l0 + 1) * F1), F1 * h, h1, expert_stride(Buf::fc1_out), pc.experts);
+  }
+  for (int64_t l = l0; l < l1; ++l) {
+    Tensor h1 = fc1_rows(l), o = out_rows(l);
     // bf16: the fp32 activation is one expert's staging, the bf16 copy is kept; fp32: the activation is kept
-    Tensor a = s.bf16() ? s.mem.get(Buf::act, c).rows(0, n) : s.mem.expert_rows(Buf::act, l, c).rows(r0, r0 + n);
-    const Tensor in = s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n);
-    linear_forward(in, s.w.fc1.rows(l * F1, (l + 1) * F1), h1);  // [n, h] -> [n, F1]
+    Tensor a = s.bf16() ? s.mem.get(Buf::act, c).rows(0, n) : act_rows(l);
+    if (!grouped) linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1);
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_forward(h1, a);
     else
       kernels::gelu_forward(h1, a);
-    Tensor a_bf16 = s.bf16() ? s.mem.expert_rows(Buf::act_bf16, l, c).rows(r0, r0 + n) : a;
-    if (s.bf16()) a_bf16.copy_from(a);
-    linear_forward(a_bf16, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
+    Tensor a_cd = act_rows(l);
+    if (s.bf16()) a_cd.copy_from(a);
+    if (!grouped) linear_forward(a_cd, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
+  }
+  if (grouped) {
+    Tensor o = out_rows(l0);
+    grouped_linear_forward(act_rows(l0), expert_stride(kept_act), s.w.fc2.rows(l0 * h, (l0 + 1) * h), h * s.dims.Fl,
+                           o, out.size(1) * out.size(2), pc.experts);  // [L, R_c, h]: this chunk's capacity
   }
   // tp > 1: partial sums over the local F columns, reduced next (Stage::tp_expert_out): reduce-scattered from
   // combine_partial into combine_send (sequence parallel), or all-reduced in place
@@ -182,15 +205,21 @@ void MoeBlock::experts(int c, int p) {
 
 void MoeBlock::weighted_sum(int c) {
   LayerState& s = st_;
-  Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32 without pipe-experts: the combine all-to-all received into it
-  if (s.dims.pieced())
-    copy_slots_pieces(s.mem.get(Buf::combine_recv, c), Y, c, /*to_pieces=*/false);
-  else if (s.bf16())
-    Y.copy_from(s.mem.get(Buf::combine_recv, c));
-  // Recomputing: the backward reads expert_y (above) but not the weighted sum or the output, which is kept.
-  if (s.recomputing) return;
   Tensor moe = s.rows(Buf::moe_out, c);
-  combine_forward(Y, gctx_[size_t(c)].routing, moe);
+  if (s.dims.moe) {
+    Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32 without pipe-experts: the combine all-to-all received into it
+    if (s.dims.pieced())
+      copy_slots_pieces(s.mem.get(Buf::combine_recv, c), Y, c, /*to_pieces=*/false);
+    else if (s.bf16())
+      Y.copy_from(s.mem.get(Buf::combine_recv, c));
+    // Recomputing: the backward reads expert_y (above) but not the weighted sum or the output, which is kept.
+    if (s.recomputing) return;
+    combine_forward(Y, gctx_[size_t(c)].routing, moe);
+    if (s.dims.mlp) add_rows(moe, mlp_output_rows(s, c));  // the shared expert's output joins the experts'
+  } else {
+    if (s.recomputing) return;
+    moe.copy_from(mlp_output_rows(s, c));  // a dense layer: the MLP's output alone
+  }
   Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.Tl, s.dims.h}), c);
   const Tensor ln_in = s.rows(Buf::ln_in, c);
   s.chunk_tokens(c).for_each_run(moe.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
@@ -201,6 +230,7 @@ void MoeBlock::weighted_sum(int c) {
 }
 
 void MoeBlock::aux_loss() {
+  if (!st_.dims.moe) return;  // a dense layer: no router, aux_ stays 0
   if (st_.dims.sp || st_.dims.cp > 1) {  // the totals over every tp and cp rank's rows: all tokens of the sequence
     const int64_t E = st_.dims.E;
     const float* v = st_.mem.get(Buf::gate_stats).data<float>();
@@ -223,6 +253,8 @@ void MoeBlock::weighted_sum_backward(int c) {
     Tensor out = d_moe.rows(first, first + n);
     kernels::dropout_backward(dy.rows(first, first + n), s.cfg.dropout_p(), dropout_key(s.cfg), token0, out);
   });
+  if (s.dims.mlp) s.rows(Buf::d_mlp, c).copy_from(d_moe);  // the dense MLP's output gradient (the same sum's)
+  if (!s.dims.moe) return;
   Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // EP rank j gets the grads of its experts
   const bool staged = s.bf16() || s.dims.pieced();
   Tensor dY = staged ? s.mem.get(Buf::d_expert_y, c) : send;
@@ -275,16 +307,24 @@ void MoeBlock::experts_backward(int c, int p) {
 }
 
 void MoeBlock::weight_grads() {
-  // Per local expert, over every chunk's slots at once (K = M*ep*C): dW2 += dY^T act, dW1 += d_fc1^T x.
+  // Per local expert, over every chunk's slots at once (K = M*ep*C): dW2 += dY^T act, dW1 += d_fc1^T x; with
+  // --moe-grouped-gemm every expert's in one call each.
   LayerState& s = st_;
-  const int64_t L = s.dims.L, F1 = s.dims.F1l, h = s.dims.h;
-  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.Fl});
+  const int64_t L = s.dims.L, F1 = s.dims.F1l, h = s.dims.h, F = s.dims.Fl;
+  Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, F});
+  const Buf act = s.bf16() ? Buf::act_bf16 : Buf::act, d_fc1 = s.bf16() ? Buf::d_fc1_bf16 : Buf::d_fc1;
+  if (s.cfg.moe_grouped_gemm && L > 1) {
+    Tensor gw2_0 = gw2.rows(0, h), gw1_0 = gw1.rows(0, F1);
+    grouped_linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, 0), expert_stride(Buf::d_expert_out),
+                               s.mem.expert_rows_all(act, 0), expert_stride(act), gw2_0, h * F, L);
+    grouped_linear_weight_grad(s.mem.expert_rows_all(d_fc1, 0), expert_stride(d_fc1),
+                               s.mem.expert_rows_all(Buf::expert_in, 0), expert_stride(Buf::expert_in), gw1_0, F1 * h, L);
+    return;
+  }
   for (int64_t l = 0; l < L; ++l) {
     Tensor gw2_l = gw2.rows(l * h, (l + 1) * h), gw1_l = gw1.rows(l * F1, (l + 1) * F1);
-    linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l),
-                       s.mem.expert_rows_all(s.bf16() ? Buf::act_bf16 : Buf::act, l), gw2_l);
-    linear_weight_grad(s.mem.expert_rows_all(s.bf16() ? Buf::d_fc1_bf16 : Buf::d_fc1, l),
-                       s.mem.expert_rows_all(Buf::expert_in, l), gw1_l);
+    linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l), s.mem.expert_rows_all(act, l), gw2_l);
+    linear_weight_grad(s.mem.expert_rows_all(d_fc1, l), s.mem.expert_rows_all(Buf::expert_in, l), gw1_l);
   }
 }
 

@@ -53,6 +53,7 @@ class MoeBlock {
   void piece_to_experts(const Tensor& region, Buf dst, int c, const ExpertPiece& pc) const;
   void experts_to_piece(const Tensor& rows, Tensor& region, const ExpertPiece& pc) const;
   void set_routing(int c);  // capacity known: buffers sized, dispatch_send filled
+  int64_t expert_stride(Buf b) const;  // elements from one local expert's rows to the next's
   void accumulate_stats(const GateStats& chunk);  // into the totals (and gate_stats, sequence parallel)
 
   LayerState& st_;

@@ -56,6 +56,9 @@ void check_layer_sizes(const LayerConfig& c) {
   // [E, C, h] per chunk is at most E x T x h over a step, [L, M*R, F1] at most E x T x F1.
   checked_elements("the [E, C, h] all-to-all buffers at one slot per token", {E, s, b, h});
   checked_elements("the [L, M*R, F1] expert activations at one slot per token", {E, s, b, two, F1});
+  const SizeFactor Fm{c.dense() ? "--ffn-hidden-size" : "--moe-shared-expert-intermediate-size", c.mlp_ffn_hidden_size};
+  checked_elements("the [F1_m, h] dense MLP weight", {two, Fm, h});
+  checked_elements("the [T, F1_m] dense MLP activation", {s, b, two, Fm});
 }
 
 int64_t check_plan_size(const LayerConfig& c, int M, int64_t num_layers) {

@@ -1,4 +1,4 @@
-// The stages of one MoE block (docs/layer.md): what a schedule::Plan task runs, named once here so that the Plan,
+// The stages of one block (MoE, or dense) (docs/layer.md): what a schedule::Plan task runs, named once here so that the Plan,
 // the executor, the trace and the tests use the same names. A stage runs forward or backward (Dir); the backward of
 // a stage is the same Stage with Dir::bwd. Which stages move bytes between ranks, on which lane, is the Plan's
 // business (schedule/plan.h holds the stage-to-lane table); the block code only computes.
@@ -49,8 +49,15 @@ enum class Stage : uint8_t {
   cp_aux_stats,   // collective: all-reduce of the gate statistics over the cp ranks' rows
   // selective recomputation (LayerConfig::recompute_attention)
   attention_recompute,  // backward only: the chunk's attention forward again (output, lse; bf16: its bf16 copy)
+  // the block's dense MLP (model/mlp_block.h): a dense layer's FFN, or the shared expert beside the routed ones
+  mlp,            // fc1 -> GeLU (or SwiGLU) -> fc2 on every row of the chunk's LN2 output (tp: the local F columns)
+  mlp_wgrad,      // backward only: the MLP's weight gradients over every chunk's rows at once
+  tp_mlp_in,      // collective: fwd, sequence parallel: all-gather of the chunk's LN2 rows; bwd: reduce-scatter
+                  // (sequence parallel) or all-reduce of the MLP's input gradient
+  tp_mlp_out,     // collective: fwd: reduce-scatter (sequence parallel) or all-reduce of the MLP's partial sums;
+                  // bwd, sequence parallel: all-gather of its output gradient
 };
-inline constexpr int kNumStages = int(Stage::attention_recompute) + 1;
+inline constexpr int kNumStages = int(Stage::tp_mlp_out) + 1;
 
 constexpr const char* stage_name(Stage s) {
   switch (s) {
@@ -79,6 +86,10 @@ constexpr const char* stage_name(Stage s) {
     case Stage::cp_dkv_reduce: return "cp_dkv_reduce";
     case Stage::cp_aux_stats: return "cp_aux_stats";
     case Stage::attention_recompute: return "attention_recompute";
+    case Stage::mlp: return "mlp";
+    case Stage::mlp_wgrad: return "mlp_wgrad";
+    case Stage::tp_mlp_in: return "tp_mlp_in";
+    case Stage::tp_mlp_out: return "tp_mlp_out";
   }
   return "?";
 }

@@ -4,17 +4,23 @@ namespace ampipe::schedule {
 
 LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
                        int first_layer, std::shared_ptr<model::Arena> arena)
+    : LayerStack(std::vector<model::LayerConfig>(size_t(std::max(num_layers, 0)), cfg), M, ep_rank, groups, first_layer,
+                 std::move(arena)) {}
+
+LayerStack::LayerStack(std::vector<model::LayerConfig> cfgs, int M, int ep_rank, const comm::Groups* groups,
+                       int first_layer, std::shared_ptr<model::Arena> arena)
     : M_(M), ep_rank_(ep_rank), arena_(arena ? std::move(arena) : std::make_shared<model::Arena>()), ex_(groups) {
+  const model::LayerConfig cfg = cfgs.empty() ? model::LayerConfig{} : cfgs.front();
   const int tp_size = groups && groups->tp.valid() ? groups->tp.size() : 1;
   AMPIPE_CHECK(tp_size == cfg.tp(), "--tensor-model-parallel-size {} but the tp group has {} ranks", cfg.tp(), tp_size);
   tp_rank_ = tp_size > 1 ? groups->tp.rank() : 0;
   const int cp_size = groups && groups->cp.valid() ? groups->cp.size() : 1;
   AMPIPE_CHECK(cp_size == cfg.cp(), "context-parallel size {} but the cp group has {} ranks", cfg.cp(), cp_size);
   cp_rank_ = cp_size > 1 ? groups->cp.rank() : 0;
-  for (int i = 0; i < num_layers; ++i) {
+  for (size_t i = 0; i < cfgs.size(); ++i) {
     auto e = std::make_unique<Entry>();
-    e->cfg = cfg;
-    e->cfg.layer_index = first_layer + i;
+    e->cfg = cfgs[i];
+    e->cfg.layer_index = first_layer + int(i);
     e->params = model::init_params(e->cfg, ep_rank, tp_rank_);
     e->grads = model::zeros_like_params(e->cfg);
     layers_.push_back(std::move(e));
@@ -57,14 +63,16 @@ void LayerStack::set_degree(int M) {
     M_ = M;
     return;
   }
-  const model::LayerConfig& c = layers_.front()->cfg;
-  replan(M, c.use_pipe_experts ? c.pipe_experts_multi_data : 0);  // the same pipe-experts setting
+  int n = 0;  // the same pipe-experts setting (the MoE layers')
+  for (const auto& e : layers_)
+    if (e->cfg.use_pipe_experts) n = e->cfg.pipe_experts_multi_data;
+  replan(M, n);
 }
 
 void LayerStack::replan(int M, int pipe_experts_n, int tp_overlap) {
   bool changed = M != M_;
   for (auto& e : layers_) {
-    const bool on = pipe_experts_n > 0;
+    const bool on = pipe_experts_n > 0 && !e->cfg.dense();  // a dense layer has no experts to pipeline
     const int n = on ? pipe_experts_n : 1;
     changed |= e->cfg.use_pipe_experts != on || e->cfg.pipe_experts_multi_data != n;
     e->cfg.use_pipe_experts = on;

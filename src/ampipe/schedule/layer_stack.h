@@ -32,6 +32,10 @@ class LayerStack {
   // (null: a private one).
   LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
              int first_layer = 0, std::shared_ptr<model::Arena> arena = nullptr);
+  // One config per layer (a model that mixes dense and MoE blocks: model::LayerConfig::as_dense); they differ in
+  // their FFN only (the same attention, parallel layout and options).
+  LayerStack(std::vector<model::LayerConfig> cfgs, int M, int ep_rank, const comm::Groups* groups, int first_layer = 0,
+             std::shared_ptr<model::Arena> arena = nullptr);
 
   int num_layers() const { return int(layers_.size()); }
   int degree() const { return M_; }
@@ -81,6 +85,8 @@ class LayerStack {
   const model::LayerParams& params(int i) const { return layers_[size_t(i)]->params; }
   model::LayerParams& grads(int i) { return layers_[size_t(i)]->grads; }
   const model::Layer& layer(int i) const { return *layers_[size_t(i)]->layer; }
+  // Layer i's config (stable for the stack's life; re-planning changes only its schedule options).
+  const model::LayerConfig& config(int i) const { return layers_[size_t(i)]->cfg; }
   model::Layer& layer(int i) { return *layers_[size_t(i)]->layer; }
   const Plan& plan(int i) const { return step_.layer(i); }
   Executor& executor() { return ex_; }

@@ -53,7 +53,7 @@ LayerParamCounts layer_param_counts(const model::LayerConfig& cfg) {
     n.params = model::checked_add(n.params, e, "a layer's parameter count");
     const std::string& s = name;
     if (s == "attn.qkv.weight" || s == "attn.proj.weight" || s == "moe.experts.fc1.weight" ||
-        s == "moe.experts.fc2.weight")
+        s == "moe.experts.fc2.weight" || s == "mlp.fc1.weight" || s == "mlp.fc2.weight")
       n.bf16_copies += e;
   }
   return n;
@@ -61,31 +61,42 @@ LayerParamCounts layer_param_counts(const model::LayerConfig& cfg) {
 
 MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layers, int M,
                                     const std::vector<bool>& recompute) {
-  const LayerParamCounts n = layer_param_counts(cfg);
-  const int64_t per_layer = model::checked_mul(n.params, 4, "a layer's parameter bytes");
-  const int64_t all = model::checked_mul(per_layer, num_layers, "--num-layers x a layer's parameter bytes");
-  MemoryEstimate e;
-  e.add("parameters", all);
-  e.add("gradients", all);
-  if (cfg.bf16)
-    e.add("bf16 weight copies",
-          model::checked_mul(model::checked_mul(n.bf16_copies, 2, "bf16 copies"), num_layers, "bf16 copies"));
-  // As LayerStack carves its arena: every layer's saved region, then the largest shared region. Without
-  // recomputation that is Plan::planned_bytes(num_layers) = num_layers x saved + shared, here in checked arithmetic.
-  int64_t recomputed = 0;
-  for (int i = 0; i < num_layers && size_t(i) < recompute.size(); ++i) recomputed += recompute[size_t(i)];
-  int64_t saved = 0, shared = 0;
-  for (const bool rec : {false, true}) {
-    const int64_t n = rec ? recomputed : num_layers - recomputed;
-    if (n == 0) continue;
-    model::LayerConfig c = cfg;
-    c.recompute = rec;
-    const Plan p = build_layer_plan(c, M);
-    saved = model::checked_add(
-        saved, model::checked_mul(int64_t(p.memory.saved_bytes), n, "--num-layers x a layer's saved buffers"),
-        "the planned buffers");
-    shared = std::max(shared, int64_t(p.memory.shared_bytes));
+  return estimate_layer_stack(std::vector<model::LayerConfig>(size_t(std::max(num_layers, 0)), cfg), M, recompute);
+}
+
+MemoryEstimate estimate_layer_stack(const std::vector<model::LayerConfig>& layers, int M,
+                                    const std::vector<bool>& recompute) {
+  // As LayerStack carves its arena: every layer's saved region, then the largest shared region (without
+  // recomputation Plan::planned_bytes summed over the layers), in checked arithmetic. The layers differ only in
+  // being dense or MoE and recomputed or not: one Plan per kind.
+  struct Kind {
+    bool dense = false, recompute = false;
+    int64_t params = 0, bf16_copies = 0, saved = 0, shared = 0;
+  };
+  std::vector<Kind> kinds;
+  int64_t params = 0, bf16_copies = 0, saved = 0, shared = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    model::LayerConfig c = layers[i];
+    c.recompute = i < recompute.size() && recompute[i];
+    auto k = std::find_if(kinds.begin(), kinds.end(),
+                          [&](const Kind& x) { return x.dense == c.dense() && x.recompute == c.recompute; });
+    if (k == kinds.end()) {
+      const LayerParamCounts n = layer_param_counts(c);
+      const Plan p = build_layer_plan(c, M);
+      kinds.push_back({c.dense(), c.recompute, n.params, n.bf16_copies, int64_t(p.memory.saved_bytes),
+                       int64_t(p.memory.shared_bytes)});
+      k = kinds.end() - 1;
+    }
+    params = model::checked_add(params, model::checked_mul(k->params, 4, "a layer's parameter bytes"),
+                                "--num-layers x a layer's parameter bytes");
+    bf16_copies = model::checked_add(bf16_copies, model::checked_mul(k->bf16_copies, 2, "bf16 copies"), "bf16 copies");
+    saved = model::checked_add(saved, k->saved, "--num-layers x a layer's saved buffers");
+    shared = std::max(shared, k->shared);
   }
+  MemoryEstimate e;
+  e.add("parameters", params);
+  e.add("gradients", params);
+  if (!layers.empty() && layers.front().bf16) e.add("bf16 weight copies", bf16_copies);
   e.add("activations + communication (planned)", model::checked_add(saved, shared, "the planned buffers"));
   return e;
 }

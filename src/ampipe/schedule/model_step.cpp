@@ -7,10 +7,15 @@ double attention_weights(const model::LayerConfig& l) {
   return (h + 2 * kv) * h + h * h;  // [q | k | v] and the out-projection
 }
 
+double mlp_weights(const model::LayerConfig& l) {
+  const double h = double(l.hidden_size), Fm = double(l.mlp_ffn_hidden_size);
+  return ((l.expert == model::ExpertKind::swiglu ? 2 * Fm : Fm) + Fm) * h;  // fc1 and fc2 of the dense MLP
+}
+
 double dense_layer_params(const model::LayerConfig& l) {
   const double h = double(l.hidden_size), E = double(l.num_experts), tp = double(l.tp());
   const double norms = l.rmsnorm() ? 2 * h : 4 * h;  // LN1 and LN2: weight and bias, or RMSNorm's weight only
-  return attention_weights(l) / tp + norms + E * h;
+  return (attention_weights(l) + mlp_weights(l)) / tp + norms + E * h;
 }
 
 double expert_layer_params(const model::LayerConfig& l) {
@@ -22,8 +27,9 @@ double expert_layer_params(const model::LayerConfig& l) {
 StepConfig model_step_config(const ModelShape& m, int M) {
   const model::LayerConfig& l = m.layer;
   StepConfig c;
-  model::LayerConfig lc = l;
+  auto layer_at = [&](int i) -> const model::LayerConfig& { return m.layers.empty() ? l : m.layers.at(size_t(i)); };
   for (int i = 0; i < m.num_layers; ++i) {
+    model::LayerConfig lc = layer_at(i);
     lc.layer_index = i;
     lc.recompute = !m.recompute.empty() && m.recompute[size_t(i)];
     c.layers.push_back(build_layer_plan(lc, M));
@@ -36,16 +42,22 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   c.hidden = l.hidden_size;
   c.head_vocab = int64_t(V);
   c.sp_tp = l.sp() ? l.tp() : 1;
-  const double dense = dense_layer_params(l), expert = expert_layer_params(l);
-  c.layer_dense_bytes.assign(size_t(m.num_layers), 4 * dense);
-  c.layer_expert_bytes.assign(size_t(m.num_layers), 4 * expert);
+  double params = 0, bf16_weights = 0;
+  for (int i = 0; i < m.num_layers; ++i) {
+    const model::LayerConfig& li = layer_at(i);
+    const double dense = dense_layer_params(li), expert = expert_layer_params(li);
+    c.layer_dense_bytes.push_back(4 * dense);
+    c.layer_expert_bytes.push_back(4 * expert);
+    params += dense + expert;
+    bf16_weights += (attention_weights(li) + mlp_weights(li)) / tp + expert;
+  }
   const double final_norm = l.rmsnorm() ? h : 2 * h;
   const double outer = V * h + (m.position_embedding ? s * h : 0) + final_norm + (m.untie_embeddings ? V * h : 0);
   c.outer_dense_bytes = 4 * outer;
   c.dense_group_size = m.dp * l.cp();
   c.expert_group_size = m.dp * l.cp() / int(l.expert_model_parallel_size);
-  c.params = double(m.num_layers) * (dense + expert) + outer;
-  c.bf16_weights = l.bf16 ? double(m.num_layers) * (attention_weights(l) / tp + expert) : 0;
+  c.params = params + outer;
+  c.bf16_weights = l.bf16 ? bf16_weights : 0;
   return c;
 }
 

@@ -21,6 +21,9 @@ namespace ampipe::schedule {
 struct ModelShape {
   model::LayerConfig layer;  // layer_index is set per layer
   int num_layers = 1;
+  // One config per layer where they differ (a model with dense blocks, train::TrainConfig::layer_configs); empty:
+  // `layer` for every layer.
+  std::vector<model::LayerConfig> layers;
   int64_t vocab = 256;
   bool untie_embeddings = false;
   bool position_embedding = true;  // learned absolute positions (false: rotary, no embedding table)
@@ -34,6 +37,8 @@ struct ModelShape {
 // The attention's weights of one layer, unsharded: (h + 2g*d) * h for [q | k | v] (3h^2 without grouped queries)
 // plus h^2 for the out-projection.
 double attention_weights(const model::LayerConfig& l);
+// The dense MLP's weights of one layer, unsharded (a shared expert, or a dense layer's FFN; 0 without).
+double mlp_weights(const model::LayerConfig& l);
 double dense_layer_params(const model::LayerConfig& l);
 double expert_layer_params(const model::LayerConfig& l);
 

@@ -38,6 +38,10 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::compute,  // cp_dkv_reduce
     Lane::cp,       // cp_aux_stats
     Lane::compute,  // attention_recompute
+    Lane::compute,  // mlp
+    Lane::compute,  // mlp_wgrad
+    Lane::tp,       // tp_mlp_in
+    Lane::tp,       // tp_mlp_out
 };
 }  // namespace
 
@@ -144,7 +148,10 @@ class LayerPlanBuilder {
   std::vector<uint32_t> aux_stats();
   void experts_forward();
   void weighted_sum_forward(const std::vector<uint32_t>& aux_deps);
+  void dense_forward(int c, uint32_t proj);
+  uint32_t mlp_forward(int c);
   // backward
+  uint32_t mlp_backward(int c, uint32_t weighted_bwd);
   void moe_backward();
   uint32_t gate_backward(int c);
   void qkv_backward(int c, const std::vector<uint32_t>& deps);
@@ -165,6 +172,8 @@ class LayerPlanBuilder {
   size_t nP = 0;
   std::vector<std::vector<uint32_t>> dispatch, combine, combine_bwd, dispatch_bwd;
   std::vector<uint32_t> weighted, gate;
+  // the dense MLP: chunk c's LN2 (or, sequence parallel, its all-gather), its forward's last task, its backward's
+  std::vector<uint32_t> mlp_input, mlp_done, mlp_bwd_done, mlp_bwd;
   std::vector<std::optional<uint32_t>> gathered;  // the experts' input all-gather of piece idx, issued at most once
   std::vector<uint32_t> qkv;
   std::optional<uint32_t> next_input;  // ahead: chunk c+1's QKV input
@@ -204,6 +213,7 @@ LayerPlanBuilder::LayerPlanBuilder(const model::LayerConfig& cfg, int M_)
   combine = combine_bwd = dispatch_bwd = dispatch;
   weighted.assign(nM, 0);
   gate.assign(nM, 0);
+  mlp_input = mlp_done = mlp_bwd_done = gate;
   gathered.assign(nM * nP, std::nullopt);
   ring.resize(size_t(std::max(ncp - 1, 0)));
   if (ring_attn) {
@@ -306,6 +316,11 @@ void LayerPlanBuilder::gate_forward(int c, uint32_t proj) {
   const size_t i = size_t(c);
   const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
   gate[i] = b.add(Dir::fwd, Stage::gate, c, {res});
+  // the shared expert's input rows: all-gathered now (sequence parallel), under the attention of the next chunks
+  if (d.mlp)
+    mlp_input[i] = !sp ? res
+                       : b.tp(Dir::fwd, Stage::tp_mlp_in, c, {res}, CollKind::all_gather,
+                              bf16 ? Buf::mlp_send : Buf::ln2_out, Buf::mlp_in);
   if (d.agree_capacity) {  // --moe-no-drop, ep > 1: every EP rank's required capacity, the largest agreed
     const uint32_t cap = b.collective(Dir::fwd, Stage::capacity, c, {gate[i]}, CollKind::all_gather,
                                       Buf::capacity_need, Buf::capacity_all);
@@ -354,7 +369,40 @@ void LayerPlanBuilder::experts_forward() {
     }
     combine[size_t(c)][q] = b.collective(Dir::fwd, Stage::combine, c, {out}, CollKind::all_to_all, Buf::combine_send,
                                          combine_recv, pieces[q]);
+    // the shared expert of chunk c once its last combine is in flight: its GEMMs hide that all-to-all (the last
+    // chunk's, which no later expert compute hides)
+    if (d.mlp && q + 1 == nP) mlp_done[size_t(c)] = mlp_forward(c);
   }
+}
+
+// The dense MLP of chunk c after its input (mlp_input): mlp(c) [tp_mlp_out(c)]; returns the last task.
+uint32_t LayerPlanBuilder::mlp_forward(int c) {
+  const uint32_t m = b.add(Dir::fwd, Stage::mlp, c, {mlp_input[size_t(c)]});
+  if (!tp) return m;  // the local F columns' partial sums: reduce-scattered to this rank's rows, or all-reduced
+  return b.tp(Dir::fwd, Stage::tp_mlp_out, c, {m}, reduce, Buf::mlp_out, sp ? Buf::mlp_y : Buf::mlp_out);
+}
+
+// A dense layer's chunk c after the attention side: residual_ln2(c) [tp_mlp_in(c)] mlp(c) [tp_mlp_out(c)]
+// weighted_sum(c) (the dropout and residual of the MLP's output).
+void LayerPlanBuilder::dense_forward(int c, uint32_t proj) {
+  const size_t i = size_t(c);
+  const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
+  mlp_input[i] = !sp ? res
+                     : b.tp(Dir::fwd, Stage::tp_mlp_in, c, {res}, CollKind::all_gather,
+                            bf16 ? Buf::mlp_send : Buf::ln2_out, Buf::mlp_in);
+  mlp_done[i] = mlp_forward(c);
+  weighted[i] = b.add(Dir::fwd, Stage::weighted_sum, c, {mlp_done[i]});
+}
+
+// The dense MLP's backward of chunk c after the weighted sum's: [tp_mlp_out.bwd(c)] mlp.bwd(c) [tp_mlp_in.bwd(c)];
+// returns the last task (the LN2 backward of the chunk waits for it).
+uint32_t LayerPlanBuilder::mlp_backward(int c, uint32_t weighted_bwd) {
+  std::vector<uint32_t> deps = {weighted_bwd};
+  if (sp) deps = {b.tp(Dir::bwd, Stage::tp_mlp_out, c, deps, CollKind::all_gather, Buf::d_mlp, Buf::d_mlp_full)};
+  const uint32_t m = b.add(Dir::bwd, Stage::mlp, c, deps);
+  mlp_bwd.push_back(m);
+  if (!tp) return m;
+  return b.tp(Dir::bwd, Stage::tp_mlp_in, c, {m}, reduce, Buf::d_mlp_in, sp ? Buf::d_mlp_in_local : Buf::d_mlp_in);
 }
 
 // weighted_sum(c) for each chunk (waits for its own combine only), then the aux loss once.
@@ -362,6 +410,7 @@ void LayerPlanBuilder::weighted_sum_forward(const std::vector<uint32_t>& aux_dep
   for (int c = 0; c < M; ++c) {
     std::vector<uint32_t> deps = combine[size_t(c)];
     deps.push_back(gate[size_t(c)]);
+    if (d.mlp) deps.push_back(mlp_done[size_t(c)]);
     if (sync_reduce && c == 0) deps.push_back(*sync_reduce);
     weighted[size_t(c)] = b.add(Dir::fwd, Stage::weighted_sum, c, deps);
   }
@@ -382,6 +431,7 @@ void LayerPlanBuilder::moe_backward() {
     for (size_t q = 0; q < nP; ++q)
       combine_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::combine, c, {ws}, CollKind::all_to_all,
                                                Buf::combine_bwd_send, Buf::combine_bwd_recv, pieces[q]);
+    if (d.mlp) mlp_bwd_done[size_t(c)] = mlp_backward(c, ws);  // hides the reverse combine just issued
     if (d.overlap_tp && c == M - 1) expert_gather(Dir::bwd, order[0]);  // no attention-side tp work is queued yet
   }
   std::vector<uint32_t> prev_reduce;  // without the overlap: the previous piece's reduction, waited for (at most one)
@@ -404,16 +454,25 @@ void LayerPlanBuilder::moe_backward() {
                                               Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv, pieces[q]);
   }
   if (d.defer_expert_wgrad) b.add(Dir::bwd, Stage::expert_wgrad, -1, experts_bwd);
+  if (d.mlp) b.add(Dir::bwd, Stage::mlp_wgrad, -1, mlp_bwd);  // also while the last reverse dispatch is in flight
 }
 
 // Gate and residual backward of chunk c (after its reverse dispatches and the aux loss), and with sequence
 // parallelism the all-gather of the out-projection's output gradient: gate.bwd(c) residual_ln2.bwd(c)
 // [tp_proj_out.bwd(c)].
 uint32_t LayerPlanBuilder::gate_backward(int c) {
-  std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
-  deps.push_back(aux);
-  const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, deps);
-  uint32_t rb = b.add(Dir::bwd, Stage::residual_ln2, c, {gb});
+  uint32_t rb = 0;
+  if (d.moe) {
+    std::vector<uint32_t> deps = dispatch_bwd[size_t(c)];
+    deps.push_back(aux);
+    const uint32_t gb = b.add(Dir::bwd, Stage::gate, c, deps);
+    std::vector<uint32_t> ln2_deps = {gb};
+    if (d.mlp) ln2_deps.push_back(mlp_bwd_done[size_t(c)]);
+    rb = b.add(Dir::bwd, Stage::residual_ln2, c, ln2_deps);
+  } else {  // a dense layer: weighted_sum.bwd(c) and the MLP's backward first
+    const uint32_t ws = b.add(Dir::bwd, Stage::weighted_sum, c, {weighted[size_t(c)]});
+    rb = b.add(Dir::bwd, Stage::residual_ln2, c, {mlp_backward(c, ws)});
+  }
   if (sp)
     rb = b.tp(Dir::bwd, Stage::tp_proj_out, c, {rb}, CollKind::all_gather, bf16 ? Buf::d_proj_send : Buf::d_proj,
               bf16 ? Buf::d_proj_bf16 : Buf::d_proj_full);
@@ -495,19 +554,29 @@ void LayerPlanBuilder::cp_dkv_backward() {
 }
 
 // Forward: [cp: every chunk's QKV and K, V ring first] for c: attention side(c), gate(c), dispatch(c); aux stats;
-// experts and combines; weighted sums; aux loss. Backward: the MoE side (chunks in reverse), the attention side
+// experts and combines (with a shared expert, chunk c's after its combine); weighted sums; aux loss. A dense
+// layer: for c: attention side(c), LN2(c), MLP(c), weighted sum(c). Backward: the MoE side (chunks in reverse), the attention side
 // (chunks in reverse) [cp: own keys and the dK, dV ring], then the QKV and out-projection weight gradients over
 // all rows at once. (The aux loss has no backward task: each chunk's gate backward adds its gradient from the
 // forward's totals, so it depends on aux_loss.)
 Plan LayerPlanBuilder::build() && {
   if (ring_attn) cp_qkv_forward();
-  for (int c = 0; c < M; ++c) gate_forward(c, attention_forward(c));
-  const std::vector<uint32_t> aux_deps = aux_stats();
-  experts_forward();
-  weighted_sum_forward(aux_deps);
-  moe_backward();
+  for (int c = 0; c < M; ++c) {
+    const uint32_t proj = attention_forward(c);
+    if (d.moe)
+      gate_forward(c, proj);
+    else
+      dense_forward(c, proj);
+  }
+  if (d.moe) {
+    const std::vector<uint32_t> aux_deps = aux_stats();
+    experts_forward();
+    weighted_sum_forward(aux_deps);
+    moe_backward();
+  }
   attention_backward();
   if (ring_attn) cp_dkv_backward();
+  if (!d.moe) b.add(Dir::bwd, Stage::mlp_wgrad, -1, mlp_bwd);
   b.add(Dir::bwd, Stage::attention_wgrad, -1, input_grads);
   flush_ln1();
   return std::move(b.plan);

@@ -32,6 +32,8 @@ bool is_gemm_stage(Stage s) {
     case Stage::experts:
     case Stage::attention_wgrad:
     case Stage::expert_wgrad:
+    case Stage::mlp:
+    case Stage::mlp_wgrad:
     case Stage::gate: return true;
     default: return false;
   }
@@ -70,6 +72,8 @@ double gemm_min_dim(const Task& t, const model::LayerDims& d) {
     }
     case Stage::attention_wgrad: return std::min({T, h, hl});  // K = T over all chunks' rows
     case Stage::expert_wgrad: return std::min({double(d.M) * double(d.R()), h, F});  // K = M*R
+    case Stage::mlp: return std::min({Sc, h, double(d.Fml)});  // [S_c, h] x [h, F1_m/t], [S_c, F_m/t] x [F_m/t, h]
+    case Stage::mlp_wgrad: return std::min({T, h, double(d.Fml)});  // K = T
     default: return 0;
   }
 }

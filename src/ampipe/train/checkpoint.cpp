@@ -43,7 +43,7 @@ Tensor full_layer_tensor(const Tensor& local, const std::string& name, const mod
 Tensor full_tensor(const Tensor& local, const NamedParam& p, const model::LayerConfig& cfg, const comm::Groups& g,
                    const std::string& tag) {
   // Only layer parameters are split (the embeddings, final LayerNorm and LM head are whole on every rank).
-  return p.layer_param.empty() ? local : full_layer_tensor(local, p.layer_param, cfg, g, tag);
+  return p.layer_param.empty() ? local : full_layer_tensor(local, p.layer_param, p.shaped_by(cfg), g, tag);
 }
 
 namespace {
@@ -51,7 +51,8 @@ namespace {
 // This rank's part of a full tensor read from `path`, checked against the full shape: the EP rows of an expert
 // tensor, then the tp shard of a tensor cut over tp.
 void take_shard(const core::TensorMap& m, const std::string& key, Tensor& local, const NamedParam& p,
-                const model::LayerConfig& cfg, const comm::Groups& g, const std::string& path) {
+                const model::LayerConfig& model_cfg, const comm::Groups& g, const std::string& path) {
+  const model::LayerConfig& cfg = p.shaped_by(model_cfg);
   auto it = m.find(key);
   if (it == m.end()) throw ConfigError(fmt::format("--load {}: tensor {} is missing", path, key));
   const Tensor& full = it->second;

@@ -111,7 +111,18 @@ std::vector<std::string> apply_checkpoint_model_args(TrainConfig& c, const nlohm
       const std::string from = unsized ? "(padded from the vocabulary)" : mine[k].dump();
       changed.push_back(fmt::format("{} {} -> {}", flag_of(k), from, v.dump()));
     }
-  if (ckpt.contains("num_experts")) c.dense = false;  // the checkpoint's model has its experts
+  if (ckpt.contains("num_experts") && ckpt["num_experts"].is_number_integer()) {
+    // dense or MoE as the checkpoint's model: a dense GPT's block is its MLP of --ffn-hidden-size; an MoE block's
+    // dense MLP is its shared expert (none in a checkpoint that does not record one)
+    c.dense = ckpt["num_experts"].get<int64_t>() == 0;
+    if (c.dense) {
+      c.layer = c.layer.as_dense(c.dense_ffn_hidden_size > 0 ? c.dense_ffn_hidden_size : c.layer.ffn_hidden_size);
+    } else {
+      const auto& shared = ckpt.contains("moe_shared_expert_intermediate_size") ? ckpt["moe_shared_expert_intermediate_size"]
+                                                                                : nlohmann::json(0);
+      c.layer.mlp_ffn_hidden_size = shared.is_number_integer() ? shared.get<int64_t>() : 0;
+    }
+  }
   return changed;
 }
 

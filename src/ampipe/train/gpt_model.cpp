@@ -52,7 +52,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       cp_(cfg.layer.cp()),
       sl_(s_ / cp_),
       Tl_(sl_ * b_),
-      stack_(cfg.layer, cfg.num_layers, cfg.ampipe_degree, ep_rank, groups),
+      stack_(cfg.layer_configs(), cfg.ampipe_degree, ep_rank, groups),
       groups_(groups) {
   AMPIPE_CHECK(V_ >= 1, "the vocabulary is not sized: padded_vocab_size {} (train::size_vocabulary sets it)", V_);
   stack_.set_recompute(cfg.recompute_layers());  // --recompute-granularity full
@@ -72,7 +72,8 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
     auto p = stack_.params(i).named(), g = stack_.grads(i).named();
     for (size_t k = 0; k < p.size(); ++k)
       params_.push_back({fmt::format("layers.{}.{}", i, p[k].first), p[k].second, g[k].second,
-                         model::LayerParams::is_expert(p[k].first), p[k].second.dim() >= 2, p[k].first});
+                         model::LayerParams::is_expert(p[k].first), p[k].second.dim() >= 2, p[k].first,
+                         &stack_.config(i)});
   }
   params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false, ""});
   if (lnf_b_.defined()) params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});

@@ -45,9 +45,13 @@ struct NamedParam {
   bool expert = false;
   bool decay = false;  // weight decay applies (matrices), not to LayerNorm weights and biases
   std::string layer_param;  // the model::LayerParams name of a layer parameter ("ln1.weight", ...); "" otherwise
+  // A layer parameter's block config (blocks differ: dense and MoE, schedule::LayerStack::config); null otherwise.
+  const model::LayerConfig* block = nullptr;
+  // The config that shapes this tensor: its block's, or the model's `cfg` for the others.
+  const model::LayerConfig& shaped_by(const model::LayerConfig& cfg) const { return block ? *block : cfg; }
   // The tensor is cut over the tp ranks (model::tp_split): each rank holds a different part.
   bool tp_sharded(const model::LayerConfig& cfg) const {
-    return cfg.tp() > 1 && !layer_param.empty() && model::tp_split(cfg, layer_param).dim >= 0;
+    return cfg.tp() > 1 && !layer_param.empty() && model::tp_split(shaped_by(cfg), layer_param).dim >= 0;
   }
   // Sequence parallel: each tp rank's gradient covers its rows only, so the gradients are summed over tp.
   bool tp_partial_grad(const model::LayerConfig& cfg) const {

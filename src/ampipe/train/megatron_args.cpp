@@ -22,10 +22,7 @@ void validate_megatron_args(const TrainConfig& c) {
   if (!c.split.empty()) (void)parse_split(c.split);
   // --no-load-optim, --finetune and --use-checkpoint-args without --load (or with a --load directory that holds no
   // checkpoint yet) are no-ops, as in Megatron: there is nothing to load.
-  // Last: a launch script that leaves out a Megatron flag gets Megatron's default, also where it cannot run here.
-  if (c.dense)
-    throw ConfigError("--num-experts is not given: Megatron then trains a dense GPT, and this engine's blocks are "
-                      "MoE blocks only (no dense MLP layers yet): pass --num-experts E");
+  (void)c.moe_layers();  // --moe-layer-freq, --first-k-dense-replace against --num-layers
 }
 
 DataSplit data_split(const TrainConfig& c) {

@@ -24,10 +24,12 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
                          ? checked_elements("the [s, h] position embedding", {s, h})
                          : 0;  // rope, none: no table
 
-  schedule::MemoryEstimate e =
-      schedule::estimate_layer_stack(l, cfg.num_layers, cfg.ampipe_degree, cfg.recompute_layers());
-  // Local parameter elements: the layers' (per layer, times --num-layers) and the embedding-level ones.
-  const schedule::LayerParamCounts per_layer = schedule::layer_param_counts(l);
+  const std::vector<model::LayerConfig> layers = cfg.layer_configs();
+  schedule::MemoryEstimate e = schedule::estimate_layer_stack(layers, cfg.ampipe_degree, cfg.recompute_layers());
+  // Local parameter elements: the layers' (each block's: dense and MoE blocks differ) and the embedding-level ones.
+  int64_t layer_params = 0;
+  for (const model::LayerConfig& lc : layers)
+    layer_params = checked_add(layer_params, schedule::layer_param_counts(lc).params, "the layers' parameters");
   int64_t head = checked_add(Vh, sh, "the embedding sizes");
   head = checked_add(head, 2 * l.hidden_size, "the embedding sizes");  // final LayerNorm weight and bias
   if (cfg.untie_embeddings_and_output_weights) head = checked_add(head, Vh, "the output layer's size");
@@ -35,8 +37,7 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   e.add("parameters", head_bytes);
   e.add("gradients", head_bytes);
   const int64_t params =
-      checked_add(checked_mul(per_layer.params, cfg.num_layers, "--num-layers x a layer's parameters"), head,
-                  "the parameter count");
+      checked_add(layer_params, head, "the parameter count");
   const int64_t param_bytes = checked_mul(params, 4, "the parameter bytes");
   e.add("optimizer state (AdamW, 2 fp32 moments)", checked_mul(param_bytes, 2, "the optimizer state"));
   e.add("gradient all-reduce buffers", param_bytes);

@@ -1,5 +1,7 @@
 #include "ampipe/train/train_config.h"
 
+#include "ampipe/train/layer_pattern.h"
+
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -195,6 +197,40 @@ std::string TrainConfig::drop_idle_pipe_experts() {
   }
 }
 
+std::vector<bool> TrainConfig::moe_layers() const {
+  if (dense) return std::vector<bool>(size_t(std::max(num_layers, 0)), false);
+  return moe_layer_pattern(moe_layer_freq, first_k_dense_replace, num_layers);
+}
+
+model::LayerConfig TrainConfig::layer_config(int i) const {
+  const std::vector<bool> moe = moe_layers();
+  model::LayerConfig c = moe.at(size_t(i)) || layer.dense()
+                             ? layer
+                             : layer.as_dense(dense_ffn_hidden_size > 0 ? dense_ffn_hidden_size : layer.ffn_hidden_size);
+  c.layer_index = i;
+  return c;
+}
+
+std::vector<model::LayerConfig> TrainConfig::layer_configs() const {
+  std::vector<model::LayerConfig> v;
+  for (int i = 0; i < num_layers; ++i) v.push_back(layer_config(i));
+  return v;
+}
+
+std::string TrainConfig::ffn_summary() const {
+  if (layer.dense()) return fmt::format(" | dense GPT (F={})", layer.mlp_ffn_hidden_size);
+  std::string out;
+  if (layer.has_mlp()) out += fmt::format(" | shared expert F={}", layer.mlp_ffn_hidden_size);
+  std::string dense;
+  const std::vector<bool> moe = moe_layers();
+  for (size_t i = 0; i < moe.size(); ++i)
+    if (!moe[i]) dense += fmt::format("{}{}", dense.empty() ? "" : ",", i);
+  if (!dense.empty())
+    out += fmt::format(" | dense blocks {} (F={})", dense,
+                       dense_ffn_hidden_size > 0 ? dense_ffn_hidden_size : layer.ffn_hidden_size);
+  return out;
+}
+
 std::vector<bool> TrainConfig::recompute_layers() const {
   std::vector<bool> on(size_t(num_layers), false);
   if (recompute_granularity != "full") return on;
@@ -248,13 +284,29 @@ std::vector<ConfigKey> layer_config_keys() {
       AMPIPE_FIELD(seq_length, kL | kC | kA, kShape, l.seq_length),
       AMPIPE_FIELD(micro_batch_size, kL | kC | kA, kNo, l.micro_batch_size),
       AMPIPE_FIELD(hidden_size, kL | kC | kA, kShape, l.hidden_size),
-      AMPIPE_FIELD(ffn_hidden_size, kL | kC | kA, kShape, l.ffn_hidden_size),
+      // Megatron's --ffn-hidden-size (the dense blocks' FFN) and --moe-ffn-hidden-size (the experts'), both written
+      ConfigKey{"ffn_hidden_size", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  return c.dense_ffn_hidden_size > 0 ? c.dense_ffn_hidden_size : c.layer.ffn_hidden_size;
+                },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.ffn_hidden_size = c.dense_ffn_hidden_size = v.get<int64_t>();
+                }},
+      AMPIPE_FIELD(moe_ffn_hidden_size, kC | kA, kShape, l.ffn_hidden_size),
+      ConfigKey{"moe_shared_expert_intermediate_size", kL | kC | kA, kShape,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  return c.layer.dense() ? 0 : c.layer.mlp_ffn_hidden_size;
+                },
+                [](TrainConfig& c, const nlohmann::json& v) { c.layer.mlp_ffn_hidden_size = v.get<int64_t>(); }},
+      AMPIPE_FIELD(moe_layer_freq, kC | kA, kShape, c.moe_layer_freq),
+      AMPIPE_FIELD(first_k_dense_replace, kC | kA, kShape, c.first_k_dense_replace),
       AMPIPE_FIELD(num_attention_heads, kL | kC | kA, kShape, l.num_attention_heads),
       AMPIPE_FIELD(num_experts, kL | kC | kA, kShape, l.num_experts),
       AMPIPE_FIELD(moe_router_topk, kL | kC | kA, kTaken, l.moe_router_topk),
       AMPIPE_FIELD(moe_train_capacity_factor, kL | kC | kA, kNo, l.moe_train_capacity_factor),
       AMPIPE_FIELD(moe_min_capacity, kL | kC | kA, kNo, l.moe_min_capacity),
       AMPIPE_FIELD(moe_no_drop, kL | kC | kA, kNo, l.moe_no_drop),
+      AMPIPE_FIELD(moe_grouped_gemm, kL | kC | kA, kNo, l.moe_grouped_gemm),
       // the keys are flags: metadata.json's config is usable as --config
       ConfigKey{"no_use_rts", kC | kA, kNo, [](const TrainConfig& c) -> nlohmann::json { return !c.layer.use_rts; }},
       ConfigKey{"noisy_gate_policy", kL | kC | kA, kNo,

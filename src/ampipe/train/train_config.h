@@ -27,8 +27,23 @@ struct TrainConfig {
   double moe_aux_loss_coeff = 0.0;  // Megatron's default: no load-balancing loss
   bool use_flash_attn = false;                   // see docs/training.md: the chunked causal attention kernel
   bool add_bias_linear = false;                  // linear layers with bias: not in this engine's block
-  // No --num-experts: Megatron trains a dense GPT. This engine's blocks are MoE blocks: validate refuses it.
+  // No --num-experts (or 0): Megatron's dense GPT, every block's FFN a dense MLP (layer.dense()).
   bool dense = false;
+  // Dense blocks in an MoE model (Megatron's --moe-layer-freq: an integer k, every k-th block from block 0 has
+  // experts, or a Python list expression of one 0/1 per block such as "([0]+[1]*23)"; MindSpeed-LLM's
+  // --first-k-dense-replace K: the first K blocks dense). A dense block's MLP has --ffn-hidden-size
+  // (dense_ffn_hidden_size); the experts' F is layer.ffn_hidden_size (--moe-ffn-hidden-size when given).
+  std::string moe_layer_freq = "1";
+  int first_k_dense_replace = 0;
+  int64_t dense_ffn_hidden_size = 0;  // 0: layer.ffn_hidden_size
+  // Which blocks have experts, one flag per block (ConfigError naming the flag for a pattern that does not fit).
+  std::vector<bool> moe_layers() const;
+  // Block i's config: `layer`, or for a dense block layer.as_dense(dense F); layer_index i.
+  model::LayerConfig layer_config(int i) const;
+  std::vector<model::LayerConfig> layer_configs() const;
+  // The FFN beyond the routed experts, for the start-up lines: "" for an MoE-only model, else e.g.
+  // " | shared expert F=1024 | dense blocks 0 (F=2816)" or " | dense GPT (F=2816)".
+  std::string ffn_summary() const;
 
   // ---- parallelism ----
   int ampipe_degree = 1;

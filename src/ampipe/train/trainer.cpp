@@ -255,6 +255,7 @@ void Trainer::count_expert_loads() {
   schedule::LayerStack& stack = model_.stack();
   const size_t E = size_t(cfg_.layer.num_experts);
   for (int i = 0; i < stack.num_layers(); ++i) {
+    if (stack.layer(i).config().dense()) continue;  // no router: its counts stay 0
     int64_t* c = moe_counts_.data() + size_t(i) * (E + 2);
     for (int ch = 0; ch < stack.degree(); ++ch) {
       const model::GateRouting& r = stack.layer(i).gate_ctx(ch).routing;

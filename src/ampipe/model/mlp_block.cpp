@@ -1,0 +1,85 @@
+#include "ampipe/model/mlp_block.h"
+
+#include "ampipe/kernels/activations.h"
+#include "ampipe/model/linear.h"
+
+namespace ampipe::model {
+
+Tensor MlpBlock::input_all() const {
+  // sequence parallel: all-gathered (Stage::tp_mlp_in); bf16: converted by forward(); fp32: LN2's output itself
+  return st_.mem.get(st_.dims.sp || st_.bf16() ? Buf::mlp_in : Buf::ln2_out);
+}
+
+Tensor MlpBlock::output_grad_all() const { return st_.mem.get(st_.dims.sp ? Buf::d_mlp_full : Buf::d_mlp); }
+
+Tensor mlp_output_rows(const LayerState& s, int c) {
+  return s.dims.sp ? s.rows(Buf::mlp_y, c) : s.full_rows(Buf::mlp_out, c);
+}
+
+Tensor mlp_input_grad_rows(const LayerState& s, int c) {
+  return s.dims.sp ? s.rows(Buf::d_mlp_in_local, c) : s.full_rows(Buf::d_mlp_in, c);
+}
+
+void add_rows(Tensor dst, const Tensor& src) {
+  AMPIPE_CHECK(dst.shape() == src.shape() && dst.is_contiguous() && src.is_contiguous(), "add_rows {} += {}",
+               shape_str(dst.shape()), shape_str(src.shape()));
+  float* d = dst.data<float>();
+  const float* x = src.data<float>();
+  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += x[i];
+}
+
+void MlpBlock::forward(int c) {
+  LayerState& s = st_;
+  if (s.bf16() && !s.dims.sp) s.full_rows(Buf::mlp_in, c).copy_from(s.full_rows(Buf::ln2_out, c));
+  const Tensor in = s.full_rows(input_all(), c);
+  Tensor h1 = s.full_rows(Buf::mlp_fc1, c);
+  linear_forward(in, s.w.mlp_fc1, h1);  // [S_c, h] -> [S_c, F1_m/t]
+  // bf16: the fp32 activation is one chunk's staging, its bf16 copy is kept; fp32: the activation is kept
+  Tensor a = s.bf16() ? s.mem.get(Buf::mlp_act) : s.full_rows(Buf::mlp_act, c);
+  if (s.cfg.expert == ExpertKind::swiglu)
+    kernels::swiglu_forward(h1, a);
+  else
+    kernels::gelu_forward(h1, a);
+  Tensor a_cd = a;
+  if (s.bf16()) {
+    a_cd = s.full_rows(Buf::mlp_act_bf16, c);
+    a_cd.copy_from(a);
+  }
+  Tensor out = s.full_rows(Buf::mlp_out, c);
+  linear_forward(a_cd, s.w.mlp_fc2, out);  // [S_c, F_m/t] -> [S_c, h]
+}
+
+void MlpBlock::backward(int c) {
+  LayerState& s = st_;
+  Tensor d_out = s.full_rows(output_grad_all(), c);  // sequence parallel: all-gathered (Stage::tp_mlp_out)
+  if (s.bf16()) {
+    Tensor copy = s.full_rows(Buf::d_mlp_bf16, c);
+    copy.copy_from(d_out);
+    d_out = copy;
+  }
+  Tensor d_act = s.mem.get(Buf::d_mlp_act);
+  linear_input_grad(d_out, s.w.mlp_fc2, d_act);
+  Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_mlp_fc1) : s.full_rows(Buf::d_mlp_fc1, c);
+  const Tensor h1 = s.full_rows(Buf::mlp_fc1, c);
+  if (s.cfg.expert == ExpertKind::swiglu)
+    kernels::swiglu_backward(d_act, h1, d_h1);
+  else
+    kernels::gelu_backward(d_act, h1, d_h1);
+  Tensor d_h1_cd = d_h1;
+  if (s.bf16()) {
+    d_h1_cd = s.full_rows(Buf::d_mlp_fc1_bf16, c);
+    d_h1_cd.copy_from(d_h1);
+  }
+  Tensor d_in = s.full_rows(Buf::d_mlp_in, c);  // tp: partial sums over the local F columns, reduced next
+  linear_input_grad(d_h1_cd, s.w.mlp_fc1, d_in);
+}
+
+void MlpBlock::weight_grads() {
+  LayerState& s = st_;
+  const bool bf16 = s.bf16();
+  linear_weight_grad(bf16 ? s.mem.get(Buf::d_mlp_bf16) : output_grad_all(),
+                     s.mem.get(bf16 ? Buf::mlp_act_bf16 : Buf::mlp_act), s.g.mlp_fc2_w);
+  linear_weight_grad(s.mem.get(bf16 ? Buf::d_mlp_fc1_bf16 : Buf::d_mlp_fc1), input_all(), s.g.mlp_fc1_w);
+}
+
+}  // namespace ampipe::model
