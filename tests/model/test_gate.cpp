@@ -685,3 +685,51 @@ TEST(GateMegatron, BackwardMatchesFiniteDifferences) {
       for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(dW.get(int64_t(i)), fd(w, i), 3e-5) << "dWg " << i;
     }
 }
+
+// The router z-loss (--moe-z-loss-coeff): z = coeff * mean_t logsumexp(logits_t)^2 by hand, and its gradient (with
+// the routing weights' and the aux loss's) against central differences of a double-precision z.
+TEST(GateMegatron, ZLossByHandAndFiniteDifferences) {
+  const Tensor X = tensor_of({1, 3, 2, 0, 0, 0, 1, 2}, {2, 4});
+  const Tensor I = tensor_of({1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, {4, 4});
+  GateConfig cfg = megatron_cfg(4, 2);
+  cfg.z_loss_coeff = 0.1;
+  GateCtx ctx;
+  gate_forward(X, I, cfg, 0, ctx);
+  const double lse0 = std::log(std::exp(1) + std::exp(3) + std::exp(2) + 1),
+               lse1 = std::log(1 + 1 + std::exp(1) + std::exp(2));
+  EXPECT_NEAR(z_loss_from_sums(ctx.stats, cfg.z_loss_coeff), 0.1 * (lse0 * lse0 + lse1 * lse1) / 2, 1e-6);
+  EXPECT_EQ(z_loss_from_sums(ctx.stats, 0.0), 0.0);
+
+  const int64_t S = 5, h = 3, E = 4, k = 2;
+  std::mt19937 rng(5);
+  std::vector<double> x = randn(size_t(S * h), rng), w = randn(size_t(E * h), rng, 0.7);
+  const Tensor W = tensor_of(w, {E, h});
+  gate_forward(tensor_of(x, {S, h}), W, cfg, 0, ctx);
+  Tensor dx = Tensor::zeros({S, h}), dW = Tensor::zeros({E, h}), dl = Tensor::zeros({S, E});
+  gate_backward(Tensor::zeros({S, k}), 0.0f, ctx.stats, ctx, W, dl, dx, dW);  // the z-loss alone
+  auto z_of = [&] {
+    double acc = 0;
+    for (int64_t t = 0; t < S; ++t) {
+      double l[4], mx = -1e300, sum = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        l[e] = 0;
+        for (int64_t j = 0; j < h; ++j) l[e] += x[size_t(t * h + j)] * w[size_t(e * h + j)];
+        mx = std::max(mx, l[e]);
+      }
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+      acc += std::pow(mx + std::log(sum), 2);
+    }
+    return 0.1 * acc / double(S);
+  };
+  auto fd = [&](std::vector<double>& v, size_t i) {
+    const double keep = v[i], step = 1e-6;
+    v[i] = keep + step;
+    const double up = z_of();
+    v[i] = keep - step;
+    const double dn = z_of();
+    v[i] = keep;
+    return (up - dn) / (2 * step);
+  };
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx.get(int64_t(i)), fd(x, i), 3e-5) << "dx " << i;
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(dW.get(int64_t(i)), fd(w, i), 3e-5) << "dWg " << i;
+}

@@ -48,7 +48,8 @@ def parse(argv):
     ap.add_argument("--moe-router-topk-scaling-factor", type=float, default=0.0)
     ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "none"])
     ap.add_argument("--moe-shared-expert-intermediate-size", type=int, default=0)
-    ap.add_argument("--moe-grouped-gemm", action="store_true")  # the same products: no effect on the numbers
+    ap.add_argument("--moe-grouped-gemm", action="store_true")
+    ap.add_argument("--moe-z-loss-coeff", type=float, default=0.0)  # the same products: no effect on the numbers
     ap.add_argument("--init-method-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=0.01)
@@ -85,7 +86,7 @@ def main(argv):
                 rope=a.position_embedding_type == "rope", rotary_base=a.rotary_base, rotary_percent=a.rotary_percent,
                 rotary_interleaved=a.rotary_interleaved, router=a.moe_model_type, pre_softmax=a.moe_router_pre_softmax,
                 topk_scale=a.moe_router_topk_scaling_factor, aux_type=a.moe_router_load_balancing_type,
-                coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std,
+                coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std, zc=a.moe_z_loss_coeff,
                 Fm=a.ffn_hidden_size if a.num_experts == 0 else a.moe_shared_expert_intermediate_size)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0
 

@@ -119,6 +119,7 @@ class Cfg:
     pre_softmax: bool = False  # --moe-router-pre-softmax
     topk_scale: float = 0.0  # --moe-router-topk-scaling-factor (0: none)
     aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss or none
+    zc: float = 0.0  # --moe-z-loss-coeff (megatron_moe): z = zc * mean_t logsumexp(logits_t)^2
     Fm: int = 0  # the dense MLP's F (§6.11): a shared expert beside the experts, or with E = 0 a dense layer's FFN
     seed: int = 1234
     coeff: float = 0.01
@@ -315,8 +316,11 @@ def megatron_gate_chunk(c: Cfg, xin, Wg):
     w = P[rows, choice] if c.pre_softmax else softmax_rows(logits[rows, choice])
     sf = c.topk_scale if c.topk_scale > 0 else 1.0
     counts = np.bincount(choice.ravel(), minlength=E)
+    mx = logits.max(axis=1)
+    lse = mx + np.log(np.exp(logits - mx[:, None]).sum(axis=1))
     return dict(xg=xin, noise=np.ones_like(xin), P=P, choice=choice, kept=np.ones((S, k), dtype=bool),
-                slot=np.zeros((S, k), dtype=np.int64), w=w * sf, q=w, sf=sf, C=int(counts.max()), counts=counts, S=S)
+                slot=np.zeros((S, k), dtype=np.int64), w=w * sf, q=w, sf=sf, C=int(counts.max()), counts=counts, S=S,
+                lse=lse)
 
 
 def gate_chunk(c: Cfg, xin, Wg, token0):
@@ -584,6 +588,8 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
             dsel = q * (gw - (q * gw).sum(axis=1, keepdims=True))
             for i in range(k):
                 dlog[rows, g["choice"][:, i]] += dsel[:, i]
+        if c.router == "megatron_moe" and c.zc > 0:  # d z / d logits = zc * 2 lse P / N
+            dlog += c.zc * 2.0 * g["lse"][:, None] * P / N
         grads["moe.gate.weight"] += dlog.T @ g["xg"]
         d_ln2[r0:r0 + S] += (dlog @ W["moe.gate.weight"]) * g["noise"]
     dx2 = norm_bwd(c, d_ln2, W, "ln2", ln2c, grads)

@@ -223,7 +223,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
   const std::set<std::string> recorded = {
       "num_layers", "seq_length", "micro_batch_size", "hidden_size", "ffn_hidden_size", "moe_ffn_hidden_size",
       "moe_shared_expert_intermediate_size", "moe_layer_freq", "first_k_dense_replace", "num_attention_heads",
-      "num_experts", "moe_grouped_gemm", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
+      "num_experts", "moe_grouped_gemm", "moe_z_loss_coeff", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
       "no_use_rts", "noisy_gate_policy", "swiglu", "normalization", "norm_epsilon", "group_query_attention",
       "num_query_groups", "position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved",
       "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor", "hidden_dropout", "attention_dropout", "init_method_std", "seed",

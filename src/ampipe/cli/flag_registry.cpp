@@ -166,7 +166,6 @@ constexpr const char* kRouter =
 constexpr const char* kCapacity =
     "Megatron-core's expert capacity; the capacity here is DeepSpeed-MoE's (--moe-train-capacity-factor, "
     "--moe-min-capacity, --moe-no-drop)";
-constexpr const char* kNoZLoss = "the router has no z-loss";
 constexpr const char* kAuxLoss = "the only balancing loss here is the aux loss (--moe-aux-loss-coeff)";
 constexpr const char* kJitter = "router jitter here is DeepSpeed-MoE's (--noisy-gate-policy Jitter)";
 constexpr const char* kNoMup = "MuP is not implemented";
@@ -513,7 +512,6 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
   v.push_back(refused("--moe-pad-expert-input-to-capacity", G::on_off, kCapacity));
   v.push_back(refused("--moe-token-drop-policy", G::text, kCapacity));
-  v.push_back(refused("--moe-z-loss-coeff", G::number, kNoZLoss, "0"));
   for (const char* f : {"--moe-comm-aux-loss-coeff", "--moe-device-level-aux-loss-coeff"})
     v.push_back(refused(f, G::number, kAuxLoss, "0"));
   v.push_back(refused("--moe-input-jitter-eps", G::number, kJitter));
@@ -673,6 +671,10 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->cfg.moe_min_capacity), kDef));
   v.push_back(flag("--moe-no-drop", L, kGroupMoe, G::on_off, "no capacity limit: no token is dropped",
                    AT(layer->cfg.moe_no_drop)));
+  v.push_back(flag("--moe-z-loss-coeff", L, kGroupMoe, G::number,
+                   "megatron_moe: the router z-loss coefficient (coeff x mean over tokens of logsumexp(logits)^2, added "
+                   "to the loss)",
+                   AT(layer->cfg.moe_z_loss_coeff)));
   v.push_back(flag("--moe-grouped-gemm", L, kGroupMoe, G::on_off,
                    "the local experts' GEMMs of a chunk and their weight gradients as one batched GEMM call each (the "
                    "same products; docs/layer.md §6.8)",

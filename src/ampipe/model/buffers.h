@@ -97,7 +97,8 @@ enum class Buf : uint8_t {
   combine_partial,     // [t*ep, L, C, h] per chunk: the experts' partial outputs (reduce-scattered into combine_send)
   d_gather,            // [t*ep, L, C, h] per chunk: combine_bwd_recv all-gathered over tp
   dispatch_bwd_partial,  // [t*ep, L, C, h] per chunk: the experts' partial input gradients (reduce-scattered)
-  gate_stats,          // [2E + 1] the gate statistics of the local rows (sum probs, first-choice counts, tokens)
+  gate_stats,          // [2E + 2] the gate statistics of the local rows (sum probs, first-choice counts, tokens,
+                       // the z-loss's sum of lse^2)
   // sequence parallel in bf16: the attention side's reductions carry bf16 (reduced in fp32, rounded once)
   proj_send,           // [S_c, h] bf16 copy of proj_partial, one slot
   proj_recv,           // [Tl, h] bf16: the reduce-scattered rows of every chunk (converted into proj)

@@ -85,6 +85,7 @@ void GateStats::reset(int64_t E) {
   sum_probs.assign(size_t(E), 0.0);
   sum_mask1.assign(size_t(E), 0.0);
   tokens = 0;
+  sum_lse2 = 0;
 }
 
 void GateStats::accumulate(const GateStats& o) {
@@ -96,6 +97,7 @@ void GateStats::accumulate(const GateStats& o) {
     sum_mask1[e] += o.sum_mask1[e];
   }
   tokens += o.tokens;
+  sum_lse2 += o.sum_lse2;
 }
 
 int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64_t min_capacity) {
@@ -141,6 +143,7 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
   const int64_t S = r.S, E = r.E, k = r.k;
   ctx.choice_count.assign(size_t(k * E), 0);
   ctx.topk_weight.assign(size_t(S * k), 0.0f);
+  ctx.lse.assign(cfg.z_loss_coeff != 0 ? size_t(S) : 0, 0.0f);
   float* P = ctx.probs.data<float>();
   const float sf = float(cfg.topk_scaling_factor);
   for (int64_t t = 0; t < S; ++t) {
@@ -153,6 +156,15 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
       float sum = 0.0f;
       for (int64_t i = 0; i < k; ++i) sum += (w[i] = std::exp(row[choice[i]] - mx));
       for (int64_t i = 0; i < k; ++i) w[i] = w[i] / sum * sf;
+    }
+    if (!ctx.lse.empty()) {  // the z-loss: lse = max + log sum exp(logit - max), fp32 as Megatron's logsumexp
+      float mx = row[0];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
+      float sum = 0.0f;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(row[e] - mx);
+      const float lse = mx + std::log(sum);
+      ctx.lse[size_t(t)] = lse;
+      ctx.stats.sum_lse2 += double(lse) * double(lse);
     }
     softmax_row(row, E);
     if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
@@ -384,6 +396,10 @@ double aux_loss_from_sums(const GateStats& total) {
   return E * acc;
 }
 
+double z_loss_from_sums(const GateStats& total, double coeff) {
+  return total.tokens > 0 && coeff != 0 ? coeff * total.sum_lse2 / total.tokens : 0.0;
+}
+
 namespace {
 // Megatron's router, token t: dp holds d l / d probs of the aux loss; turns it into d logits, with the routing
 // weights' gradient dw [k] added (through the full softmax when pre-softmax, else through the softmax over the k
@@ -420,7 +436,7 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
                "dx_accum {} {} vs [{}, {}] fp32", dtype_name(dx_accum.dtype()), shape_str(dx_accum.shape()), S, h);
   AMPIPE_CHECK(dWg_accum.dtype() == DType::f32 && dWg_accum.shape() == Wg.shape(), "dWg_accum {} vs Wg {}",
                shape_str(dWg_accum.shape()), shape_str(Wg.shape()));
-  AMPIPE_CHECK(d_l_aux == 0.0f || (total.tokens > 0 && int64_t(total.sum_mask1.size()) == E),
+  AMPIPE_CHECK((d_l_aux == 0.0f && ctx.lse.empty()) || (total.tokens > 0 && int64_t(total.sum_mask1.size()) == E),
                "aux-loss backward needs the global GateStats (tokens {}, {} experts)", total.tokens,
                total.sum_mask1.size());
 
@@ -439,6 +455,10 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
     for (int64_t e = 0; e < E; ++e) dp[e] = daux[size_t(e)];
     if (ctx.cfg.router == Router::megatron) {
       megatron_weight_backward(ctx, t, dw + t * k, p, dp);
+      if (!ctx.lse.empty()) {  // the z-loss: d z / d logit_e = coeff * 2 lse_t p_e / N
+        const float g = float(2.0 * ctx.cfg.z_loss_coeff * double(ctx.lse[size_t(t)]) / total.tokens);
+        for (int64_t e = 0; e < E; ++e) dp[e] += g * p[e];
+      }
       continue;
     }
     if (k == 1) {

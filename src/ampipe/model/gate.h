@@ -88,6 +88,11 @@ struct GateConfig {
   bool pre_softmax = false;                // megatron: --moe-router-pre-softmax
   double topk_scaling_factor = 1.0;        // megatron: --moe-router-topk-scaling-factor (1: none)
   bool load_balancing = true;              // megatron: --moe-router-load-balancing-type aux_loss (false: none)
+  // megatron: --moe-z-loss-coeff (ST-MoE's router z-loss, Megatron's z_loss_func): z = coeff * sum_t lse_t^2 / N,
+  // lse_t = logsumexp of token t's fp32 logits over the E experts, N the tokens of every chunk (as the aux loss).
+  // Its gradient d z / d logits[t, e] = coeff * 2 lse_t softmax[t, e] / N is added by gate_backward (its upstream
+  // gradient is the coefficient itself: the loss is z as it is, as Megatron adds it).
+  double z_loss_coeff = 0.0;
 };
 
 // Per-chunk statistics for the aux loss. Sum them over chunks (and over ranks, for a data-parallel mean) with
@@ -96,6 +101,7 @@ struct GateStats {
   std::vector<double> sum_probs;  // [E] Sp_e = sum_t probs[t, e]
   std::vector<double> sum_mask1;  // [E] Sm_e = number of tokens whose first choice is e (before dropping)
   double tokens = 0;              // N = number of tokens summed
+  double sum_lse2 = 0;            // sum_t lse_t^2 (the z-loss; 0 without one)
 
   void reset(int64_t E);          // zeros, sized E
   void accumulate(const GateStats& o);
@@ -124,6 +130,7 @@ struct GateCtx {
   std::vector<int32_t> second_count; // [E] second choices per expert before dropping (top-2)
   std::vector<int32_t> choice_count; // megatron: [k, E] i-th choices per expert
   std::vector<float> topk_weight;    // megatron: [S, k] the routing weights (scaled)
+  std::vector<float> lse;            // megatron with a z-loss: [S] logsumexp of each token's logits
   GateRouting routing;
 };
 
@@ -149,6 +156,8 @@ void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, cons
 
 // l_aux = E * sum_e (Sp_e / N) * (Sm_e / N) from sums over all chunks (0 when N = 0). No coefficient.
 double aux_loss_from_sums(const GateStats& total);
+// z = coeff * sum_lse2 / N from sums over all chunks (0 when N = 0), the coefficient included.
+double z_loss_from_sums(const GateStats& total, double coeff);
 
 // Backward of one chunk's gate.
 //   d_weight: [S, k] fp32, d loss / d routing.weight (from combine_backward); dropped choices are ignored.

@@ -53,6 +53,7 @@ class Layer {
   Tensor output() const { return st_.mem.get(Buf::y); }      // [s, b, h]
   Tensor input_grad() const { return st_.mem.get(Buf::dx); }  // [s, b, h]
   double aux_loss_value() const { return moe_.aux_loss_value(); }
+  double z_loss_value() const { return moe_.z_loss_value(); }
   const GateCtx& gate_ctx(int c) const { return moe_.gate_ctx(c); }
   int64_t capacity(int c) const { return st_.mem.capacity(c); }
   // FLOPs of the last step, forward + backward, at the chunks' run-time capacities.

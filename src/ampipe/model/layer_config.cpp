@@ -97,6 +97,12 @@ void LayerConfig::validate() const {
   if (megatron_router() && noisy_gate_policy != NoisyGatePolicy::none)
     throw ConfigError("--noisy-gate-policy is DeepSpeed-MoE's (--moe-model-type deepspeed_moe): Megatron-Core's "
                       "router has no gate noise");
+  if (!(moe_z_loss_coeff >= 0) || !std::isfinite(moe_z_loss_coeff))
+    throw ConfigError(fmt::format("--moe-z-loss-coeff {} is invalid: it must be a finite number >= 0", moe_z_loss_coeff));
+  if (moe_z_loss_coeff > 0 && !megatron_router() && !dense())
+    throw ConfigError(fmt::format("--moe-z-loss-coeff {} needs --moe-model-type megatron_moe: the z-loss is Megatron-Core's "
+                                  "router's (DeepSpeed-MoE's gate has none)",
+                                  moe_z_loss_coeff));
   if (!(moe_router_topk_scaling_factor >= 0) || !std::isfinite(moe_router_topk_scaling_factor))
     throw ConfigError(fmt::format("--moe-router-topk-scaling-factor {} is invalid: it must be a positive number",
                                   moe_router_topk_scaling_factor));

@@ -63,6 +63,7 @@ struct LayerConfig {
   bool moe_router_pre_softmax = false;
   double moe_router_topk_scaling_factor = 0;
   bool moe_router_aux_loss = true;
+  double moe_z_loss_coeff = 0.0;  // --moe-z-loss-coeff (megatron_moe; model/gate.h GateConfig::z_loss_coeff)
   bool use_rts = true;  // random token selection, top-1 only
   NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::none;
   ExpertKind expert = ExpertKind::gelu;  // --swiglu selects SwiGLU experts

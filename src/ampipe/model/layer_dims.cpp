@@ -218,7 +218,7 @@ double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
     case Stage::tp_expert_out:  // fwd: reduce the partial outputs; bwd: gather their gradient
       return fwd ? (d.sp ? double(d.tp) : 1.0) * slots * h * e : (d.sp ? slots * h * e : 0);
     case Stage::tp_aux_stats:
-    case Stage::cp_aux_stats: return fwd ? double(2 * d.E + 1) * f : 0;
+    case Stage::cp_aux_stats: return fwd ? double(2 * d.E + 2) * f : 0;
     // the dense MLP's: the input rows gathered in the compute dtype, the reductions and the gradient's gather fp32
     case Stage::tp_mlp_in: return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * f;
     case Stage::tp_mlp_out: return fwd ? double(d.Sc) * h * f : (d.sp ? double(d.Scl) * h * f : 0);

@@ -43,6 +43,7 @@ GateConfig MoeBlock::gate_config() const {
   gc.pre_softmax = cfg.moe_router_pre_softmax;
   gc.topk_scaling_factor = cfg.moe_router_topk_scaling_factor > 0 ? cfg.moe_router_topk_scaling_factor : 1.0;
   gc.load_balancing = cfg.moe_router_aux_loss;
+  gc.z_loss_coeff = cfg.megatron_router() ? cfg.moe_z_loss_coeff : 0.0;
   return gc;
 }
 
@@ -95,6 +96,7 @@ void MoeBlock::accumulate_stats(const GateStats& chunk) {
     v[E + e] = float(total_.sum_mask1[size_t(e)]);
   }
   v[2 * E] = float(total_.tokens);
+  v[2 * E + 1] = float(total_.sum_lse2);
 }
 
 void MoeBlock::gate_assign(int c) {
@@ -239,8 +241,10 @@ void MoeBlock::aux_loss() {
       total_.sum_mask1[size_t(e)] = v[E + e];
     }
     total_.tokens = v[2 * E];
+    total_.sum_lse2 = v[2 * E + 1];
   }
   aux_ = aux_loss_from_sums(total_);
+  z_ = z_loss_from_sums(total_, gate_config().z_loss_coeff);
 }
 
 // ----------------------------------------------------------------------------------------------- backward

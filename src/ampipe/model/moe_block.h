@@ -40,6 +40,7 @@ class MoeBlock {
   void weight_grads();  // the deferred expert weight gradients, after experts_backward(c) for every c
 
   double aux_loss_value() const { return aux_; }
+  double z_loss_value() const { return z_; }  // the router z-loss, its coefficient included (0 without one)
   const GateCtx& gate_ctx(int c) const { return gctx_[size_t(c)]; }
 
  private:
@@ -59,7 +60,7 @@ class MoeBlock {
   LayerState& st_;
   std::vector<GateCtx> gctx_;
   GateStats total_;
-  double aux_ = 0;
+  double aux_ = 0, z_ = 0;
 };
 
 }  // namespace ampipe::model

@@ -160,6 +160,12 @@ Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<v
   return input_grad();
 }
 
+double LayerStack::z_loss() const {
+  double z = 0;
+  for (const auto& e : layers_) z += e->layer->z_loss_value();
+  return z;
+}
+
 double LayerStack::aux_loss() const {
   double a = 0;
   for (const auto& e : layers_) a += e->layer->aux_loss_value();

@@ -79,6 +79,7 @@ class LayerStack {
 
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const;
+  double z_loss() const;  // sum of the layers' router z-losses (coefficients included)
   double flops() const;  // of the last step, forward + backward
 
   model::LayerParams& params(int i);

@@ -75,6 +75,7 @@ class GptModel {
   double forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
   // Sum of the layers' aux losses of the last forward.
   double aux_loss() const { return stack_.aux_loss(); }
+  double z_loss() const { return stack_.z_loss(); }
   // Backward of loss_scale * mean cross-entropy + d_aux * aux loss; gradients accumulate (+=). after_layer(i):
   // see schedule::LayerStack::backward (the gradients of "layers.{i}.*" are complete when it runs).
   void backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer = nullptr);

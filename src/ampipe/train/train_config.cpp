@@ -307,6 +307,7 @@ std::vector<ConfigKey> layer_config_keys() {
       AMPIPE_FIELD(moe_min_capacity, kL | kC | kA, kNo, l.moe_min_capacity),
       AMPIPE_FIELD(moe_no_drop, kL | kC | kA, kNo, l.moe_no_drop),
       AMPIPE_FIELD(moe_grouped_gemm, kL | kC | kA, kNo, l.moe_grouped_gemm),
+      AMPIPE_FIELD(moe_z_loss_coeff, kL | kC | kA, kNo, l.moe_z_loss_coeff),
       // the keys are flags: metadata.json's config is usable as --config
       ConfigKey{"no_use_rts", kC | kA, kNo, [](const TrainConfig& c) -> nlohmann::json { return !c.layer.use_rts; }},
       ConfigKey{"noisy_gate_policy", kL | kC | kA, kNo,

@@ -65,7 +65,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
     layer_of_.push_back(layer);
   }
   dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
-  scalars_ = Tensor::empty({4});
+  scalars_ = Tensor::empty({5});
   expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
   moe_counts_.assign(size_t(model_.stack().num_layers()) * size_t(cfg.layer.num_experts + 2), 0);
   moe_buf_ = Tensor::empty({int64_t(2 * moe_counts_.size())});
@@ -327,6 +327,7 @@ void Trainer::run_step_task(const schedule::StepTask& t, StepState& s) {
       if (fwd) {
         s.loss_sum += model_.head_forward();
         s.aux_sum += model_.aux_loss();
+        s.z_sum += model_.z_loss();
         count_drops(s.dropped, s.choices);
         count_expert_loads();
       } else {
@@ -354,12 +355,14 @@ void Trainer::finish_gradients(StepState& s) {
   losses.set(1, float(s.aux_sum));
   losses.set(2, float(s.dropped));
   losses.set(3, float(s.choices));
+  losses.set(4, float(s.z_sum));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
   // Context parallel: the lm loss of a micro-batch is split over its cp ranks (each returns its tokens' share), but
   // every cp rank's aux loss is the whole sequence's (the layer reduces its routing statistics over cp), so the sum
   // over dp x cp counts it cp times.
   st.lm_loss = losses.get(0) / double(G_ / b_);
   st.aux_loss = losses.get(1) / double(G_ / b_) / double(g_.cp.size());
+  st.z_loss = losses.get(4) / double(G_ / b_) / double(g_.cp.size());  // also whole-sequence statistics
   st.drop_fraction = losses.get(3) > 0 ? losses.get(2) / losses.get(3) : 0.0;
   st.reduce_ms = ms_since(s.t_opt);
   {
@@ -533,6 +536,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       for (const IterationStats& w : window) {
         a.lm_loss += w.lm_loss;
         a.aux_loss += w.aux_loss;
+        a.z_loss += w.z_loss;
         a.drop_fraction += w.drop_fraction;
         a.iter_ms += w.iter_ms;
         a.flops += w.flops;
@@ -554,6 +558,8 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
         if (moe.layers[i].load_imbalance() > moe.layers[worst].load_imbalance()) worst = i;
         if (moe.layers[i].dropped_fraction() > moe.layers[most_dropped].dropped_fraction()) most_dropped = i;
       }
+      const std::string z_loss =
+          cfg_.layer.moe_z_loss_coeff > 0 ? fmt::format(" z loss: {:.4E} |", a.z_loss / n) : std::string();
       const std::string moe_summary =
           moe.layers.empty()
               ? std::string()
@@ -569,10 +575,10 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                       "| throughput per GPU (TFLOP/s/GPU): {:.3f} | learning rate: {:.6E} | global batch size: {:5d} | "
                       "lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.4f} | number of skipped iterations: {:3d} | "
                       "number of nan iterations: {:3d} | tokens/s: {:.0f} | aux loss: {:.4E} | token drops: {:.2f}% | "
-                      "exposed comm (ms): {:.2f} |{}{}",
+                      "exposed comm (ms): {:.2f} |{}{}{}",
                       log_timestamp(), st.iteration, cfg_.train_iters, consumed_, ms, tflops, st.lr, G_, a.lm_loss / n,
                       st.grad_norm, 0, 0, tokens_per_s, a.aux_loss / n, 100.0 * a.drop_fraction / n,
-                      a.exposed_comm_ms / n, a2a, moe_summary));
+                      a.exposed_comm_ms / n, a2a, z_loss, moe_summary));
       if (cfg_.moe_per_layer_logging)
         for (size_t i = 0; i < moe.layers.size(); ++i) {
           const MoeLayerStats& l = moe.layers[i];
@@ -592,6 +598,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
         sc.insert(sc.end(), {{"iteration-time", ms / 1e3},
                              {"throughput", tflops},
                              {"aux loss", a.aux_loss / n},
+                             {"z loss", a.z_loss / n},
                              {"tokens/s", tokens_per_s},
                              {"exposed communication ms", a.exposed_comm_ms / n},
                              {"moe/dropped_fraction", a.drop_fraction / n}});

@@ -39,6 +39,7 @@ class EventWriter;  // train/tensorboard.h
 struct IterationStats {
   int64_t iteration = 0;  // 1-based, after the step
   double lm_loss = 0, aux_loss = 0, grad_norm = 0, lr = 0;
+  double z_loss = 0;  // the routers' z-loss (--moe-z-loss-coeff, coefficient included), mean over micro-batches
   double drop_fraction = 0;  // expert choices (token, k) over capacity / all choices, every layer and rank
   double iter_ms = 0, layers_ms = 0, head_ms = 0, optim_ms = 0;  // this rank
   double reduce_ms = 0;  // part of optim_ms: gradient and loss all-reduce
@@ -130,7 +131,7 @@ class Trainer {
   // layers are re-planned; run_step_task runs one, in the Plan's order.
   struct StepState {
     IterationStats st;
-    double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0;
+    double loss_sum = 0, aux_sum = 0, dropped = 0, choices = 0, z_sum = 0;
     std::chrono::steady_clock::time_point t_opt{};
   };
   void plan_step();
