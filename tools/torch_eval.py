@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--test", action="store_true", help="also the test split's loss (when --split gives one)")
     ap.add_argument("--init", action="store_true", help="the initial weights of `ampipe train`, not the saved ones")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--hf", metavar="DIR",
+                    help="evaluate the Hugging Face model of DIR (tools/hf_moe.py, Hugging Face's names and maths) "
+                         "on the checkpoint's data instead of the checkpoint's tensors (for `ampipe convert`)")
     g = ap.add_argument_group("overrides of the checkpoint's config (default: the checkpoint's value)")
     g.add_argument("--data-path")
     g.add_argument("--split")
@@ -119,6 +122,9 @@ def main(argv=None) -> int:
             fail(f"{sub}/model.safetensors does not match the model of its config: missing {missing}, "
                  f"unexpected {unexpected}")
     model.eval()
+    if a.hf:  # the same data through the Hugging Face model (a converted checkpoint's original)
+        import hf_moe
+        model = hf_moe.load(a.hf, dtype)
 
     tokens = tg.load_tokens(cfg.get("data_path", ""))
     if cfg.get("tokenizer_model") and not (cfg.get("data_path") and open(cfg["data_path"], "rb").read(4) ==

@@ -122,6 +122,7 @@ class ModelConfig:
     layernorm_epsilon: float = 1e-5   # --norm-epsilon
     normalization: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (weight only)
     num_query_groups: int = 0         # grouped-query attention: K, V heads (0: num_attention_heads)
+    qk_layernorm: bool = False        # --qk-layernorm: q, k of every head normalised over d (before RoPE)
     moe_model_type: str = "deepspeed_moe"  # or megatron_moe: Megatron-Core's dropless top-k router
     moe_router_pre_softmax: bool = False
     moe_router_topk_scaling_factor: float = 0.0
@@ -148,7 +149,7 @@ class ModelConfig:
         for k in ("moe_train_capacity_factor", "init_method_std"):
             if k in config:
                 setattr(c, k, float(config[k]))
-        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights"):
+        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights", "qk_layernorm"):
             if k in config:
                 setattr(c, k, bool(config[k]))
         if "no_use_rts" in config:
@@ -260,6 +261,9 @@ class Attention(nn.Module):
         self.n = c.num_attention_heads
         self.g = c.num_query_groups or self.n
         self.qkv = nn.Linear(h, h + 2 * self.g * (h // self.n), bias=False)
+        if c.qk_layernorm:  # docs/layer.md §4.5: [d] weights shared by the heads (state_dict attn.q_layernorm.*)
+            self.q_layernorm = make_norm(c, h // self.n)
+            self.k_layernorm = make_norm(c, h // self.n)
         self.proj = nn.Linear(h, h, bias=False)
 
     def forward(self, x):  # x [s, b, h]
@@ -268,6 +272,8 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         q = qkv[..., :h].reshape(s, b, n, d).permute(1, 2, 0, 3)  # [b, n, s, d]
         k, v = (qkv[..., h + i * g * d:h + (i + 1) * g * d].reshape(s, b, g, d).permute(1, 2, 0, 3) for i in range(2))
+        if self.c.qk_layernorm:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         if self.c.position_embedding_type == "rope":
             cs = rope_cos_sin(self.c, s)
             q, k = rope_apply(self.c, q, cs), rope_apply(self.c, k, cs)
@@ -481,14 +487,19 @@ class GptMoE(nn.Module):
                 else self.embedding.word_embeddings).weight
 
     @torch.no_grad()
-    def loss(self, tokens, targets, token_base: int, stats: RoutingStats | None = None) -> float:
-        """Mean cross-entropy over the s*b tokens of one micro-batch (tokens, targets [s, b] int64)."""
-        s, b = tokens.shape
-        groups = routing_groups(self.c, b)
+    def logits(self, tokens, token_base: int = 0, stats: RoutingStats | None = None):
+        """The LM head's output [s, b, V] for tokens [s, b] int64."""
+        groups = routing_groups(self.c, tokens.shape[1])
         x = self.embedding(tokens)
         for layer in self.layers:
             x = layer(x, groups, token_base, stats)
-        logits = self.final_layernorm(x) @ self.lm_head().t()
+        return self.final_layernorm(x) @ self.lm_head().t()
+
+    @torch.no_grad()
+    def loss(self, tokens, targets, token_base: int, stats: RoutingStats | None = None) -> float:
+        """Mean cross-entropy over the s*b tokens of one micro-batch (tokens, targets [s, b] int64)."""
+        s, b = tokens.shape
+        logits = self.logits(tokens, token_base, stats)
         return float(F.cross_entropy(logits.reshape(s * b, -1), targets.reshape(-1), reduction="mean"))
 
     @torch.no_grad()

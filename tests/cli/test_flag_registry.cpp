@@ -24,7 +24,7 @@ using namespace ampipe::cli;
 
 namespace {
 
-constexpr Sub kSubs[] = {kLayerCheck, kBenchLayer, kTrain, kPlan, kCalibrate, kSimulate, kPreprocess};
+constexpr Sub kSubs[] = {kLayerCheck, kBenchLayer, kTrain, kPlan, kCalibrate, kSimulate, kPreprocess, kConvert};
 
 bool is_group(const std::string& g) {
   const auto& order = help_group_order();

@@ -112,6 +112,7 @@ class Cfg:
     eps: float = 1e-5  # --norm-epsilon
     g: int = 0  # --num-query-groups with --group-query-attention (0: n, multi-head attention)
     rope: bool = False  # --position-embedding-type rope
+    qk_norm: bool = False  # --qk-layernorm: q, k normalised per head over d channels (before RoPE)
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     rotary_interleaved: bool = False
@@ -150,13 +151,17 @@ class Cfg:
 
 PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
                "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight", "mlp.fc1.weight",
-               "mlp.fc2.weight"]
+               "mlp.fc2.weight",
+               "attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight", "attn.k_layernorm.bias"]
+QK_NORMS = PARAM_NAMES[11:]
 
 
 def param_names(c: Cfg):
-    """The block's parameters: RMSNorm has no ln biases, a dense layer (E = 0) no router and experts, a block
-    without the dense MLP (Fm = 0) no mlp.*. Their ids (init tokens) stay their PARAM_NAMES index."""
-    return [n for n in PARAM_NAMES if not (c.norm == "RMSNorm" and n.endswith(".bias"))
+    """The block's parameters: RMSNorm has no biases; the q, k norms (ids 11..14) only with --qk-layernorm, listed
+    after attn.qkv.weight; a dense layer (E = 0) no router and experts, a block without the dense MLP (Fm = 0) no
+    mlp.*. The ids (init tokens) stay their PARAM_NAMES index."""
+    names = PARAM_NAMES[:3] + (QK_NORMS if c.qk_norm else []) + PARAM_NAMES[3:11]
+    return [n for n in names if not (c.norm == "RMSNorm" and n.endswith(".bias"))
             and not (c.E == 0 and n.startswith("moe.")) and not (c.Fm == 0 and n.startswith("mlp."))]
 
 
@@ -166,7 +171,8 @@ def param_shapes(c: Cfg):
     return {"ln1.weight": (h,), "ln1.bias": (h,), "attn.qkv.weight": (h + 2 * kv, h), "attn.proj.weight": (h, h),
             "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
             "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F),
-            "mlp.fc1.weight": (c.F1m, h), "mlp.fc2.weight": (h, c.Fm)}
+            "mlp.fc1.weight": (c.F1m, h), "mlp.fc2.weight": (h, c.Fm),
+            **{name: (c.d,) for name in QK_NORMS}}
 
 
 def init_params(c: Cfg):
@@ -175,7 +181,7 @@ def init_params(c: Cfg):
     for name in param_names(c):
         pid = PARAM_NAMES.index(name)
         shape = param_shapes(c)[name]
-        if name.endswith(".weight") and name.startswith("ln"):
+        if name.endswith(".weight") and len(shape) == 1:  # the norms' gains
             out[name] = np.ones(shape)
         elif name.endswith(".bias"):
             out[name] = np.zeros(shape)
@@ -444,6 +450,32 @@ def rope_rotate(c: Cfg, t, inverse=False):
     return out
 
 
+def qk_norm_fwd(c: Cfg, qkv, W):
+    """--qk-layernorm (§4.5): the q columns [T, n*d] as [T*n, d] and the k columns [T, g*d] as [T*g, d], each row
+    normalised by the block's norm with the [d] weights of attn.q_layernorm / attn.k_layernorm."""
+    if not c.qk_norm:
+        return qkv, None
+    h, kv, d = c.h, c.groups * c.d, c.d
+    out, ctx = qkv.copy(), []
+    for which, lo, hi in (("attn.q_layernorm", 0, h), ("attn.k_layernorm", h, h + kv)):
+        part = qkv[:, lo:hi].reshape(-1, d)
+        y, nc = norm_fwd(c, part, W, which)
+        out[:, lo:hi] = y.reshape(qkv.shape[0], hi - lo)
+        ctx.append(nc)
+    return out, ctx
+
+
+def qk_norm_bwd(c: Cfg, dqkv, W, ctx, grads):
+    if not c.qk_norm:
+        return dqkv
+    h, kv, d = c.h, c.groups * c.d, c.d
+    out = dqkv.copy()
+    for (which, lo, hi), nc in zip((("attn.q_layernorm", 0, h), ("attn.k_layernorm", h, h + kv)), ctx):
+        dx = norm_bwd(c, dqkv[:, lo:hi].reshape(-1, d), W, which, nc, grads)
+        out[:, lo:hi] = dx.reshape(dqkv.shape[0], hi - lo)
+    return out
+
+
 def attention_fwd(c: Cfg, qkv, token_base=0):
     s, b, n, d, h = c.s, c.b, c.n, c.d, c.h
     g = c.groups
@@ -488,7 +520,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     X = x.reshape(T, h)
     # attention block
     xn, ln1c = norm_fwd(c, X, W, "ln1")
-    qkv = xn @ W["attn.qkv.weight"].T
+    qkv, qkc = qk_norm_fwd(c, xn @ W["attn.qkv.weight"].T, W)
     attn, actx = attention_fwd(c, qkv, token_base)
     proj = attn @ W["attn.proj.weight"].T
     m1 = dropout_mask(c, "attn_dropout", token_base, T, h)
@@ -598,7 +630,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     d_proj = d_ln_in * m1
     grads["attn.proj.weight"] += d_proj.T @ attn
     d_attn = d_proj @ W["attn.proj.weight"]
-    dqkv = attention_bwd(c, d_attn, actx)
+    dqkv = qk_norm_bwd(c, attention_bwd(c, d_attn, actx), W, qkc, grads)
     grads["attn.qkv.weight"] += dqkv.T @ xn
     dxn = dqkv @ W["attn.qkv.weight"]
     dx1 = norm_bwd(c, dxn, W, "ln1", ln1c, grads)

@@ -155,6 +155,30 @@ TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
   }
 }
 
+// Qwen3-MoE-like (q and k norms per head, shared over the heads): tp 2 without sequence parallelism gives each rank
+// half the heads, so the norms' gradients are summed over tp (Megatron-Core's finalize_model_grads); it trains as
+// one rank over 20 iterations.
+TEST(MpiTrainer, QkLayerNormTensorParallelTrainsAsOneRank) {
+  auto qwen = [](int tp, int M) {
+    train::TrainConfig c = tp_config(tp, 1, M, 20);
+    model::LayerConfig& l = c.layer;
+    l.sequence_parallel = false;
+    l.ampipe_tp_sp_comm_overlap = false;
+    l.normalization = model::Normalization::rmsnorm;
+    l.position_embedding = model::PositionEmbedding::rope;
+    l.num_attention_heads = 4;
+    l.num_query_groups = 2;
+    l.qk_layernorm = true;
+    l.expert = model::ExpertKind::swiglu;
+    l.moe_router = model::Router::megatron;
+    return c;
+  };
+  groups_for(1);
+  const RunResult ref = run_training(qwen(1, 1), groups_for(1));
+  SCOPED_TRACE("tp 2, degree 2");
+  expect_same_run(run_training(qwen(2, 2), groups_for(1, 2)), ref, 1e-5);
+}
+
 TEST(MpiTrainer, CheckpointsLoadAcrossTensorParallelSizes) {
   comm::Runtime& rt = comm::Runtime::current();
   if (rt.size() != 2) GTEST_SKIP() << "the 2-rank run covers it (tp 2 and tp 1 x dp 2)";

@@ -225,14 +225,16 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "moe_shared_expert_intermediate_size", "moe_layer_freq", "first_k_dense_replace", "num_attention_heads",
       "num_experts", "moe_grouped_gemm", "moe_z_loss_coeff", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
       "no_use_rts", "noisy_gate_policy", "swiglu", "normalization", "norm_epsilon", "group_query_attention",
-      "num_query_groups", "position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved",
+      "num_query_groups", "position_embedding_type", "qk_layernorm", "rotary_base", "rotary_percent",
+      "rotary_interleaved",
       "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor", "hidden_dropout", "attention_dropout", "init_method_std", "seed",
       "bf16",
       "expert_model_parallel_size", "use_pipe_experts", "pipe_experts_multi_data",
       "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "moe_model_type", "moe_router_pre_softmax",
       "moe_router_topk_scaling_factor", "moe_router_load_balancing_type", "ampipe_degree",
       "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",
-      "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "adam_beta1", "adam_beta2",
+      "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "apply_wd_to_qk_layernorm",
+      "adam_beta1", "adam_beta2",
       "adam_eps", "clip_grad", "data_path", "train_data_path", "valid_data_path", "test_data_path", "tokenizer_type",
       "tokenizer_model", "vocab_file", "merge_file", "padded_vocab_size", "split", "max_position_embeddings"};
   const train::TrainConfig defaults;
@@ -244,7 +246,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
             (std::vector<std::string>{"num_layers", "seq_length", "hidden_size", "ffn_hidden_size",
                                       "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
                                       "first_k_dense_replace", "num_attention_heads", "num_experts", "swiglu", "normalization",
-                                      "num_query_groups", "position_embedding_type",
+                                      "num_query_groups", "position_embedding_type", "qk_layernorm",
                                       "untie_embeddings_and_output_weights", "padded_vocab_size"}));
   // Every key the ranks compare includes every recorded one, and each key is written once.
   const nlohmann::json agree = train::train_config_json(defaults, train::kKeyAgree);

@@ -121,6 +121,33 @@ TEST(Trainer, GroupedQueryRopeDegreesEqualDegreeOne) {
   EXPECT_NE(run_training(c, *g_groups).losses.back(), ref.losses.back());
 }
 
+// A Qwen3-MoE-style attention (--qk-layernorm: q and k normalised per head before RoPE) in training: degree 4 equals
+// degree 1 after 20 AdamW steps (the norms' [d] weights trained away from 1), the checkpoint holds the norms, and
+// --apply-wd-to-qk-layernorm (weight decay on them) trains another model.
+TEST(Trainer, QkLayerNormDegreesEqualDegreeOne) {
+  train::TrainConfig c = tiny_config();
+  c.layer.normalization = model::Normalization::rmsnorm;
+  c.layer.num_attention_heads = 4;
+  c.layer.num_query_groups = 2;
+  c.layer.position_embedding = model::PositionEmbedding::rope;
+  c.layer.qk_layernorm = true;
+  c.weight_decay = 0.5;
+  const RunResult ref = run_training(c, *g_groups);
+  ASSERT_EQ(ref.weights.count("layers.0.attn.q_layernorm.weight"), 1u);
+  ASSERT_EQ(ref.weights.count("layers.0.attn.k_layernorm.weight"), 1u);
+  EXPECT_EQ(ref.weights.count("layers.0.attn.q_layernorm.bias"), 0u);  // RMSNorm
+  const Tensor& qn = ref.weights.at("layers.0.attn.q_layernorm.weight");
+  EXPECT_EQ(qn.numel(), c.layer.head_dim());
+  float moved = 0;
+  for (int64_t i = 0; i < qn.numel(); ++i) moved = std::max(moved, std::abs(qn.get(i) - 1.0f));
+  EXPECT_GT(moved, 1e-4f) << "the q norm's weights did not train";
+  c.ampipe_degree = 4;
+  expect_same_run(run_training(c, *g_groups), ref, 1e-5);
+  c.ampipe_degree = 1;
+  c.apply_wd_to_qk_layernorm = true;
+  EXPECT_NE(run_training(c, *g_groups).weights.at("layers.0.attn.q_layernorm.weight").get(0), qn.get(0));
+}
+
 // Megatron-Core's dropless top-3 router (pre-softmax, a scaling factor) in training: degree 4 equals degree 1.
 TEST(Trainer, MegatronRouterDegreesEqualDegreeOne) {
   train::TrainConfig c = tiny_config();

@@ -12,6 +12,7 @@
 
 #include "ampipe/cli/bench_layer.h"
 #include "ampipe/cli/calibrate.h"
+#include "ampipe/cli/convert.h"
 #include "ampipe/cli/flag_help.h"
 #include "ampipe/cli/layer_check.h"
 #include "ampipe/cli/plan.h"
@@ -114,6 +115,10 @@ int main(int argc, char** argv) {
       "tokenize JSON lines into Megatron's indexed dataset (preprocess_data.py's flags), or a text into a token file "
       "(training a SentencePiece model for it), for --data-path");
   pp.add_to(*pp_cmd);
+  ConvertArgs cv;
+  CLI::App* cv_cmd = app.add_subcommand(
+      "convert", "a Hugging Face Mixtral or Qwen3-MoE checkpoint into an ampipe train checkpoint, or back");
+  cv.add_to(*cv_cmd);
 
   // Every flag, its help group and whether it is a path (an empty one is refused) come from flag_registry.cpp.
   for (CLI::App* sub : app.get_subcommands({}))
@@ -180,6 +185,7 @@ int main(int argc, char** argv) {
     else if (ca_cmd->parsed()) code = run_calibrate(ca);
     else if (si_cmd->parsed()) code = run_simulate(si);
     else if (pp_cmd->parsed()) code = run_preprocess(pp);
+    else if (cv_cmd->parsed()) code = run_convert(cv);
     if (code != 0) kind = comm::Runtime::Exit::failed;
   } catch (const PeerStopped& e) {  // another rank left: its line is the one printed
     kind = comm::Runtime::Exit::stopped;

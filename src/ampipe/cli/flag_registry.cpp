@@ -5,6 +5,7 @@
 
 #include "ampipe/cli/bench_layer.h"
 #include "ampipe/cli/calibrate.h"
+#include "ampipe/cli/convert.h"
 #include "ampipe/cli/layer_check.h"
 #include "ampipe/cli/layer_flags.h"
 #include "ampipe/cli/megatron_flags.h"
@@ -139,7 +140,6 @@ constexpr const char* kNoAlibi = "ALiBi is not implemented";
 constexpr const char* kNoHyperConnections = "hyper-connections are not implemented (one residual stream)";
 constexpr const char* kNoCla = "every layer has its own keys and values (no cross-layer sharing)";
 constexpr const char* kFusedQkv = "q, k and v come from one linear layer here";
-constexpr const char* kNoQkNorm = "q and k are not normalized in the attention";
 constexpr const char* kQkScale = "the attention scores are scaled by 1/sqrt(head dim) only (no per-layer scaling)";
 constexpr const char* kAttnScale = "the attention scores are scaled by 1/sqrt(head dim)";
 constexpr const char* kNoAttnGate = "the attention output has no gate";
@@ -186,7 +186,9 @@ constexpr const char* kExitDuration =
 constexpr const char* kSaveOptim =
     "the checkpoints always hold the optimizer state here (a resume continues the run exactly); --no-load-optim loads "
     "without it";
-constexpr const char* kNoHf = "HuggingFace weights are neither read nor written here (checkpoints: --save, --load)";
+constexpr const char* kNoHf =
+    "training reads and writes ampipe checkpoints (--save, --load); ampipe convert turns a Hugging Face Mixtral or "
+    "Qwen3-MoE into one and back";
 constexpr const char* kNoModelOpt = "ModelOpt distillation and export are not implemented";
 constexpr const char* kNoSft =
     "fine-tuning datasets (instruction prompts, packing, padding) are not read here: training reads a token stream "
@@ -471,7 +473,6 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--cla-share-factor", G::integer, kNoCla, "1"));
   v.push_back(refused("--share-kvstates", G::on_off, kNoCla));
   v.push_back(refused("--no-enable-linear-qkv", G::on_off, kFusedQkv));
-  for (const char* f : {"--qk-layernorm", "--apply-wd-to-qk-layernorm"}) v.push_back(refused(f, G::on_off, kNoQkNorm));
   v.push_back(refused("--apply-query-key-layer-scaling", G::on_off, kQkScale));
   v.push_back(refused("--query-pre-attn-scalar", G::integer, kAttnScale));
   v.push_back(refused("--attention-output-gate", G::on_off, kNoAttnGate));
@@ -625,6 +626,37 @@ void add_refused_training_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--hierarchical-context-parallel-sizes", G::text_list, kRingCp));
 }
 
+// The positions: learned, none or rotary embeddings and their settings (layer flags).
+void add_position_flags(std::vector<FlagSpec>& v) {
+  const unsigned L = kLayerSubs;
+  v.push_back(flag("--position-embedding-type", L, kGroupModel, G::text,
+                   "learned_absolute (an [s, h] table added to the token embeddings), rope (q and k rotated by "
+                   "position in every block, no parameters) or none",
+                   AT(layer->position_embedding_type), kDef));
+  v.push_back(flag("--use-rotary-position-embeddings", L, kGroupModel, G::on_off,
+                   "the same as --position-embedding-type rope (Megatron's older spelling)",
+                   AT(layer->use_rotary_position_embeddings)));
+  v.push_back(flag("--no-position-embedding", L, kGroupModel, G::on_off,
+                   "no learned position table: only with rope, which has none (Megatron's rule)",
+                   AT(layer->no_position_embedding)));
+  v.push_back(flag("--rotary-base", L, kGroupModel, G::integer, "RoPE's base: frequencies 1 / base^(2i / rotary dim)",
+                   AT(layer->rotary_base), kDef));
+  v.push_back(flag("--rotary-percent", L, kGroupModel, G::number,
+                   "share of each head's channels RoPE rotates (the rest pass through)", AT(layer->cfg.rotary_percent),
+                   kDef));
+  v.push_back(flag("--rotary-interleaved", L, kGroupModel, G::on_off,
+                   "RoPE rotates channel pairs (2i, 2i+1) instead of (i, i + rotary dim / 2)",
+                   AT(layer->cfg.rotary_interleaved)));
+  v.push_back(flag("--rotary-seq-len-interpolation-factor", L, kGroupModel, G::integer,
+                   "RoPE's positions divided by this factor (linear interpolation)",
+                   AT(layer->cfg.rotary_interpolation_factor)));
+  v.push_back(flag("--use-rope-scaling", L, kGroupModel, G::on_off,
+                   "Llama 3's frequency scaling of RoPE (low 1, high 4, original context 8192)",
+                   AT(layer->cfg.use_rope_scaling)));
+  v.push_back(flag("--rope-scaling-factor", L, kGroupModel, G::number, "Llama 3's scaling factor (--use-rope-scaling)",
+                   AT(layer->cfg.rope_scaling_factor), kDef));
+}
+
 // The layer (LayerFlags), shared by every subcommand that builds a layer, and the runtime flags.
 void add_layer_flags(std::vector<FlagSpec>& v) {
   const unsigned L = kLayerSubs;
@@ -703,38 +735,17 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->normalization), kDef));
   v.push_back(flag("--norm-epsilon", L, kGroupModel, G::number, "epsilon inside the normalisation's square root",
                    AT(layer->norm_epsilon), kDef));
+  v.push_back(flag("--qk-layernorm", L, kGroupModel, G::on_off,
+                   "q and k of every head normalised over the head dim (the --normalization type, weights shared by "
+                   "the heads) after the QKV projection, before RoPE",
+                   AT(layer->cfg.qk_layernorm)));
   v.push_back(flag("--group-query-attention", L, kGroupModel, G::on_off,
                    "grouped-query attention: --num-query-groups K, V heads, each shared by consecutive query heads",
                    AT(layer->group_query_attention)));
   v.push_back(flag("--num-query-groups", L, kGroupModel, G::integer,
                    "K, V heads with --group-query-attention (a divisor of the heads, a multiple of the tp size)",
                    AT(layer->num_query_groups), kDef));
-  v.push_back(flag("--position-embedding-type", L, kGroupModel, G::text,
-                   "learned_absolute (an [s, h] table added to the token embeddings), rope (q and k rotated by "
-                   "position in every block, no parameters) or none",
-                   AT(layer->position_embedding_type), kDef));
-  v.push_back(flag("--use-rotary-position-embeddings", L, kGroupModel, G::on_off,
-                   "the same as --position-embedding-type rope (Megatron's older spelling)",
-                   AT(layer->use_rotary_position_embeddings)));
-  v.push_back(flag("--no-position-embedding", L, kGroupModel, G::on_off,
-                   "no learned position table: only with rope, which has none (Megatron's rule)",
-                   AT(layer->no_position_embedding)));
-  v.push_back(flag("--rotary-base", L, kGroupModel, G::integer, "RoPE's base: frequencies 1 / base^(2i / rotary dim)",
-                   AT(layer->rotary_base), kDef));
-  v.push_back(flag("--rotary-percent", L, kGroupModel, G::number,
-                   "share of each head's channels RoPE rotates (the rest pass through)", AT(layer->cfg.rotary_percent),
-                   kDef));
-  v.push_back(flag("--rotary-interleaved", L, kGroupModel, G::on_off,
-                   "RoPE rotates channel pairs (2i, 2i+1) instead of (i, i + rotary dim / 2)",
-                   AT(layer->cfg.rotary_interleaved)));
-  v.push_back(flag("--rotary-seq-len-interpolation-factor", L, kGroupModel, G::integer,
-                   "RoPE's positions divided by this factor (linear interpolation)",
-                   AT(layer->cfg.rotary_interpolation_factor)));
-  v.push_back(flag("--use-rope-scaling", L, kGroupModel, G::on_off,
-                   "Llama 3's frequency scaling of RoPE (low 1, high 4, original context 8192)",
-                   AT(layer->cfg.use_rope_scaling)));
-  v.push_back(flag("--rope-scaling-factor", L, kGroupModel, G::number, "Llama 3's scaling factor (--use-rope-scaling)",
-                   AT(layer->cfg.rope_scaling_factor), kDef));
+  add_position_flags(v);
   v.push_back(flag("--hidden-dropout", L, kGroupModel, G::number, "dropout after attention and after the MoE",
                    AT(layer->cfg.hidden_dropout), kDef));
   v.push_back(flag("--attention-dropout", L, kGroupModel, G::number,
@@ -960,6 +971,9 @@ void add_train_schedule_flags(std::vector<FlagSpec>& v) {
                    AT(train->lr_decay_samples)));
   v.push_back(flag("--weight-decay", T, kGroupTraining, G::number, "AdamW decoupled weight decay (matrices only)",
                    AT(train->cfg.weight_decay), kDef));
+  v.push_back(flag("--apply-wd-to-qk-layernorm", T, kGroupTraining, G::on_off,
+                   "weight decay on the --qk-layernorm weights and biases too",
+                   AT(train->cfg.apply_wd_to_qk_layernorm)));
   v.push_back(flag("--adam-beta1", T, kGroupTraining, G::number, "AdamW beta1", AT(train->cfg.adam_beta1), kDef));
   v.push_back(flag("--adam-beta2", T, kGroupTraining, G::number, "AdamW beta2", AT(train->cfg.adam_beta2), kDef));
   v.push_back(flag("--adam-eps", T, kGroupTraining, G::number, "AdamW epsilon", AT(train->cfg.adam_eps), kDef));
@@ -1180,6 +1194,21 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
                    "decode the ids again and fail unless the text comes back exactly",
                    AT(preprocess->check_roundtrip)));
   add_preprocess_json_flags(v);
+  const unsigned V = kConvert;
+  v.push_back(flag("--load-dir", V, kGroupCheckpoint, G::text,
+                   "a Hugging Face Mixtral or Qwen3-MoE directory (config.json, model.safetensors or its shards) to "
+                   "convert into an ampipe checkpoint, or an ampipe checkpoint directory to convert into one",
+                   AT(convert->load_dir), kPath | kRequired));
+  v.push_back(flag("--save-dir", V, kGroupCheckpoint, G::text, "the directory to write the converted checkpoint to",
+                   AT(convert->save_dir), kPath | kRequired));
+  v.push_back(flag("--seq-length", V, kGroupModel, G::integer,
+                   "Hugging Face to ampipe: the checkpoint's --seq-length (default: max_position_embeddings, at most "
+                   "4096)",
+                   AT(convert->seq_length), kUnsetZero));
+  v.push_back(flag("--make-vocab-size-divisible-by", V, kGroupModel, G::integer,
+                   "Hugging Face to ampipe: the vocabulary padded to a multiple of this (Megatron's; the padding rows "
+                   "are zero and cut off again on the way back)",
+                   AT(convert->make_vocab_size_divisible_by), kDef));
 }
 
 #undef AT
@@ -1331,6 +1360,8 @@ const char* sub_name(Sub sub) {
       return "simulate";
     case kPreprocess:
       return "preprocess";
+    case kConvert:
+      return "convert";
   }
   return "?";
 }

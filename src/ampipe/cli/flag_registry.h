@@ -27,6 +27,7 @@ struct PlanArgs;
 struct SimulateArgs;
 struct CalibrateArgs;
 struct PreprocessArgs;
+struct ConvertArgs;
 
 // The subcommands, as bits of FlagSpec::subs.
 enum Sub : unsigned {
@@ -37,6 +38,7 @@ enum Sub : unsigned {
   kCalibrate = 16,
   kSimulate = 32,
   kPreprocess = 64,
+  kConvert = 128,
 };
 const char* sub_name(Sub sub);  // "bench-layer"
 
@@ -101,6 +103,7 @@ struct FlagTargets {
   SimulateArgs* simulate = nullptr;
   CalibrateArgs* calibrate = nullptr;
   PreprocessArgs* preprocess = nullptr;
+  ConvertArgs* convert = nullptr;
 };
 // The field a flag sets.
 using FlagRef = std::variant<bool*, int*, int64_t*, uint64_t*, double*, std::string*, std::vector<int>*,

@@ -203,7 +203,7 @@ int run_layer_check(LayerCheckArgs& a) {
   for (Tensor& dx : dxs)  // the loss is the mean over micro-batches, so x's gradient carries the factor too
     for (int64_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] *= inv;
   for (auto& [name, g] : grads.named()) {
-    if (cfg.sp() && model::LayerParams::is_sequence_parallel(name))  // each tp rank saw its rows only
+    if (model::LayerParams::tp_partial_grad(cfg, name))  // each tp rank saw its rows (or heads) only
       comm::all_reduce_sync(groups.tp, g, comm::Reduce::sum, "grad.tp." + name);
     const comm::Group& grp = model::LayerParams::is_expert(name) ? groups.edp : groups.dp_cp;
     if (grp.size() > 1) comm::all_reduce_sync(grp, g, comm::Reduce::sum, "grad." + name);

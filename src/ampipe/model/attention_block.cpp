@@ -55,6 +55,7 @@ void AttentionBlock::qkv(int c) {
   const Tensor xn = s.full_rows(s.bf16() ? Buf::ln1_out_bf16 : Buf::ln1_out, c);  // every row of the chunk
   Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.full_rows(Buf::qkv, c);
   linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, qkvl]: [q | k | v] of the local heads
+  qk_norm(c, qkv);
   rotate_qk(c, qkv, /*inverse=*/false);
   if (s.bf16()) s.full_rows(Buf::qkv_bf16, c).copy_from(qkv);
   if (s.dims.cp > 1) {  // this rank's K, V into ring slot 0, packed [A ; B]
@@ -77,6 +78,59 @@ void AttentionBlock::rotate_qk(int c, Tensor qkv, bool inverse) const {
   Tensor q = qkv.cols(0, d.hl), k = qkv.cols(d.hl, d.hl + d.kvl);
   kernels::rope_apply(spec, q, d.nl, d.d, d.b, pos, inverse);
   kernels::rope_apply(spec, k, d.gl, d.d, d.b, pos, inverse);
+}
+
+namespace {
+// One of q, k of chunk c for the per-head norm: its columns of qkv, its raw values and statistics, its weights.
+struct QkPart {
+  Tensor cols;        // [S_c, heads*d] view of qkv (or dqkv)
+  Tensor raw;         // [S_c*heads, d] the values before the norm
+  Tensor mean, rstd;  // [S_c*heads]
+  Tensor scratch_a, scratch_b;  // [S_c*heads, d] each
+  Tensor w, b, dw, db;
+};
+QkPart qk_part(LayerState& s, int c, Tensor qkv, bool k) {
+  const LayerDims& d = s.dims;
+  const int64_t heads = k ? d.gl : d.nl, col0 = k ? d.hl : 0, width = heads * d.d;
+  const int64_t rows0 = k ? d.T * d.nl : 0, stats0 = k ? d.T * d.nl : 0, stats = d.T * (d.nl + d.gl);
+  const int64_t n = d.Sc * heads, first = int64_t(c) * n;  // the chunk's (row, head) pairs
+  const Tensor raw = s.mem.get(Buf::qk_raw), st = s.mem.get(Buf::qk_stats), scr = s.mem.get(Buf::qk_scratch);
+  const int64_t scr0 = k ? 2 * d.Sc * d.hl : 0;
+  QkPart p;
+  p.cols = qkv.cols(col0, col0 + width);
+  p.raw = raw.rows(rows0 * d.d + first * d.d, rows0 * d.d + (first + n) * d.d).view({n, d.d});
+  p.mean = st.rows(stats0 + first, stats0 + first + n);
+  p.rstd = st.rows(stats + stats0 + first, stats + stats0 + first + n);
+  p.scratch_a = scr.rows(scr0, scr0 + n * d.d).view({n, d.d});
+  p.scratch_b = scr.rows(scr0 + n * d.d, scr0 + 2 * n * d.d).view({n, d.d});
+  p.w = k ? s.p.kn_w : s.p.qn_w;
+  p.b = k ? s.p.kn_b : s.p.qn_b;
+  p.dw = k ? s.g.kn_w : s.g.qn_w;
+  p.db = k ? s.g.kn_b : s.g.qn_b;
+  return p;
+}
+}  // namespace
+
+void AttentionBlock::qk_norm(int c, Tensor qkv) {
+  if (!st_.dims.qk_norm) return;
+  const int64_t Sc = st_.dims.Sc;
+  for (const bool k : {false, true}) {  // [S_c, heads*d] -> [S_c*heads, d]: one norm per (row, head)
+    QkPart p = qk_part(st_, c, qkv, k);
+    p.raw.view({Sc, p.cols.size(1)}).copy_from(p.cols);
+    norm_forward(st_.cfg, p.raw, p.w, p.b, p.scratch_a, p.mean, p.rstd);
+    p.cols.copy_from(p.scratch_a.view({Sc, p.cols.size(1)}));
+  }
+}
+
+void AttentionBlock::qk_norm_backward(int c, Tensor dqkv) {
+  if (!st_.dims.qk_norm) return;
+  const int64_t Sc = st_.dims.Sc;
+  for (const bool k : {false, true}) {
+    QkPart p = qk_part(st_, c, dqkv, k);
+    p.scratch_a.view({Sc, p.cols.size(1)}).copy_from(p.cols);  // the gradient of the normalised q (or k)
+    norm_backward(st_.cfg, p.scratch_a, p.raw, p.w, p.mean, p.rstd, p.scratch_b, p.dw, p.db, /*accumulate_dx=*/false);
+    p.cols.copy_from(p.scratch_b.view({Sc, p.cols.size(1)}));
+  }
 }
 
 void AttentionBlock::cp_pack(int c, Tensor rows, Tensor packed, bool to_packed) const {
@@ -263,6 +317,7 @@ void AttentionBlock::qkv_backward(int c) {
   Tensor d_xn = s.mem.get(Buf::d_ln1_out, c);
   Tensor dqkv = s.full_rows(Buf::dqkv, c);
   rotate_qk(c, dqkv, /*inverse=*/true);  // RoPE: the gradient of the unrotated q, k (the rotation's transpose)
+  qk_norm_backward(c, dqkv);             // --qk-layernorm: the gradient of q, k before the norm
   Tensor in = dqkv;
   if (s.bf16()) {
     in = s.full_rows(Buf::dqkv_bf16, c);

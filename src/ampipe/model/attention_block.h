@@ -1,6 +1,6 @@
 // The attention half of the block, per AMPipe chunk c (rows [c*s/M, (c+1)*s/M) of the sequence), forward and
 // backward side by side (docs/layer.md):
-//   ln1_qkv(c)       xn = LN1(x); qkv = xn Wqkv^T (RoPE: q, k rotated)   the chunk's rows
+//   ln1_qkv(c)       xn = LN1(x); qkv = xn Wqkv^T (--qk-layernorm: q, k normalised per head; RoPE: then rotated)
 //                    (tp > 1: ln1(c) on this rank's rows, then qkv(c) on every row of the chunk, local heads,
 //                    with the tp collective between them as its own Plan task; the same split in the backward)
 //   attention(c)     the chunk's q rows against K, V of rows [0, (c+1)*s/M) (causal with offset c*s/M: later keys
@@ -56,6 +56,11 @@ class AttentionBlock {
   // RoPE (LayerConfig::rope_spec): the q and k columns of chunk c's rows of qkv [S_c, qkvl] rotated by their global
   // positions (inverse: the transpose, on the gradient). Nothing without rotary embeddings.
   void rotate_qk(int c, Tensor qkv, bool inverse) const;
+  // --qk-layernorm: the q and k columns of chunk c's rows of qkv [S_c, qkvl] normalised per head (their raw
+  // values and statistics kept for the backward); backward: dqkv's q, k columns replaced by the gradient of the raw
+  // q, k, and the norms' weight gradients accumulated. Nothing without the flag.
+  void qk_norm(int c, Tensor qkv);
+  void qk_norm_backward(int c, Tensor dqkv);
 
   LayerState& st_;
 };

@@ -38,6 +38,7 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"mlp_act_bf16", false},    {"mlp_out", false},         {"mlp_y", false},           {"d_mlp", false},
     {"d_mlp_full", false},      {"d_mlp_bf16", false},      {"d_mlp_act", false},       {"d_mlp_fc1", false},
     {"d_mlp_fc1_bf16", false},  {"d_mlp_in", false},        {"d_mlp_in_local", false},
+    {"qk_raw", false},          {"qk_stats", false},        {"qk_scratch", false},
 };
 // Buffers with one slot per context-parallel ring step.
 bool per_ring_step(Buf b) {
@@ -105,7 +106,7 @@ bool mlp_needed(const LayerDims& d, Buf b) {
 bool needed(const LayerDims& d, Buf b) {
   const bool bf16 = d.cd != DType::f32;
   if (!d.moe && moe_only(b)) return false;
-  if (b >= Buf::mlp_send) return d.mlp && mlp_needed(d, b);
+  if (b >= Buf::mlp_send && b <= Buf::d_mlp_in_local) return d.mlp && mlp_needed(d, b);
   switch (b) {
     case Buf::ln1_out: return !(d.sp && bf16);  // sequence parallel bf16: gathered straight into ln1_out_bf16
     case Buf::ln1_local:
@@ -139,6 +140,9 @@ bool needed(const LayerDims& d, Buf b) {
     case Buf::d_dispatch: return bf16 || d.pieced();
     case Buf::dispatch_rows: return d.pieced();
     case Buf::gate_input: return d.jitter;
+    case Buf::qk_raw:
+    case Buf::qk_stats:
+    case Buf::qk_scratch: return d.qk_norm;
     case Buf::capacity_need:
     case Buf::capacity_all: return d.agree_capacity;
     default: return true;
@@ -218,6 +222,8 @@ Scope scope_of(const LayerDims& d, Buf b) {
     case Buf::mlp_in:
     case Buf::mlp_fc1:
     case Buf::mlp_act_bf16:
+    case Buf::qk_raw:
+    case Buf::qk_stats:
     case Buf::y:
     case Buf::dx: return Scope::saved;
     case Buf::ln1_out:
@@ -355,6 +361,9 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::mlp_act: return f32 ? Shape{T, d.Fml} : Shape{Sc, d.Fml};
     case Buf::mlp_act_bf16: return {T, d.Fml};
     case Buf::d_mlp_act: return {Sc, d.Fml};
+    case Buf::qk_raw: return {T * (hl + d.kvl)};
+    case Buf::qk_stats: return {2 * T * (d.nl + d.gl)};
+    case Buf::qk_scratch: return {2 * Sc * (hl + d.kvl)};
   }
   return {};
 }

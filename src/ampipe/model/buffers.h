@@ -129,8 +129,12 @@ enum class Buf : uint8_t {
   d_mlp_fc1_bf16,      // [T, F1m/t] its bf16 copy (bf16 only)
   d_mlp_in,            // [T, h] fp32 input gradient; tp: partial sums, all-reduced in place or reduce-scattered
   d_mlp_in_local,      // [Tl, h] fp32 the reduce-scattered rows (sequence parallel only)
+  // --qk-layernorm (the per-head norm of q and k after the QKV projection, before RoPE)
+  qk_raw,              // [T*(hl + kvl)] fp32 q and k before the norm: every row's q ([T*nl, d]) then k ([T*gl, d])
+  qk_stats,            // [2*T*(nl + gl)] the norm's mean (LayerNorm) then rstd, of every (row, head): q's then k's
+  qk_scratch,          // [2*S_c*(hl + kvl)] one chunk's normalised q, k (forward) or their two gradients (backward)
 };
-inline constexpr int kNumBufs = int(Buf::d_mlp_in_local) + 1;
+inline constexpr int kNumBufs = int(Buf::qk_scratch) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 

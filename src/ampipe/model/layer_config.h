@@ -74,6 +74,9 @@ struct LayerConfig {
   double attention_dropout = 0.0;  // on the attention probabilities (kernels::AttentionDropout)
   float layernorm_epsilon = 1e-5f;  // --norm-epsilon, for either normalisation
   Normalization normalization = Normalization::layernorm;  // --normalization LayerNorm | RMSNorm
+  // --qk-layernorm: q and k of every head normalised over its d channels (the block's normalisation, weights [d]
+  // shared by the heads) after the QKV projection, before RoPE (Megatron-Core's q_layernorm / k_layernorm).
+  bool qk_layernorm = false;
   double init_method_std = 0.02;
   uint64_t seed = 1234;
   int layer_index = 0;      // part of every random key

@@ -45,6 +45,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.kvl = d.gl * d.d;
   d.qkvl = d.hl + 2 * d.kvl;
   d.rope = cfg.rope();
+  d.qk_norm = cfg.qk_layernorm;
   d.Fl = d.F / d.tp;
   d.F1l = d.F1 / d.tp;
   d.moe = !cfg.dense();
@@ -149,7 +150,8 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
                hl = double(d.hl), T = double(d.T), FF = double(d.F1l + d.Fl), qkv = double(d.qkvl), kv2 = 2.0 * double(d.kvl);
   if (s == Stage::attention_recompute) return dir == Dir::bwd ? stage_bytes(d, Stage::attention, Dir::fwd, c) : 0;
   const double act = Scl * h;  // one [Scl, h] residual-stream activation
-  const double rope = d.rope ? 2 * Sc * double(d.hl + d.kvl) * f : 0;  // RoPE: q, k read and written again (fp32)
+  // RoPE: q, k read and written again (fp32); --qk-layernorm: copied out, normalised, copied back (3 more passes)
+  const double rope = (d.rope ? 2 : 0) * Sc * double(d.hl + d.kvl) * f + (d.qk_norm ? 6 : 0) * Sc * double(d.hl + d.kvl) * f;
   const double io = dir == Dir::fwd ? 1 : 2;
   switch (s) {
     case Stage::ln1_qkv: return io * (act * f + Sc * h * (f + e) + Sc * qkv * (f + e) + rope) + qkv * h * e;

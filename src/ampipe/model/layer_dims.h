@@ -50,6 +50,7 @@ struct LayerDims {
   // SwiGLU, Fml and F1ml their tp shares): a shared expert beside the experts, or a dense layer's FFN alone.
   bool moe = true, mlp = false;
   int64_t Fm = 0, F1m = 0, Fml = 0, F1ml = 0;
+  bool qk_norm = false;  // --qk-layernorm: the QKV stage normalises q and k per head (before RoPE)
   bool rope = false;  // rotary embeddings: the QKV stage rotates q and k (its backward rotates dq, dk back)
   // Expert capacity per chunk the buffers are planned for. With token drops this is the capacity every chunk uses
   // (gate_capacity(S_c, E, k, factor, min)); with --moe-no-drop the capacity is data-dependent, and C is its bound

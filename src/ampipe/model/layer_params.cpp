@@ -11,18 +11,26 @@ namespace ampipe::model {
 std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
   std::vector<std::pair<std::string, Tensor>> all = {
       {"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w},
+      {"attn.q_layernorm.weight", qn_w}, {"attn.q_layernorm.bias", qn_b},
+      {"attn.k_layernorm.weight", kn_w}, {"attn.k_layernorm.bias", kn_b},
       {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
       {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w},
       {"mlp.fc1.weight", mlp_fc1_w}, {"mlp.fc2.weight", mlp_fc2_w}};
-  // RMSNorm: no biases; a dense layer: no router and experts; no dense MLP beside the experts
+  // RMSNorm: no biases; no qk norms; a dense layer: no router and experts; no dense MLP beside the experts
   std::erase_if(all, [](const auto& p) { return !p.second.defined(); });
   return all;
 }
+
+namespace {
+constexpr const char* kQkNorms[] = {"attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight",
+                                    "attn.k_layernorm.bias"};
+}  // namespace
 
 std::vector<std::string> param_names(const LayerConfig& cfg) {
   std::vector<std::string> names = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight",
                                     "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight",
                                     "mlp.fc1.weight", "mlp.fc2.weight"};
+  if (cfg.qk_layernorm) names.insert(names.begin() + 3, std::begin(kQkNorms), std::end(kQkNorms));
   if (cfg.rmsnorm()) std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias"); });
   if (cfg.dense()) std::erase_if(names, [](const std::string& n) { return n.starts_with("moe."); });
   if (!cfg.has_mlp()) std::erase_if(names, [](const std::string& n) { return n.starts_with("mlp."); });
@@ -35,6 +43,8 @@ int LayerParams::id(const std::string& name) {
                                        "moe.experts.fc2.weight", "mlp.fc1.weight", "mlp.fc2.weight"};
   for (int i = 0; i < int(std::size(kNames)); ++i)
     if (name == kNames[i]) return i;
+  for (int i = 0; i < int(std::size(kQkNorms)); ++i)  // ids 11..14, after the block's first eleven
+    if (name == kQkNorms[i]) return int(std::size(kNames)) + i;
   AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
@@ -43,6 +53,14 @@ bool LayerParams::is_expert(const std::string& name) { return name.rfind("moe.ex
 bool LayerParams::is_sequence_parallel(const std::string& name) {
   return name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias" ||
          name == "moe.gate.weight";
+}
+
+bool LayerParams::is_qk_norm(const std::string& name) {
+  return std::find(std::begin(kQkNorms), std::end(kQkNorms), name) != std::end(kQkNorms);
+}
+
+bool LayerParams::tp_partial_grad(const LayerConfig& cfg, const std::string& name) {
+  return (cfg.sp() && is_sequence_parallel(name)) || (cfg.tp() > 1 && is_qk_norm(name));
 }
 
 TpSplit tp_split(const LayerConfig& cfg, const std::string& name) {
@@ -146,6 +164,7 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   const int64_t fc1_rows = cfg.expert == ExpertKind::swiglu ? 2 * F : F;
   if (name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias") return {h};
   if (name == "attn.qkv.weight") return {h + 2 * cfg.query_groups() * cfg.head_dim(), h};
+  if (LayerParams::is_qk_norm(name)) return {cfg.head_dim()};
   if (name == "attn.proj.weight") return {h, h};
   if (name == "moe.gate.weight") return {E, h};
   if (name == "moe.experts.fc1.weight") return {E, fc1_rows, h};
@@ -162,6 +181,14 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   p.ln1_w = local("ln1.weight");
   if (!cfg.rmsnorm()) p.ln1_b = local("ln1.bias");
   p.qkv_w = local("attn.qkv.weight");
+  if (cfg.qk_layernorm) {
+    p.qn_w = local("attn.q_layernorm.weight");
+    p.kn_w = local("attn.k_layernorm.weight");
+    if (!cfg.rmsnorm()) {
+      p.qn_b = local("attn.q_layernorm.bias");
+      p.kn_b = local("attn.k_layernorm.bias");
+    }
+  }
   p.proj_w = local("attn.proj.weight");
   p.ln2_w = local("ln2.weight");
   if (!cfg.rmsnorm()) p.ln2_b = local("ln2.bias");
@@ -189,6 +216,10 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     p.ln1_w = whole.ln1_w;
     p.ln1_b = whole.ln1_b;
     p.qkv_w = take("attn.qkv.weight", whole.qkv_w);
+    p.qn_w = whole.qn_w;
+    p.qn_b = whole.qn_b;
+    p.kn_w = whole.kn_w;
+    p.kn_b = whole.kn_b;
     p.proj_w = take("attn.proj.weight", whole.proj_w);
     p.ln2_w = whole.ln2_w;
     p.ln2_b = whole.ln2_b;
@@ -203,9 +234,9 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
   const core::PhiloxKey key{cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::init};
   for (auto& [name, t] : p.named()) {
     const uint64_t id = uint64_t(LayerParams::id(name));  // fixed per name (docs/layer.md §8), with or without biases
-    if (name == "ln1.weight" || name == "ln2.weight") {
+    if (t.dim() == 1 && name.ends_with(".weight")) {  // the norms' gains
       t.fill(1.0f);
-    } else if (name == "ln1.bias" || name == "ln2.bias") {
+    } else if (t.dim() == 1) {  // their biases
       t.fill(0.0f);
     } else {
       // Element i of the local shard is element base + i of the full tensor.

@@ -6,6 +6,8 @@
 //   ln1.weight [h]  ln1.bias [h] (LayerNorm only; RMSNorm has no biases)
 //   attn.qkv.weight  [3h, h]   y = x W^T; output columns [q | k | v], head i = columns [i*d, (i+1)*d) of each;
 //                              grouped-query attention: [(n + 2g)d, h], k and v of g heads
+//   attn.q_layernorm.weight [d]  attn.q_layernorm.bias [d]  (--qk-layernorm; bias with LayerNorm only)
+//   attn.k_layernorm.weight [d]  attn.k_layernorm.bias [d]  (shared by all heads: every tp rank holds them whole)
 //   attn.proj.weight [h, h]
 //   ln2.weight [h]  ln2.bias [h]
 //   moe.gate.weight  [E, h]    fp32 logits = x W^T
@@ -28,6 +30,8 @@ namespace ampipe::model {
 struct LayerParams {
   Tensor ln1_w, ln1_b;  // [h]
   Tensor qkv_w;         // [3h, h] ([(n + 2g)d, h] with grouped-query attention)
+  Tensor qn_w, qn_b;    // [d] --qk-layernorm: the norm of q (bias with LayerNorm only)
+  Tensor kn_w, kn_b;    // [d] the norm of k
   Tensor proj_w;        // [h, h]
   Tensor ln2_w, ln2_b;  // [h]
   Tensor gate_w;        // [E, h]
@@ -46,6 +50,11 @@ struct LayerParams {
   // True for parameters that every TP rank holds whole and that see only the rank's rows with sequence
   // parallelism (LayerNorms and the gate): their gradients are summed over the tp group.
   static bool is_sequence_parallel(const std::string& name);
+  // True for the q and k norms (--qk-layernorm): every tp rank holds them whole but sees only its heads, so their
+  // gradients are summed over the tp group whenever tp > 1 (Megatron-Core's finalize_model_grads).
+  static bool is_qk_norm(const std::string& name);
+  // The gradient of `name` on a tp rank is a partial sum over the tp group (sequence-parallel rows or local heads).
+  static bool tp_partial_grad(const LayerConfig& cfg, const std::string& name);
 };
 
 // How a TP rank's shard is cut from the (EP-local) tensor: viewed as `view`, dim `dim` is split into t equal

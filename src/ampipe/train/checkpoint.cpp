@@ -273,8 +273,9 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   const nlohmann::json theirs =
       mj.contains("config") && mj["config"].is_object() ? mj["config"] : nlohmann::json::object();
   for (const std::string& key : model_arg_keys()) {
-    // A checkpoint of an ampipe before padded_vocab_size was recorded: its tensors' shapes say it (take_shard).
-    if (key == "padded_vocab_size" && !theirs.contains(key)) continue;
+    // A checkpoint of an ampipe before padded_vocab_size (qk_layernorm) was recorded: its tensors' shapes (names)
+    // say it (take_shard).
+    if ((key == "padded_vocab_size" || key == "qk_layernorm") && !theirs.contains(key)) continue;
     if (!theirs.contains(key) || theirs[key] != mine[key]) {
       std::string flag = std::string("--") + key;
       for (char& c : flag)

@@ -72,8 +72,10 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
     auto p = stack_.params(i).named(), g = stack_.grads(i).named();
     for (size_t k = 0; k < p.size(); ++k)
       params_.push_back({fmt::format("layers.{}.{}", i, p[k].first), p[k].second, g[k].second,
-                         model::LayerParams::is_expert(p[k].first), p[k].second.dim() >= 2, p[k].first,
-                         &stack_.config(i)});
+                         model::LayerParams::is_expert(p[k].first),
+                         p[k].second.dim() >= 2 ||
+                             (cfg.apply_wd_to_qk_layernorm && model::LayerParams::is_qk_norm(p[k].first)),
+                         p[k].first, &stack_.config(i)});
   }
   params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false, ""});
   if (lnf_b_.defined()) params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});

@@ -53,9 +53,10 @@ struct NamedParam {
   bool tp_sharded(const model::LayerConfig& cfg) const {
     return cfg.tp() > 1 && !layer_param.empty() && model::tp_split(shaped_by(cfg), layer_param).dim >= 0;
   }
-  // Sequence parallel: each tp rank's gradient covers its rows only, so the gradients are summed over tp.
+  // Sequence parallel: each tp rank's gradient covers its rows only; the q, k norms: its heads only. So the
+  // gradients are summed over tp.
   bool tp_partial_grad(const model::LayerConfig& cfg) const {
-    return cfg.sp() && !layer_param.empty() && model::LayerParams::is_sequence_parallel(layer_param);
+    return !layer_param.empty() && model::LayerParams::tp_partial_grad(cfg, layer_param);
   }
 };
 

@@ -82,6 +82,9 @@ struct TrainConfig {
   std::string lr_decay_style = "linear";  // after the warm-up: constant, linear or cosine (Megatron's styles)
   int64_t lr_decay_iters = 0;             // the decay reaches --min-lr here; 0: --train-iters
   double weight_decay = 0.01;
+  // --apply-wd-to-qk-layernorm: weight decay on the q, k norms' weights and biases too (Megatron's; off: they are
+  // norm parameters, which never decay)
+  bool apply_wd_to_qk_layernorm = false;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Usage: hf_convert.sh AMPIPE CASE [MPIRUN...]
+# `ampipe convert` (train/hf_checkpoint.h) on tiny Hugging Face models written by hand (tests/cli/hf_convert.py make):
+#   1. HF -> ampipe -> HF gives every tensor back bit for bit (dtype, shape, bytes) and config.json's keys;
+#   2. the converted checkpoint's logits in tools/torch_gpt_moe.py (ampipe's layout) equal tools/hf_moe.py's (a
+#      PyTorch forward of Hugging Face's Mixtral / Qwen3-MoE under its own names) to 1e-5;
+#   3. `ampipe train --load CKPT --use-checkpoint-args --finetune --skip-train` logs the validation loss that
+#      tools/torch_eval.py --hf (the Hugging Face model on the same validation sequences) computes, to 1e-5 relative.
+# Cases:
+#   mixtral         bf16 tensors in 3 shards with an index, grouped-query attention, untied head, vocabulary 256
+#   qwen3           fp32, one file, q_norm / k_norm (--qk-layernorm), norm_topk_prob true, tied head, vocabulary 200
+#                   (padded to 256 for the round trip; --make-vocab-size-divisible-by 8 for the loss, so that no
+#                   padding column joins the softmax)
+#   qwen3_no_norm   norm_topk_prob false (--moe-router-pre-softmax); ampipe evaluates it at AMPipe degree 2
+#   bad_inputs      each refusal: one line naming the file or config.json key, exit 2
+#   layouts         (MPIRUN given) a converted Qwen3-MoE evaluated on 2 ranks at tp 2, ep 2 and cp 2 logs the loss of
+#                   one rank (the checkpoint holds full tensors; each layout takes its shards)
+#   not_expressible ampipe checkpoints of models Hugging Face's two cannot express are refused naming the flag; one
+#                   trained from scratch with their architecture converts (config.json built from its flags)
+# Exit 77 (CTest's skip) when no python3 can import numpy and torch.
+set -u
+bin=$1
+case_name=$2
+shift 2
+launch=("$@")
+here=$(cd "$(dirname "$0")" && pwd)
+tools=$here/../../tools
+py=
+for cand in python3 /usr/bin/python3; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import numpy, torch" >/dev/null 2>&1; then py=$cand; break; fi
+done
+if [ -z "$py" ]; then
+  echo "hf_convert.sh: skipped: no python3 with numpy and torch (scripts/setup.sh installs python3-torch)"
+  exit 77
+fi
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; for f in "$dir"/*.out; do [ -e "$f" ] && { echo "--- $f:"; cat "$f"; }; done; exit 1; }
+helper() { "$py" "$here/hf_convert.py" "$@"; }
+convert() { "$bin" convert "$@" >"$dir/convert.out" 2>&1 || fail "ampipe convert $* failed"; cat "$dir/convert.out"; }
+roundtrip() {  # roundtrip NAME MAKE-ARGS... : writes $dir/NAME, converts both ways, compares
+  local name=$1
+  shift
+  helper make "$dir/$name" "$@" || fail "could not write the model"
+  convert --load-dir "$dir/$name" --save-dir "$dir/$name.ck" --seq-length 16
+  convert --load-dir "$dir/$name.ck" --save-dir "$dir/$name.back"
+  helper compare "$dir/$name" "$dir/$name.back" || fail "the round trip is not exact"
+  helper logits "$dir/$name" "$dir/$name.ck" || fail "the logits differ"
+}
+# loss NAME CKPT [TRAIN-FLAGS...]: ampipe's validation loss of CKPT against the Hugging Face model NAME's
+loss() {
+  local name=$1 ck=$2
+  shift 2
+  [ -e "$dir/tokens.bin" ] || helper tokens "$dir/tokens.bin" 200 2000
+  local data=(--data-path "$dir/tokens.bin" --split 50,50,0 --micro-batch-size 2 --global-batch-size 2)
+  "$bin" train --load "$ck" --use-checkpoint-args --finetune --skip-train "${data[@]}" --eval-iters 3 \
+    --moe-model-type megatron_moe "$@" >"$dir/train.out" 2>&1 || fail "ampipe train --load $ck failed"
+  local a t
+  a=$(grep -Eo "validation loss at iteration 0 \| lm loss value: [0-9.E+-]+" "$dir/train.out" | awk '{print $NF}')
+  [ -n "$a" ] || fail "ampipe train logged no validation loss"
+  "$py" "$tools/torch_eval.py" --load "$ck" --hf "$dir/$name" "${data[@]}" --eval-iters 3 >"$dir/eval.out" 2>&1 ||
+    fail "torch_eval.py --hf failed"
+  t=$(grep -Eo "validation loss at iteration [0-9]+ \| lm loss value: [0-9.E+-]+" "$dir/eval.out" | awk '{print $NF}')
+  [ -n "$t" ] || fail "torch_eval.py printed no validation loss"
+  "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(a)
+print(f'validation loss: ampipe {a:.8e}, Hugging Face model {b:.8e}, relative difference {r:.2e}', 'ok' if r <= 1e-5 else 'FAIL (> 1e-5)')
+sys.exit(r > 1e-5)" "$a" "$t" || fail "the validation losses differ"
+}
+# refused MESSAGE-REGEX CONVERT-ARGS...: exit 2 and one error line matching
+refused() {
+  local re=$1
+  shift
+  "$bin" convert "$@" >"$dir/bad.out" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] || fail "ampipe convert $* exited $rc, expected 2"
+  local lines
+  lines=$(grep -c "ampipe: error:" "$dir/bad.out")
+  [ "$lines" = 1 ] && grep -Eq -- "$re" "$dir/bad.out" || fail "expected one error line matching '$re'"
+  echo "refused: $(grep 'ampipe: error:' "$dir/bad.out")"
+}
+
+# bad NAME MESSAGE-REGEX MAKE-ARGS...: a model written with MAKE-ARGS is refused with that line
+bad() {
+  local name=$1 re=$2
+  shift 2
+  helper make "$dir/$name" "$@" || fail "could not write the model"
+  refused "$re" --load-dir "$dir/$name" --save-dir "$dir/o"
+}
+
+case $case_name in
+  mixtral)
+    roundtrip mx --arch mixtral --dtype bf16 --shards 3
+    loss mx "$dir/mx.ck"
+    ;;
+  qwen3)
+    roundtrip qw --arch qwen3 --tied --vocab 200
+    grep -q '"qk_layernorm": true' "$dir/qw.ck/iter_0000000/metadata.json" || fail "the checkpoint is not --qk-layernorm"
+    convert --load-dir "$dir/qw" --save-dir "$dir/qw.ck8" --seq-length 16 --make-vocab-size-divisible-by 8
+    loss qw "$dir/qw.ck8"
+    ;;
+  qwen3_no_norm)
+    roundtrip qn --arch qwen3 --no-norm-topk-prob
+    grep -q '"moe_router_pre_softmax": true' "$dir/qn.ck/iter_0000000/metadata.json" ||
+      fail "norm_topk_prob false is not --moe-router-pre-softmax"
+    loss qn "$dir/qn.ck" --ampipe-degree 2 --use-flash-attn
+    ;;
+  bad_inputs)
+    refused "--load-dir .*/nothing: the directory does not exist" --load-dir "$dir/nothing" --save-dir "$dir/o"
+    mkdir "$dir/empty"
+    refused "--load-dir .*/empty: neither a Hugging Face model directory \(config.json\) nor an ampipe checkpoint" \
+      --load-dir "$dir/empty" --save-dir "$dir/o"
+    helper make "$dir/badjson" --arch mixtral
+    echo "{" >"$dir/badjson/config.json"
+    refused "badjson/config.json: not valid JSON" --load-dir "$dir/badjson" --save-dir "$dir/o"
+    bad llama "\"architectures\" is \[\"LlamaForCausalLM\"\]: ampipe convert reads MixtralForCausalLM and Qwen3MoeForCausalLM only" \
+      --arch mixtral --config-key 'architectures=["LlamaForCausalLM"]'
+    bad sw "config.json: \"sliding_window\" is 4096: sliding-window attention is not implemented" \
+      --arch mixtral --config-key 'sliding_window=4096'
+    bad gelu "config.json: \"hidden_act\" is \"gelu\"" --arch qwen3 --config-key 'hidden_act="gelu"'
+    bad shape "model.safetensors: tensor model.layers.1.self_attn.k_proj.weight is \[15, 32\], config.json's model needs \[16, 32\]" \
+      --arch mixtral --bad-shape model.layers.1.self_attn.k_proj.weight
+    bad missing "tensor model.layers.0.self_attn.q_norm.weight is missing" \
+      --arch qwen3 --drop-tensor model.layers.0.self_attn.q_norm.weight
+    bad nokey "config.json: key \"num_local_experts\" is missing" --arch mixtral --config-key 'num_local_experts=null'
+    bad k5 "k5/config.json: the model cannot run here: --moe-router-topk 5 is larger than --num-experts 4" \
+      --arch mixtral --config-key 'num_experts_per_tok=5'
+    bad lt "\"layer_types\" holds \"sliding_attention\": every layer here has full attention" \
+      --arch qwen3 --config-key 'layer_types=["full_attention","sliding_attention"]'
+    bad f16 "\"torch_dtype\" is \"float16\"" --arch mixtral --config-key 'torch_dtype="float16"'
+    helper make "$dir/ok" --arch mixtral
+    rm "$dir/ok/model.safetensors"
+    refused "neither model.safetensors nor model.safetensors.index.json is there" --load-dir "$dir/ok" --save-dir "$dir/o"
+    ;;
+  layouts)
+    [ ${#launch[@]} -gt 0 ] || fail "layouts needs MPIRUN..."
+    helper make "$dir/ql" --arch qwen3 || fail "could not write the model"
+    convert --load-dir "$dir/ql" --save-dir "$dir/ql.ck" --seq-length 16
+    helper tokens "$dir/tokens.bin" 256 2000
+    data=(--load "$dir/ql.ck" --use-checkpoint-args --finetune --skip-train --data-path "$dir/tokens.bin"
+          --split 50,50,0 --micro-batch-size 2 --global-batch-size 4 --eval-iters 2 --moe-model-type megatron_moe)
+    val() { grep -Eo "validation loss at iteration 0 \| lm loss value: [0-9.E+-]+" "$dir/train.out" | awk '{print $NF}'; }
+    "$bin" train "${data[@]}" >"$dir/train.out" 2>&1 || fail "ampipe train (one rank) failed"
+    one=$(val)
+    for layout in "--tensor-model-parallel-size 2" "--expert-model-parallel-size 2" \
+                  "--context-parallel-size 2 --ampipe-degree 2 --use-flash-attn"; do
+      # shellcheck disable=SC2086
+      "${launch[@]}" -np 2 "$bin" train "${data[@]}" $layout >"$dir/train.out" 2>&1 || fail "ampipe train $layout failed"
+      "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(a)
+print(f'validation loss, {sys.argv[3]}: {b:.6e} vs one rank {a:.6e}, relative difference {r:.1e}', 'ok' if r <= 1e-5 else 'FAIL')
+sys.exit(r > 1e-5)" "$one" "$(val)" "$layout" || fail "$layout differs"
+    done
+    ;;
+  not_expressible)  # ampipe models Hugging Face's two cannot express: one line naming the flag
+    small=(--num-layers 1 --seq-length 16 --hidden-size 32 --ffn-hidden-size 24 --num-attention-heads 4
+           --num-experts 4 --train-iters 1 --eval-iters 0)
+    "$bin" train "${small[@]}" --save "$dir/ln" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
+    refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM and Qwen3MoeForCausalLM cannot express it" \
+      --load-dir "$dir/ln" --save-dir "$dir/o"
+    "$bin" train "${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope \
+      --save "$dir/ds" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
+    refused "--moe-model-type deepspeed_moe" --load-dir "$dir/ds" --save-dir "$dir/o"
+    # trained from scratch with Megatron-Core's router and qk norms: a Qwen3-MoE with a config.json built from the flags
+    "$bin" train "${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope --qk-layernorm \
+      --moe-model-type megatron_moe --untie-embeddings-and-output-weights --save "$dir/q" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    convert --load-dir "$dir/q" --save-dir "$dir/q.hf"
+    grep -q '"Qwen3MoeForCausalLM"' "$dir/q.hf/config.json" || fail "not written as Qwen3MoeForCausalLM"
+    helper logits "$dir/q.hf" "$dir/q" || fail "the logits differ"
+    ;;
+  *) echo "unknown case $case_name"; exit 2 ;;
+esac
+echo "ok: $case_name"
