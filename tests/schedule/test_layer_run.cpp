@@ -51,5 +51,5 @@ TEST(LayerRunDeathTest, CommunicationStagesAndMissingDirectionsNeverReachABlock)
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 2 * 12 + 2 + 5);  // twelve communication stages in both directions, seven one-way stages
+  EXPECT_EQ(checked, 2 * 13 + 2 + 5);  // thirteen communication stages in both directions, seven one-way stages
 }

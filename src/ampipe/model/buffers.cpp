@@ -38,7 +38,7 @@ constexpr BufInfo kInfo[kNumBufs] = {
     {"mlp_act_bf16", false},    {"mlp_out", false},         {"mlp_y", false},           {"d_mlp", false},
     {"d_mlp_full", false},      {"d_mlp_bf16", false},      {"d_mlp_act", false},       {"d_mlp_fc1", false},
     {"d_mlp_fc1_bf16", false},  {"d_mlp_in", false},        {"d_mlp_in_local", false},
-    {"qk_raw", false},          {"qk_stats", false},        {"qk_scratch", false},
+    {"qk_raw", false},          {"qk_stats", false},        {"qk_scratch", false},      {"capacity_tp", true},
 };
 // Buffers with one slot per context-parallel ring step.
 bool per_ring_step(Buf b) {
@@ -53,6 +53,7 @@ bool moe_only(Buf b) {
     case Buf::gate_input:
     case Buf::capacity_need:
     case Buf::capacity_all:
+    case Buf::capacity_tp:
     case Buf::dispatch_rows:
     case Buf::dispatch_send:
     case Buf::dispatch_recv:
@@ -143,8 +144,9 @@ bool needed(const LayerDims& d, Buf b) {
     case Buf::qk_raw:
     case Buf::qk_stats:
     case Buf::qk_scratch: return d.qk_norm;
-    case Buf::capacity_need:
-    case Buf::capacity_all: return d.agree_capacity;
+    case Buf::capacity_need: return d.agree_capacity;
+    case Buf::capacity_all: return d.agree_capacity && d.ep > 1;
+    case Buf::capacity_tp: return d.agree_capacity_tp;
     default: return true;
   }
 }
@@ -299,6 +301,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::gate_input: return {Scl, h};
     case Buf::capacity_need: return {1};
     case Buf::capacity_all: return {d.ep};
+    case Buf::capacity_tp: return {d.tp * d.ep};
     case Buf::dispatch_rows:
     case Buf::dispatch_send:
     case Buf::combine_recv:

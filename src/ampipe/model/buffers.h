@@ -133,8 +133,9 @@ enum class Buf : uint8_t {
   qk_raw,              // [T*(hl + kvl)] fp32 q and k before the norm: every row's q ([T*nl, d]) then k ([T*gl, d])
   qk_stats,            // [2*T*(nl + gl)] the norm's mean (LayerNorm) then rstd, of every (row, head): q's then k's
   qk_scratch,          // [2*S_c*(hl + kvl)] one chunk's normalised q, k (forward) or their two gradients (backward)
+  capacity_tp,         // [tp * ep] per chunk: every tp rank's capacity_all (a dropless router with sequence parallelism)
 };
-inline constexpr int kNumBufs = int(Buf::qk_scratch) + 1;
+inline constexpr int kNumBufs = int(Buf::capacity_tp) + 1;
 
 enum class Scope : uint8_t { saved, shared };
 

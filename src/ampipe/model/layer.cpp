@@ -22,7 +22,7 @@ Tensor LayerMemory::get(Buf b, int c) const {
 
 Tensor LayerMemory::get(Buf b, int c, int p) const {
   if (p < 0) return get(b, c);
-  const ExpertPiece& pc = dims_->pieces.at(size_t(p));
+  const ExpertPiece pc = dims_->piece(p, c >= 0 && c < dims_->M ? C_[size_t(c)] : dims_->C);
   const Tensor slot = get(b, c);
   const int64_t h = dims_->h, t = gathered_over_tp(b) ? dims_->tp : 1;  // gathered: t blocks per a2a block
   return slot.view({slot.numel() / h, h}).rows(t * pc.row0, t * (pc.row0 + dims_->ep * pc.experts * pc.slots));
@@ -163,7 +163,8 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::cp_ring:
     case Stage::cp_aux_stats:
     case Stage::tp_mlp_in:
-    case Stage::tp_mlp_out: break;
+    case Stage::tp_mlp_out:
+    case Stage::tp_capacity: break;
   }
   AMPIPE_CHECK(false, "stage {}.{} is not a compute stage of the layer", stage_name(s), dir_name(d));
 }

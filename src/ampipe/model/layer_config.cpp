@@ -155,17 +155,6 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--seq-length {} is not divisible by --tensor-model-parallel-size {} with "
                                   "--sequence-parallel: every tensor-parallel rank holds seq-length/tp rows",
                                   seq_length, t));
-  if (sequence_parallel && t > 1 && megatron_router() && !dense())
-    throw ConfigError(fmt::format("--moe-model-type megatron_moe cannot be used with --sequence-parallel and "
-                                  "--tensor-model-parallel-size {} yet: its dropless capacity would have to be agreed "
-                                  "over EP x TP (every tp rank routes its own rows)",
-                                  t));
-  if (sequence_parallel && t > 1 && moe_no_drop && !dense())
-    throw ConfigError(fmt::format("--moe-no-drop cannot be used with --sequence-parallel and "
-                                  "--tensor-model-parallel-size {} yet: every tp rank routes its own rows, and a "
-                                  "dropless capacity would have to be agreed over EP x TP (for no drops, use "
-                                  "--moe-train-capacity-factor num-experts/topk instead)",
-                                  t));
   if (pipe_experts_multi_data < 1)
     throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
                                   pipe_experts_multi_data));

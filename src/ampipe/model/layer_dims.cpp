@@ -62,7 +62,8 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.srcs = d.sp ? d.tp * d.ep : d.ep;
   d.overlap_tp = d.tp > 1 && (cfg.ampipe_tp_sp_comm_overlap || (cfg.pipe_experts_multi_stream && d.sp));
   d.capacity_is_bound = cfg.dropless();
-  d.agree_capacity = cfg.dropless() && d.ep > 1 && d.moe;
+  d.agree_capacity_tp = cfg.dropless() && d.moe && d.sp && d.tp > 1;
+  d.agree_capacity = (cfg.dropless() && d.ep > 1 && d.moe) || d.agree_capacity_tp;
   d.C = !d.moe ? 0
         : cfg.dropless() ? d.Scl
                          : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
@@ -209,6 +210,7 @@ double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
     case Stage::dispatch:
     case Stage::combine: return slots * h * e;
     case Stage::capacity: return fwd ? 4 : 0;
+    case Stage::tp_capacity: return fwd ? 4.0 * double(d.ep) : 0;
     // all-gather: this rank's block; reduce-scatter: the t blocks it reduces; all-reduce: the whole buffer
     // the attention side's reductions: fp32, or bf16 with sequence parallelism in bf16 (the all-reduce stays fp32)
     case Stage::tp_qkv_in:  // fwd: gather the LN1 rows (compute dtype); bwd: reduce the input gradient

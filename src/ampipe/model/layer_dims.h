@@ -57,7 +57,8 @@ struct LayerDims {
   // S_c (an expert receives each token at most once), so nothing is ever reallocated.
   int64_t C = 0;
   bool capacity_is_bound = false;  // --moe-no-drop: the run-time capacity is <= C
-  bool agree_capacity = false;     // --moe-no-drop with ep > 1: the EP ranks all-gather their needs first
+  bool agree_capacity = false;     // dropless with ep > 1 or sequence parallel tp > 1: the ranks agree first
+  bool agree_capacity_tp = false;  // ... over the tp ranks too (sequence parallel: each routes its own rows)
   // The expert weight gradients wait for every chunk and run as one GEMM per expert over all chunks' slots
   // (K = M*ep*C instead of ep*C per chunk). Only with a fixed capacity: with --moe-no-drop the chunks' slots are
   // not packed, so each chunk's backward adds its own.
@@ -74,6 +75,13 @@ struct LayerDims {
   std::vector<ExpertPiece> pieces;
   // The MoE MLP runs in pieces (pipe-experts or the tp overlap): piece-major all-to-all buffers, staged copies.
   bool pieced() const { return !pieces.empty(); }
+  // Piece p of a chunk whose run-time capacity is C (a dropless router's, at most the planned one): pipe-experts'
+  // slices are planned for a fixed capacity; the tp overlap's pieces (a local expert's slots) are C slots each.
+  ExpertPiece piece(int p, int64_t C) const {
+    const ExpertPiece& pc = pieces.at(size_t(p));
+    if (!capacity_is_bound || C == this->C) return pc;
+    return {pc.expert0, pc.experts, 0, C, pc.expert0 * ep * C};
+  }
 
   static LayerDims make(const LayerConfig& cfg, int M);
   int64_t R() const { return srcs * C; }  // slots one local expert processes per chunk

@@ -100,7 +100,7 @@ void MoeBlock::accumulate_stats(const GateStats& chunk) {
 }
 
 void MoeBlock::gate_assign(int c) {
-  const Tensor all = st_.mem.get(Buf::capacity_all, c);
+  const Tensor all = st_.mem.get(st_.dims.agree_capacity_tp ? Buf::capacity_tp : Buf::capacity_all, c);
   const float* v = all.data<float>();
   const float C = std::max(1.0f, *std::max_element(v, v + all.numel()));
   gate_assign_forward(int64_t(C), gctx_[size_t(c)]);
@@ -109,7 +109,7 @@ void MoeBlock::gate_assign(int c) {
 
 ExpertPiece MoeBlock::piece(int c, int p) const {
   if (!st_.dims.pieced()) return {0, st_.dims.L, 0, st_.mem.capacity(c), 0};
-  return st_.dims.pieces[size_t(p)];
+  return st_.dims.piece(p, st_.mem.capacity(c));
 }
 
 void MoeBlock::copy_slots_pieces(const Tensor& from, Tensor& to, int c, bool to_pieces) const {

@@ -56,8 +56,10 @@ enum class Stage : uint8_t {
                   // (sequence parallel) or all-reduce of the MLP's input gradient
   tp_mlp_out,     // collective: fwd: reduce-scatter (sequence parallel) or all-reduce of the MLP's partial sums;
                   // bwd, sequence parallel: all-gather of its output gradient
+  tp_capacity,    // collective: a dropless router with sequence parallelism (every tp rank routes its own rows), the
+                  // all-gather over tp of the EP ranks' required capacities (so the largest is agreed over EP x TP)
 };
-inline constexpr int kNumStages = int(Stage::tp_mlp_out) + 1;
+inline constexpr int kNumStages = int(Stage::tp_capacity) + 1;
 
 constexpr const char* stage_name(Stage s) {
   switch (s) {
@@ -90,6 +92,7 @@ constexpr const char* stage_name(Stage s) {
     case Stage::mlp_wgrad: return "mlp_wgrad";
     case Stage::tp_mlp_in: return "tp_mlp_in";
     case Stage::tp_mlp_out: return "tp_mlp_out";
+    case Stage::tp_capacity: return "tp_capacity";
   }
   return "?";
 }

@@ -42,6 +42,7 @@ constexpr std::array<Lane, model::kNumStages> kLane = {
     Lane::compute,  // mlp_wgrad
     Lane::tp,       // tp_mlp_in
     Lane::tp,       // tp_mlp_out
+    Lane::tp,       // tp_capacity
 };
 }  // namespace
 
@@ -321,10 +322,15 @@ void LayerPlanBuilder::gate_forward(int c, uint32_t proj) {
     mlp_input[i] = !sp ? res
                        : b.tp(Dir::fwd, Stage::tp_mlp_in, c, {res}, CollKind::all_gather,
                               bf16 ? Buf::mlp_send : Buf::ln2_out, Buf::mlp_in);
-  if (d.agree_capacity) {  // --moe-no-drop, ep > 1: every EP rank's required capacity, the largest agreed
-    const uint32_t cap = b.collective(Dir::fwd, Stage::capacity, c, {gate[i]}, CollKind::all_gather,
-                                      Buf::capacity_need, Buf::capacity_all);
-    gate[i] = b.add(Dir::fwd, Stage::gate_assign, c, {cap});
+  if (d.agree_capacity) {  // dropless: every EP rank's required capacity (and every tp rank's, sequence parallel)
+    uint32_t cap = gate[i];
+    if (d.ep > 1)
+      cap = b.collective(Dir::fwd, Stage::capacity, c, {cap}, CollKind::all_gather, Buf::capacity_need,
+                         Buf::capacity_all);
+    if (d.agree_capacity_tp)
+      cap = b.tp(Dir::fwd, Stage::tp_capacity, c, {cap}, CollKind::all_gather,
+                 d.ep > 1 ? Buf::capacity_all : Buf::capacity_need, Buf::capacity_tp);
+    gate[i] = b.add(Dir::fwd, Stage::gate_assign, c, {cap});  // the largest of them
   }
   for (size_t q = 0; q < nP; ++q)
     dispatch[i][q] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all, Buf::dispatch_send,
