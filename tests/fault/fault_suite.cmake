@@ -37,6 +37,18 @@ foreach(_c ${_ckpt_cases})
   set_tests_properties(fault.checkpoint.${_name} PROPERTIES TIMEOUT 120)
 endforeach()
 
+# ---- issue 27, item 3: metadata.json is a --config for any degree and layout (2 ranks: tp 2 with sequence
+# parallelism, ep 2; AMPipe degree 2 each) ----
+foreach(_case "tp2_degree2;--tensor-model-parallel-size;2;--sequence-parallel"
+              "ep2_degree2;--expert-model-parallel-size;2")
+  list(GET _case 0 _name)
+  list(SUBLIST _case 1 -1 _layout)
+  add_test(NAME fault.checkpoint.metadata_as_config.${_name}.np2
+           COMMAND bash ${_fault_dir}/metadata_config.sh $<TARGET_FILE:ampipe> ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS}
+                   -- --ampipe-degree 2 --use-flash-attn ${_layout})
+  set_tests_properties(fault.checkpoint.metadata_as_config.${_name}.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2)
+endforeach()
+
 # ---- signals: SIGTERM finishes the iteration on every rank, saves, one line, exit 143; the checkpoint resumes ----
 add_test(NAME fault.signal.sigterm_saves_and_resumes
          COMMAND bash ${_fault_dir}/signal_resume.sh $<TARGET_FILE:ampipe>)
