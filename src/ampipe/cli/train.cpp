@@ -307,6 +307,11 @@ int run_train(TrainFlags& flags) {
                    padded_from_checkpoint ? " (the --load checkpoint's, --use-checkpoint-args)" : "");
   // The checkpoint's model has this run's vocabulary, or one line says how to get it (before any collective).
   if (ckpt) train::check_checkpoint_vocab(cfg.load, ckpt->iteration, ckpt->config, vocab);
+  // --use-checkpoint-args: the weights' shapes (their safetensors header) are the model the metadata describes,
+  // before anything is built from it.
+  if (ckpt && cfg.use_checkpoint_args)
+    train::check_checkpoint_shapes(cfg.load + "/" + train::checkpoint_subdir(ckpt->iteration) + "/model.safetensors",
+                                   cfg);
   if (rt.rank() == 0) {
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
     if (!vocab.log_line().empty()) fmt::print("{}\n", vocab.log_line());  // Megatron's line
@@ -317,7 +322,9 @@ int run_train(TrainFlags& flags) {
   // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
   // none, and the comparison is what names the difference.
   rt.set_check_collectives(false);
-  check_ranks_agree(train_agreement(cfg, flags, *data, ckpt ? ckpt->iteration : -1), groups.world);
+  check_ranks_agree(train_agreement(cfg, flags, *data, ckpt ? ckpt->iteration : -1,
+                                    ckpt ? ckpt->manifest_checksum : std::string("none")),
+                    groups.world);
   rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   check_output_file("--loss-plot", cfg.loss_plot, groups.world);
