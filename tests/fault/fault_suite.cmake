@@ -182,6 +182,7 @@ set(_bad_file_cases
   "preprocess_own_input@--output-prefix .*/x: this run would write .*/x.bin, which is its --input .*/x.bin: refusing to overwrite an input"
   "preprocess_own_input_json@--output-prefix .*/x: this run would write .*/x_text_document.idx, which is its --input"
   "split_empty@--split: '' is invalid: it must not be empty"
+  "token_file_memory@--data-path .*tok.bin: loading it takes 192 MiB \\(an llm.c token file, 67108864 bytes: 33553920 tokens, held at 2 bytes each \\(64.0 MiB\\), 192 MiB while loading\\) on top of the .* this process holds, more than --memory-limit 128 MiB \\(134217728 bytes\\)"
   "trace_fifo@--trace .*t.json: cannot be written: it is a FIFO that no process reads")
 foreach(_c ${_bad_file_cases})
   string(FIND "${_c}" "@" _at)
