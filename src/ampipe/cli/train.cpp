@@ -113,7 +113,8 @@ void check_data_memory(const train::TrainConfig& cfg, const MemoryFlags& memory)
   if (limit == 0 || dm.peak == 0) return;
   const int64_t now = std::max<int64_t>(core::current_rss_bytes(), 0);
   const std::string what = dm.path.empty() ? std::string("the bundled corpus") : "--data-path " + dm.path;
-  if (limit > 0 && now + dm.peak > limit)
+  // (a limit the process exceeds already is the whole estimate's refusal, after the data: the data are not the cause)
+  if (limit > 0 && now <= limit && now + dm.peak > limit)
     throw ConfigError(fmt::format("{}: loading it takes {} ({}) on top of the {} this process holds, more than "
                                   "--memory-limit {} ({} bytes): use a Megatron indexed dataset (memory-mapped: "
                                   "ampipe preprocess writes one), a smaller file, or a larger --memory-limit (0 turns "
