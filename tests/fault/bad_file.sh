@@ -10,6 +10,11 @@ trap 'rm -rf "$d"' EXIT
 here=$(dirname "$0")
 deep() { python3 -c "import sys; n=100000; sys.stdout.write('{\"$1\": ' + '['*n + ']'*n + '}')"; }
 case $case in
+  token_file_memory)  # issue 27, item 4: a 64 MiB llm.c token file (sparse: no disk) under --memory-limit 128M and
+                     # a 1 GB address-space limit: refused from its size before a byte is read, never std::bad_alloc
+                     { printf '\x88\xd8\x34\x01\x01\x00\x00\x00\x00\xfe\xff\x01'; head -c 1012 /dev/zero; } > "$d/tok.bin"
+                     truncate -s 67108864 "$d/tok.bin"; ulimit -v 1000000
+                     cmd=(train --num-experts 4 --data-path "$d/tok.bin" --memory-limit 128M) ;;
   config_nul)        printf '{"hidden_size": 32}\0{"bogus_key": 1} {"lr": 5}' > "$d/c.json"
                      cmd=(train --num-experts 4 --config "$d/c.json") ;;
   config_trailing)   printf '{"hidden_size": 32} {"lr": 5}' > "$d/c.json"

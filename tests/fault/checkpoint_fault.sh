@@ -32,9 +32,15 @@ case $case in
   marker_missing_dir) echo 3 > "$d/ckpt/latest_checkpointed_iteration.txt" ;;
   model_missing)   rm "$i4/model.safetensors" ;;
   model_is_dir)    rm "$i4/model.safetensors" && mkdir "$i4/model.safetensors" ;;
+  # issue 27: the manifest records every file of the iteration, metadata.json included, and its own checksum
+  meta_heads|meta_heads_args) sed -i 's/"num_attention_heads": 2/"num_attention_heads": 4/' "$i4/metadata.json" ;;
+  manifest_edited) sed -i 's/"iteration": 4/"iteration": 5/' "$i4/manifest.json" ;;
+  manifest_missing) rm "$i4/manifest.json" ;;
   *) echo "unknown case $case"; exit 1 ;;
 esac
+extra=()
+[ "$case" = meta_heads_args ] && extra=(--use-checkpoint-args)
 before=$(cd "$d/ckpt" && find . -type f | sort | xargs sha256sum)
-"$(dirname "$0")/../cli/expect_error.sh" "$regex" "$ampipe" train "${shape[@]}" --train-iters 6 --load "$d/ckpt" || exit 1
+"$(dirname "$0")/../cli/expect_error.sh" "$regex" "$ampipe" train "${shape[@]}" --train-iters 6 --load "$d/ckpt" "${extra[@]}" || exit 1
 after=$(cd "$d/ckpt" && find . -type f | sort | xargs sha256sum)
 [ "$before" = "$after" ] || { echo "the refused load changed files:"; diff <(echo "$before") <(echo "$after"); exit 1; }

@@ -2,7 +2,9 @@
 # line (tests/cli/expect_error.sh: exit 2 and exactly one stderr line matching the regex) and, where files are
 # involved, that no file of the user's was lost or changed. Classes and their tests (other classes' cases that
 # predate this suite are listed in docs/training.md, "Hardening"):
-#   checkpoints that must not load  fault.checkpoint.*   (and test_train_checkpoint_verify, test_core_safetensors)
+#   checkpoints that must not load  fault.checkpoint.*   (and test_train_checkpoint_verify, test_core_safetensors;
+#                                    issue 27's manifest: fault.checkpoint.{meta_heads*,manifest_*}, CheckpointVerify.*,
+#                                    CheckpointShapes.*; metadata.json as --config: fault.checkpoint.metadata_as_config.*)
 #   signals                          fault.signal.*
 #   ranks that disagree              fault.ranks_disagree.* (and mpi_comm_faults: counts and dtypes)
 #   config keys set twice            cli.bad_input.config_*
@@ -26,7 +28,11 @@ set(_ckpt_cases
   "marker_garbage@--load .*/latest_checkpointed_iteration.txt: latest_checkpointed_iteration.txt is corrupt"
   "marker_missing_dir@--load .*/iter_0000003/metadata.json: the file is missing"
   "model_missing@--load .*/iter_0000004/model.safetensors: the file is missing"
-  "model_is_dir@--load .*/iter_0000004/model.safetensors: not a regular file")
+  "model_is_dir@--load .*/iter_0000004/model.safetensors: not a regular file"
+  "meta_heads@--load .*/iter_0000004/metadata.json: the file does not match manifest.json: expected [0-9]+ bytes, xxh64:[0-9a-f]{16}. found [0-9]+ bytes, xxh64:[0-9a-f]{16}"
+  "meta_heads_args@--load .*/iter_0000004/metadata.json: the file does not match manifest.json: expected [0-9]+ bytes, xxh64:[0-9a-f]{16}. found"
+  "manifest_edited@--load .*/iter_0000004/manifest.json: the manifest does not match its own checksum: expected xxh64:[0-9a-f]{16} \\(recorded\\), found xxh64:"
+  "manifest_missing@--load .*/iter_0000004/manifest.json: the file is missing, but .*/metadata.json says checkpoint version 3")
 foreach(_c ${_ckpt_cases})
   string(FIND "${_c}" "@" _at)
   string(SUBSTRING "${_c}" 0 ${_at} _name)
@@ -35,6 +41,18 @@ foreach(_c ${_ckpt_cases})
   add_test(NAME fault.checkpoint.${_name}
            COMMAND bash ${_fault_dir}/checkpoint_fault.sh $<TARGET_FILE:ampipe> ${_name} "${_regex}")
   set_tests_properties(fault.checkpoint.${_name} PROPERTIES TIMEOUT 120)
+endforeach()
+
+# ---- issue 27, item 3: metadata.json is a --config for any degree and layout (2 ranks: tp 2 with sequence
+# parallelism, ep 2; AMPipe degree 2 each) ----
+foreach(_case "tp2_degree2;--tensor-model-parallel-size;2;--sequence-parallel"
+              "ep2_degree2;--expert-model-parallel-size;2")
+  list(GET _case 0 _name)
+  list(SUBLIST _case 1 -1 _layout)
+  add_test(NAME fault.checkpoint.metadata_as_config.${_name}.np2
+           COMMAND bash ${_fault_dir}/metadata_config.sh $<TARGET_FILE:ampipe> ${MPIEXEC_EXECUTABLE} ${AMPIPE_MPIRUN_FLAGS}
+                   -- --ampipe-degree 2 --use-flash-attn ${_layout})
+  set_tests_properties(fault.checkpoint.metadata_as_config.${_name}.np2 PROPERTIES TIMEOUT 60 PROCESSORS 2)
 endforeach()
 
 # ---- signals: SIGTERM finishes the iteration on every rank, saves, one line, exit 143; the checkpoint resumes ----
@@ -112,6 +130,8 @@ set(_one_rank_cases
   "config_bad_rank1@2@15@rank 1 \\(.*\\): --moe-router-topk 7"
   "ckpt_truncated@2@20@rank 1 \\(.*\\): --load ckpt/iter_0000004/optimizer.safetensors: truncated safetensors file"
   "ckpt_flipped@2@20@rank 1 \\(.*\\): --load ckpt/iter_0000004/model.safetensors: tensor .* does not match its checksum"
+  "ckpt_meta_edited@2@20@rank 1 \\(.*\\): --load ckpt/iter_0000004/metadata.json: the file does not match manifest.json: expected [0-9]+ bytes"
+  "manifests_differ@2@20@the ranks would resume from different checkpoints: --load ckpt holds iteration 4 with manifest.json xxh64:[0-9a-f]{16} on rank 0 \\(.*\\) and with manifest.json xxh64:[0-9a-f]{16} on rank 1 \\(.*\\): their copies of the iteration differ"
   "markers_differ@2@20@the ranks would resume from different checkpoints: --load ckpt holds iteration 4 on rank 0 \\(.*\\) and iteration 2 on rank 1"
   "marker_missing@2@20@the ranks would resume from different checkpoints: --load ckpt holds iteration 4 on rank 0 \\(.*\\) and no checkpoint on rank 1"
   "subcommand@2@15@the ranks run different commands: rank 0 \\(.*\\) runs train, rank 1 \\(.*\\) runs plan"
@@ -162,6 +182,7 @@ set(_bad_file_cases
   "preprocess_own_input@--output-prefix .*/x: this run would write .*/x.bin, which is its --input .*/x.bin: refusing to overwrite an input"
   "preprocess_own_input_json@--output-prefix .*/x: this run would write .*/x_text_document.idx, which is its --input"
   "split_empty@--split: '' is invalid: it must not be empty"
+  "token_file_memory@--data-path .*tok.bin: loading it takes 192 MiB \\(an llm.c token file, 67108864 bytes: 33553920 tokens, held at 2 bytes each \\(64.0 MiB\\), 192 MiB while loading\\) on top of the .* this process holds, more than --memory-limit 128 MiB \\(134217728 bytes\\)"
   "trace_fifo@--trace .*t.json: cannot be written: it is a FIFO that no process reads")
 foreach(_c ${_bad_file_cases})
   string(FIND "${_c}" "@" _at)

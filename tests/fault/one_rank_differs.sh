@@ -35,6 +35,14 @@ case $case in
                       f=$d/r1/ckpt/iter_0000004/model.safetensors; off=$(( $(stat -c %s "$f") - 1 ))
                       printf '\x55' | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
                       r0=("$ampipe" train "${shape[@]}" --train-iters 6 --load ckpt); r1=("${r0[@]}") ;;
+  ckpt_meta_edited)   checkpoint  # rank 1's metadata.json says another head count (the same tensor shapes)
+                      sed -i 's/"num_attention_heads": 2/"num_attention_heads": 4/' "$d/r1/ckpt/iter_0000004/metadata.json"
+                      r0=("$ampipe" train "${shape[@]}" --train-iters 6 --load ckpt --use-checkpoint-args); r1=("${r0[@]}") ;;
+  manifests_differ)   checkpoint  # rank 1's copy of iteration 4 is another run's (another seed): a valid checkpoint
+                      rm -rf "$d/r1/ckpt"
+                      "$ampipe" train "${shape[@]}" --train-iters 4 --save "$d/r1/ckpt" --save-interval 2 --seed 5 \
+                        >/dev/null 2>"$d/err" || { echo "the setup run failed:"; cat "$d/err"; exit 1; }
+                      r0=("$ampipe" train "${shape[@]}" --train-iters 6 --load ckpt); r1=("${r0[@]}") ;;
   markers_differ)     checkpoint
                       echo 2 > "$d/r1/ckpt/latest_checkpointed_iteration.txt"
                       r0=("$ampipe" train "${shape[@]}" --train-iters 6 --load ckpt); r1=("${r0[@]}") ;;

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <limits>
 
+#include "ampipe/core/checksum.h"
 #include "ampipe/core/safetensors.h"
+#include "ampipe/train/checkpoint_args.h"
 #include "train/train_harness.h"
 
 using namespace ampipe;
@@ -75,7 +77,26 @@ class CheckpointVerify : public ::testing::Test {
     std::ifstream in(it4("metadata.json"));
     return nlohmann::json::parse(in);
   }
-  void write_meta(const nlohmann::json& j) const { std::ofstream(it4("metadata.json"), std::ios::trunc) << j.dump(2); }
+  // Writes metadata.json and re-signs the manifest "as if saved so" (every file's size and XXH64 as it is now, the
+  // manifest's own checksum), so a case reaches the check it is about.
+  void write_meta(const nlohmann::json& j) const {
+    std::ofstream(it4("metadata.json"), std::ios::trunc) << j.dump(2);
+    resign_manifest();
+  }
+  void resign_manifest() const {
+    nlohmann::json man = read_json(it4(train::kManifestFile));
+    for (const char* f : {"metadata.json", "model.safetensors", "optimizer.safetensors"}) {
+      const std::string text = file_text(it4(f));
+      man["files"][f] = {{"bytes", text.size()}, {"xxh64", core::checksum_string(core::xxh64(text.data(), text.size()))}};
+    }
+    man["checksum"] = train::manifest_self_checksum(man);
+    std::ofstream(it4(train::kManifestFile), std::ios::trunc) << man.dump(2);
+  }
+  static std::string file_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(file_text(path)); }
 
   static std::string pristine_;
   std::string dir_;
@@ -240,4 +261,139 @@ TEST_F(CheckpointVerify, AnotherModelShapeIsRefused) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("the checkpoint has --ffn-hidden-size 32, this run has "
                                                "--ffn-hidden-size 64"));
   }
+}
+
+// Issue 27, item 3: every file of an iteration is recorded in manifest.json (size and XXH64), which carries its own
+// checksum; metadata.json included, so an edited metadata.json (another head count: the same tensor shapes) never
+// builds another model. Each refusal names the file, the expected and the found values.
+TEST_F(CheckpointVerify, AnEditedMetadataIsRefusedByTheManifest) {
+  nlohmann::json j = read_meta();
+  j["config"]["num_attention_heads"] = 4;  // qkv stays [3h, h]: only the manifest can tell
+  std::ofstream(it4("metadata.json"), std::ios::trunc) << j.dump(2);
+  const std::string text = file_text(it4("metadata.json"));
+  const nlohmann::json rec = read_json(it4(train::kManifestFile))["files"]["metadata.json"];
+  const std::string want = "--load " + it4("metadata.json") + ": the file does not match manifest.json: expected " +
+                           rec["bytes"].dump() + " bytes, " + rec["xxh64"].get<std::string>() + "; found " +
+                           std::to_string(text.size()) + " bytes, " +
+                           core::checksum_string(core::xxh64(text.data(), text.size()));
+  EXPECT_THAT(load_error(), ::testing::HasSubstr(want));
+  // --use-checkpoint-args reads the configuration first (read_checkpoint_info): refused there, before it is used.
+  try {
+    train::read_checkpoint_info(dir_, /*required=*/true);
+    ADD_FAILURE() << "read an edited metadata.json";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(want));
+  }
+  // Without --use-checkpoint-args only the XXH64 of the manifest is taken (the ranks compare it).
+  const std::string man = file_text(it4(train::kManifestFile));
+  EXPECT_EQ(train::read_checkpoint_info(dir_, false)->manifest_checksum,
+            core::checksum_string(core::xxh64(man.data(), man.size())));
+}
+
+TEST_F(CheckpointVerify, AnEditedManifestIsRefused) {
+  nlohmann::json man = read_json(it4(train::kManifestFile));
+  const std::string recorded = man["checksum"];
+  man["files"]["metadata.json"]["bytes"] = 1;
+  std::ofstream(it4(train::kManifestFile), std::ios::trunc) << man.dump(2);
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("--load " + it4(train::kManifestFile) +
+                                                 ": the manifest does not match its own checksum: expected " +
+                                                 recorded + " (recorded), found " +
+                                                 train::manifest_self_checksum(man)));
+  // A manifest of another iteration, signed: its iteration is not the marker's.
+  fs::copy_file(dir_ + "/iter_0000002/" + train::kManifestFile, it4(train::kManifestFile),
+                fs::copy_options::overwrite_existing);
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("the manifest says iteration 2, its directory and "
+                                                 "latest_checkpointed_iteration.txt say 4"));
+}
+
+TEST_F(CheckpointVerify, ATensorFileThatIsNotTheManifestsIsRefused) {
+  // Rewritten with valid checksums and recorded in metadata.json (whose record the manifest then re-signs): only the
+  // manifest's XXH64 of the whole file differs. Here the tensor file changes after the manifest was signed.
+  std::map<std::string, std::string> meta;
+  core::TensorMap m = core::load_safetensors(it4("optimizer.safetensors"), &meta);
+  const nlohmann::json rec = read_json(it4(train::kManifestFile))["files"]["optimizer.safetensors"];
+  m.at("exp_avg.final_layernorm.weight").data<float>()[0] += 1.0f;
+  const core::SafetensorsInfo info = core::save_safetensors(it4("optimizer.safetensors"), m, meta);
+  nlohmann::json j = read_meta();
+  j["files"]["optimizer.safetensors"] = {{"bytes", info.file_bytes}, {"header_checksum", info.header_checksum}};
+  write_meta(j);  // signs the new file too ...
+  nlohmann::json man = read_json(it4(train::kManifestFile));
+  man["files"]["optimizer.safetensors"] = rec;  // ... so put back the save's record of it, signed
+  man["checksum"] = train::manifest_self_checksum(man);
+  std::ofstream(it4(train::kManifestFile), std::ios::trunc) << man.dump(2);
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("--load " + it4("optimizer.safetensors") +
+                                                 ": the file does not match manifest.json: expected " +
+                                                 rec["bytes"].dump() + " bytes, " + rec["xxh64"].get<std::string>() +
+                                                 "; found " + std::to_string(info.file_bytes) + " bytes, " +
+                                                 info.file_checksum));
+}
+
+TEST_F(CheckpointVerify, AMissingManifestIsRefusedAndAVersion2CheckpointLoads) {
+  fs::remove(it4(train::kManifestFile));
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("--load " + it4(train::kManifestFile) +
+                                                 ": the file is missing, but " + it4("metadata.json") +
+                                                 " says checkpoint version 3"));
+  // Relabelled version 2: the tensor files still say version 3.
+  nlohmann::json j = read_meta();
+  j["version"] = 2;
+  std::ofstream(it4("metadata.json"), std::ios::trunc) << j.dump(2);
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("--load " + it4(train::kManifestFile) +
+                                                 ": the file is missing, but " + it4("model.safetensors") +
+                                                 " says checkpoint version 3"));
+  // A checkpoint as version 2 wrote it (no manifest, tensor files without a version): still loads.
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    std::map<std::string, std::string> meta;
+    const core::TensorMap m = core::load_safetensors(it4(f), &meta);
+    meta.erase("checkpoint_version");
+    const core::SafetensorsInfo info = core::save_safetensors(it4(f), m, meta);
+    j["files"][f] = {{"bytes", info.file_bytes}, {"header_checksum", info.header_checksum}};
+  }
+  std::ofstream(it4("metadata.json"), std::ios::trunc) << j.dump(2);
+  EXPECT_EQ(load_error(), "");
+  EXPECT_EQ(train::read_checkpoint_info(dir_, true)->manifest_checksum, "none");
+}
+
+// Issue 27, item 2: --use-checkpoint-args compares the weights' shapes (the safetensors header only) with the model
+// the metadata describes, naming the tensor, both shapes and the flags that shape it.
+TEST(CheckpointShapes, TheWeightsMustBeTheModelTheMetadataDescribes) {
+  const std::string dir = (fs::temp_directory_path() / ("ampipe_ckpt_shapes_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  train::TrainConfig c = tiny_config();
+  c.train_iters = 1;
+  c.lr_warmup_iters = 0;
+  c.save = dir;
+  run_training(c, *g_groups);
+  const std::string model = dir + "/iter_0000001/model.safetensors";
+  EXPECT_NO_THROW(train::check_checkpoint_shapes(model, c));
+  const size_t n = train::checkpoint_tensor_shapes(c).size();
+  EXPECT_EQ(n, core::read_safetensors_header(model).size() - 1);  // every tensor, "__metadata__" aside
+  auto error = [&](const train::TrainConfig& cfg) {
+    try {
+      train::check_checkpoint_shapes(model, cfg);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  train::TrainConfig wider = c;
+  wider.layer.hidden_size = 32;
+  EXPECT_EQ(error(wider), "--use-checkpoint-args: --load " + model +
+                              ": tensor embedding.word_embeddings.weight is [256, 16], but the model its metadata.json "
+                              "describes needs [256, 32] (--padded-vocab-size 256, --hidden-size 32): the metadata "
+                              "and the weights disagree");
+  train::TrainConfig more_experts = c;
+  more_experts.layer.num_experts = 8;
+  EXPECT_THAT(error(more_experts), ::testing::HasSubstr("tensor layers.0.moe.gate.weight is [4, 16], but the model its "
+                                                        "metadata.json describes needs [8, 16] (--num-experts 8, "
+                                                        "--hidden-size 16)"));
+  train::TrainConfig fewer_layers = c;
+  fewer_layers.num_layers = 1;
+  EXPECT_THAT(error(fewer_layers), ::testing::HasSubstr("tensor layers.1.attn.proj.weight [16, 16] is not a tensor of "
+                                                        "the model its metadata.json describes (--num-layers 1, "
+                                                        "--hidden-size 16)"));
+  train::TrainConfig untied = c;
+  untied.untie_embeddings_and_output_weights = true;
+  EXPECT_THAT(error(untied), ::testing::HasSubstr("tensor output_layer.weight is missing, but the model its "
+                                                  "metadata.json describes has it, shaped [256, 16]"));
+  fs::remove_all(dir);
 }

@@ -236,7 +236,11 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "apply_wd_to_qk_layernorm",
       "adam_beta1", "adam_beta2",
       "adam_eps", "clip_grad", "data_path", "train_data_path", "valid_data_path", "test_data_path", "tokenizer_type",
-      "tokenizer_model", "vocab_file", "merge_file", "padded_vocab_size", "split", "max_position_embeddings"};
+      "tokenizer_model", "vocab_file", "merge_file", "padded_vocab_size", "split", "max_position_embeddings",
+      // the layout and the evaluation: metadata.json rebuilds the run as --config at any degree and layout (issue 27)
+      "tensor_model_parallel_size", "sequence_parallel", "ampipe_tp_sp_comm_overlap", "context_parallel_size",
+      "context_parallel_algo", "use_flash_attn", "add_bias_linear", "pipe_experts_multi_stream", "eval_interval",
+      "eval_iters"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;

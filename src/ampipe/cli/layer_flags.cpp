@@ -218,14 +218,29 @@ void check_ranks_agree(const nlohmann::json& config, const comm::Group& world) {
     // The checkpoint each rank would resume from is no flag: ranks whose --load copies differ (their markers name
     // other iterations, or one has none) would each resume their own state and all-reduce together.
     const char* kCkpt = "checkpoint iteration";
+    const char* kManifest = "checkpoint manifest";  // the XXH64 of the iteration's manifest.json
     bool differs_elsewhere = false;
     for (const auto& [key, value] : mine.items())
-      if (key != kCkpt && key != "load" && (!theirs.contains(key) || theirs[key] != value)) differs_elsewhere = true;
-    if (!differs_elsewhere && mine.contains(kCkpt) && theirs.contains(kCkpt) && mine[kCkpt] != theirs[kCkpt]) {
+      if (key != kCkpt && key != kManifest && key != "load" && (!theirs.contains(key) || theirs[key] != value))
+        differs_elsewhere = true;
+    const bool iteration_differs = mine.contains(kCkpt) && theirs.contains(kCkpt) && mine[kCkpt] != theirs[kCkpt];
+    const bool manifest_differs =
+        mine.contains(kManifest) && theirs.contains(kManifest) && mine[kManifest] != theirs[kManifest];
+    if (!differs_elsewhere && (iteration_differs || manifest_differs)) {
       comm::Runtime& rt = comm::Runtime::current();
-      auto held = [](const nlohmann::json& v) {
+      auto held = [&](const nlohmann::json& v) {
         return v.is_number() ? fmt::format("iteration {}", v.dump()) : std::string("no checkpoint");
       };
+      if (!iteration_differs) {  // one iteration, but the copies' files differ
+        auto man = [](const nlohmann::json& v) {
+          return v == "none" ? std::string("no manifest.json") : fmt::format("manifest.json {}", v.get<std::string>());
+        };
+        throw ConfigError(fmt::format("the ranks would resume from different checkpoints: --load {} holds {} with {} on "
+                                      "{} and with {} on {}: their copies of the iteration differ; every rank must "
+                                      "load the same checkpoint",
+                                      mine.value("load", std::string()), held(mine[kCkpt]), man(mine[kManifest]),
+                                      rt.rank_name(0), man(theirs[kManifest]), rt.rank_name(int(r))));
+      }
       throw ConfigError(fmt::format("the ranks would resume from different checkpoints: --load {} holds {} on {} and {} "
                                     "on {} (as their {} say); every rank must load the same checkpoint",
                                     // (a --load without a checkpoint is cleared: the run starts afresh)

@@ -100,6 +100,38 @@ std::shared_ptr<const train::TextData> prepare_data(train::TrainConfig& cfg, Tra
   return data;
 }
 
+// The token data's memory (train::data_memory, from the file's size) against --memory-limit, or against what the
+// host can still give, before a byte of it is read: a token file that cannot fit is one line naming it and the
+// sizes, not an allocation failure halfway through loading it (issue 27, item 4). A Megatron indexed dataset is
+// memory-mapped and costs no heap.
+void check_data_memory(const train::TrainConfig& cfg, const MemoryFlags& memory) {
+  const bool single = cfg.train_data_path.empty() && cfg.valid_data_path.empty() && cfg.test_data_path.empty() &&
+                      cfg.data_path.size() <= 1;
+  if (!single) return;
+  const train::DataMemory dm = train::data_memory(cfg.data_path.empty() ? std::string() : cfg.data_path.front());
+  const int64_t limit = memory.limit_bytes();
+  if (limit == 0 || dm.peak == 0) return;
+  const int64_t now = std::max<int64_t>(core::current_rss_bytes(), 0);
+  const std::string what = dm.path.empty() ? std::string("the bundled corpus") : "--data-path " + dm.path;
+  // (a limit the process exceeds already is the whole estimate's refusal, after the data: the data are not the cause)
+  if (limit > 0 && now <= limit && now + dm.peak > limit)
+    throw ConfigError(fmt::format("{}: loading it takes {} ({}) on top of the {} this process holds, more than "
+                                  "--memory-limit {} ({} bytes): use a Megatron indexed dataset (memory-mapped: "
+                                  "ampipe preprocess writes one), a smaller file, or a larger --memory-limit (0 turns "
+                                  "the check off)",
+                                  what, core::format_bytes(double(dm.peak)), dm.describe,
+                                  core::format_bytes(double(now)), core::format_bytes(double(limit)), limit));
+  if (limit < 0) {
+    const core::HostMemory host = core::available_memory();
+    if (host.bytes >= 0 && dm.peak > host.bytes)
+      throw ConfigError(fmt::format("{}: loading it takes {} ({}), more than the {} available ({}): use a Megatron "
+                                    "indexed dataset (memory-mapped: ampipe preprocess writes one), a smaller file, or "
+                                    "pass --memory-limit BYTES (0 turns the check off)",
+                                    what, core::format_bytes(double(dm.peak)), dm.describe,
+                                    core::format_bytes(double(host.bytes)), host.source));
+  }
+}
+
 // Rank 0's lines before the first iteration: the model and layout, what AMPipe and cp guarantee, the data, the
 // memory estimate, the checkpoint this run starts from.
 struct RunInfo {
@@ -300,6 +332,7 @@ int run_train(TrainFlags& flags) {
                                          line));
   flags.comm.apply();
 
+  check_data_memory(cfg, flags.memory);
   train::VocabSizing vocab;
   const bool padded_from_checkpoint = ckpt && cfg.use_checkpoint_args && ckpt->config.contains("padded_vocab_size");
   const std::shared_ptr<const train::TextData> data =
@@ -307,6 +340,11 @@ int run_train(TrainFlags& flags) {
                    padded_from_checkpoint ? " (the --load checkpoint's, --use-checkpoint-args)" : "");
   // The checkpoint's model has this run's vocabulary, or one line says how to get it (before any collective).
   if (ckpt) train::check_checkpoint_vocab(cfg.load, ckpt->iteration, ckpt->config, vocab);
+  // --use-checkpoint-args: the weights' shapes (their safetensors header) are the model the metadata describes,
+  // before anything is built from it.
+  if (ckpt && cfg.use_checkpoint_args)
+    train::check_checkpoint_shapes(cfg.load + "/" + train::checkpoint_subdir(ckpt->iteration) + "/model.safetensors",
+                                   cfg);
   if (rt.rank() == 0) {
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
     if (!vocab.log_line().empty()) fmt::print("{}\n", vocab.log_line());  // Megatron's line
@@ -317,7 +355,9 @@ int run_train(TrainFlags& flags) {
   // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
   // none, and the comparison is what names the difference.
   rt.set_check_collectives(false);
-  check_ranks_agree(train_agreement(cfg, flags, *data, ckpt ? ckpt->iteration : -1), groups.world);
+  check_ranks_agree(train_agreement(cfg, flags, *data, ckpt ? ckpt->iteration : -1,
+                                    ckpt ? ckpt->manifest_checksum : std::string("none")),
+                    groups.world);
   rt.set_check_collectives(flags.comm.check_collectives);
   check_output_file("--trace", cfg.trace, groups.world);
   check_output_file("--loss-plot", cfg.loss_plot, groups.world);

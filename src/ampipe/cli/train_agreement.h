@@ -3,7 +3,7 @@
 // configuration (to_json's model and optimizer settings plus parallelism, data, checkpoint, evaluation and output
 // settings), the runtime flags (--check-collectives, --comm-timeout), the identity of the data the rank read
 // (TextData::fingerprint: its token count and XXH64s, as "data_path contents"), and the iteration of the checkpoint
-// it resumes from (-1: none): ranks that read different files under one path, or were given different flags or
+// it resumes from (-1: none) with the XXH64 of its manifest.json (train/checkpoint.h): ranks that read different files under one path, or were given different flags or
 // --config files, would otherwise train apart silently or fail later inside MPI.
 #pragma once
 
@@ -15,6 +15,6 @@
 namespace ampipe::cli {
 
 nlohmann::json train_agreement(const train::TrainConfig& cfg, const TrainFlags& flags, const train::TextData& data,
-                                int64_t checkpoint_iteration);
+                                int64_t checkpoint_iteration, const std::string& checkpoint_manifest = "none");
 
 }  // namespace ampipe::cli

@@ -106,7 +106,7 @@ SafetensorsInfo save_safetensors(const std::string& path, const TensorMap& tenso
   out += h;
   for (const Tensor& c : data) out.append(static_cast<const char*>(c.raw()), c.nbytes());
   write_file_atomic(path, out);
-  return {uint64_t(out.size()), checksum_string(xxh64(h.data(), h.size()))};
+  return {uint64_t(out.size()), checksum_string(xxh64(h.data(), h.size())), checksum_string(xxh64(out.data(), out.size()))};
 }
 
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
@@ -141,6 +141,55 @@ std::string read_whole_file(const std::string& path) {
   return buf;
 }
 
+}  // namespace
+
+nlohmann::json read_safetensors_header(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw ConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw ConfigError(fmt::format("{}: not a regular file", path));
+  }
+  auto read_exact = [&](char* dst, size_t bytes) {
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t r = ::read(fd, dst + done, bytes - done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      done += size_t(r);
+    }
+    return true;
+  };
+  unsigned char len[8];
+  const uint64_t size = uint64_t(st.st_size);
+  if (size < 8 || !read_exact(reinterpret_cast<char*>(len), 8)) {
+    ::close(fd);
+    throw ConfigError(fmt::format("{}: not a safetensors file: shorter than 8 bytes", path));
+  }
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  if (n > size - 8) {
+    ::close(fd);
+    throw ConfigError(fmt::format("{}: truncated safetensors file: header length {} exceeds file size {}", path, n,
+                                  size));
+  }
+  std::string h(size_t(n), '\0');
+  const bool ok = read_exact(h.data(), h.size());
+  ::close(fd);
+  if (!ok) throw ConfigError(fmt::format("{}: the header cannot be read (the file shrank)", path));
+  nlohmann::json header;
+  try {
+    header = parse_json(h);
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("{}: bad safetensors header: {}", path, e.what()));
+  }
+  if (!header.is_object()) throw ConfigError(fmt::format("{}: bad safetensors header: not a JSON object", path));
+  return header;
+}
+
+namespace {
+
 struct Section {
   uint64_t begin, end;
   std::string name;
@@ -165,7 +214,9 @@ TensorMap load_safetensors(const std::string& path, const SafetensorsLoadOptions
   }
   if (!header.is_object())
     throw ConfigError(fmt::format("{}: bad safetensors header: not a JSON object", path));
-  if (info) *info = {uint64_t(buf.size()), checksum_string(xxh64(buf.data() + 8, size_t(n)))};
+  if (info)
+    *info = {uint64_t(buf.size()), checksum_string(xxh64(buf.data() + 8, size_t(n))),
+             checksum_string(xxh64(buf.data(), buf.size()))};
   std::map<std::string, std::string> meta, checksums;
   if (header.contains("__metadata__")) {
     try {

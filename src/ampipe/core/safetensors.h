@@ -18,6 +18,8 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "ampipe/core/tensor.h"
 
 namespace ampipe::core {
@@ -31,6 +33,7 @@ inline constexpr const char* kChecksumKeyPrefix = "ampipe.checksum.";
 struct SafetensorsInfo {
   uint64_t file_bytes = 0;
   std::string header_checksum;  // checksum_string(xxh64 of the header's bytes)
+  std::string file_checksum;    // checksum_string(xxh64 of the whole file): what a checkpoint's manifest records
 };
 
 struct SafetensorsLoadOptions {
@@ -47,6 +50,12 @@ SafetensorsInfo save_safetensors(const std::string& path, const TensorMap& tenso
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 TensorMap load_safetensors(const std::string& path, const SafetensorsLoadOptions& opts,
                            std::map<std::string, std::string>* metadata, SafetensorsInfo* info);
+
+// The header of the file at `path` (its JSON object, "__metadata__" included), read without the data: what a
+// checker needs to compare the tensors' names, dtypes and shapes before anything is allocated for them. Throws
+// ConfigError naming the path when the file is missing, not regular, shorter than its header length says, or the
+// header is not a JSON object.
+nlohmann::json read_safetensors_header(const std::string& path);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
 void write_file_atomic(const std::string& path, const std::string& bytes);

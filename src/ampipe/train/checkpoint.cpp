@@ -7,8 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
+#include "ampipe/core/checksum.h"
 #include "ampipe/core/json.h"
 #include "ampipe/comm/collectives.h"
 #include "ampipe/core/error.h"
@@ -79,6 +81,151 @@ std::string read_text(const std::string& path, const std::string& what) {
 
 }  // namespace
 
+std::string manifest_self_checksum(const nlohmann::json& manifest) {
+  nlohmann::json j = manifest;
+  j.erase("checksum");
+  const std::string text = j.dump();
+  return core::checksum_string(core::xxh64(text.data(), text.size()));
+}
+
+CheckpointManifest read_manifest(const std::string& sub, int64_t iteration) {
+  CheckpointManifest m;
+  const std::string path = sub + "/" + kManifestFile;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return m;
+  const std::string text = read_text(path, kManifestFile);
+  m.present = true;
+  m.file_checksum = core::checksum_string(core::xxh64(text.data(), text.size()));
+  nlohmann::json j;
+  try {
+    j = core::parse_json(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("--load {}: corrupt manifest: {}", path, e.what()));
+  }
+  if (!j.is_object() || j.value("format", nlohmann::json()) != kManifestFormat)
+    throw ConfigError(fmt::format("--load {}: not the manifest of an ampipe train checkpoint (\"format\" must be "
+                                  "\"{}\")",
+                                  path, kManifestFormat));
+  const nlohmann::json recorded = j.value("checksum", nlohmann::json());
+  const std::string found = manifest_self_checksum(j);
+  if (!recorded.is_string() || recorded.get<std::string>() != found)
+    throw ConfigError(fmt::format("--load {}: the manifest does not match its own checksum: expected {} (recorded), "
+                                  "found {}: the manifest was edited or is corrupt",
+                                  path, recorded.is_string() ? recorded.get<std::string>() : recorded.dump(), found));
+  if (j.value("iteration", nlohmann::json()) != iteration)
+    throw ConfigError(fmt::format("--load {}: the manifest says iteration {}, its directory and {} say {} (a "
+                                  "manifest of another checkpoint)",
+                                  path, j.value("iteration", nlohmann::json()).dump(), kLatestMarker, iteration));
+  if (!j.contains("files") || !j["files"].is_object())
+    throw ConfigError(fmt::format("--load {}: \"files\" (every file's size and checksum) is missing", path));
+  m.files = j["files"];
+  return m;
+}
+
+void check_manifest_entry(const CheckpointManifest& m, const std::string& path, const std::string& name,
+                          uint64_t bytes, const std::string& checksum) {
+  const nlohmann::json rec = m.files.contains(name) ? m.files[name] : nlohmann::json();
+  if (!rec.is_object())
+    throw ConfigError(fmt::format("--load {}: {} records no such file (expected an entry for {})", path,
+                                  kManifestFile, name));
+  const nlohmann::json want_bytes = rec.value("bytes", nlohmann::json()), want_sum = rec.value("xxh64", nlohmann::json());
+  if (want_bytes != bytes || want_sum != checksum)
+    throw ConfigError(fmt::format("--load {}: the file does not match {}: expected {} bytes, {}; found {} bytes, {} "
+                                  "(changed after the save)",
+                                  path, kManifestFile, want_bytes.dump(),
+                                  want_sum.is_string() ? want_sum.get<std::string>() : want_sum.dump(), bytes, checksum));
+}
+
+std::vector<std::pair<std::string, Shape>> checkpoint_tensor_shapes(const TrainConfig& cfg) {
+  const model::LayerConfig& l = cfg.layer;
+  const int64_t V = cfg.padded_vocab_size, h = l.hidden_size;
+  std::vector<std::pair<std::string, Shape>> out;
+  out.push_back({"embedding.word_embeddings.weight", {V, h}});
+  if (l.position_embedding == model::PositionEmbedding::learned_absolute)
+    out.push_back({"embedding.position_embeddings.weight", {l.seq_length, h}});
+  const std::vector<model::LayerConfig> layers = cfg.layer_configs();
+  for (size_t i = 0; i < layers.size(); ++i)
+    for (const std::string& name : model::param_names(layers[i]))
+      out.push_back({fmt::format("layers.{}.{}", i, name), model::full_shape(layers[i], name)});
+  out.push_back({"final_layernorm.weight", {h}});
+  if (!l.rmsnorm()) out.push_back({"final_layernorm.bias", {h}});
+  if (cfg.untie_embeddings_and_output_weights) out.push_back({"output_layer.weight", {V, h}});
+  return out;
+}
+
+namespace {
+
+// The checkpoint flags (config keys) that shape the tensor `name`, for the error that names them.
+std::vector<std::string> shaping_keys(const std::string& name) {
+  const std::string p = name.starts_with("layers.") ? name.substr(name.find('.', 7) + 1) : name;
+  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight")
+    return {"padded_vocab_size", "hidden_size"};
+  if (name == "embedding.position_embeddings.weight") return {"seq_length", "hidden_size", "position_embedding_type"};
+  if (p == "attn.qkv.weight") return {"hidden_size", "num_attention_heads", "num_query_groups"};
+  if (p.starts_with("attn.q_layernorm") || p.starts_with("attn.k_layernorm"))
+    return {"hidden_size", "num_attention_heads", "qk_layernorm"};
+  if (p == "moe.gate.weight") return {"num_experts", "hidden_size"};
+  if (p.starts_with("moe.experts.")) return {"num_experts", "moe_ffn_hidden_size", "swiglu", "hidden_size"};
+  if (p.starts_with("mlp."))
+    return {"ffn_hidden_size", "moe_shared_expert_intermediate_size", "swiglu", "hidden_size", "moe_layer_freq",
+            "first_k_dense_replace"};
+  if (p.ends_with(".bias")) return {"normalization", "hidden_size"};
+  return {"hidden_size"};
+}
+
+}  // namespace
+
+void check_checkpoint_shapes(const std::string& model_path, const TrainConfig& cfg) {
+  const nlohmann::json header = core::read_safetensors_header(model_path);
+  const nlohmann::json flags = to_json(cfg);
+  auto named_flags = [&](const std::string& tensor) {
+    std::string out;
+    for (const std::string& k : shaping_keys(tensor)) {
+      if (!flags.contains(k)) continue;
+      std::string f = "--" + k;
+      std::replace(f.begin(), f.end(), '_', '-');
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", f, flags[k].dump());
+    }
+    return out;
+  };
+  std::set<std::string> expected;
+  for (const auto& [name, shape] : checkpoint_tensor_shapes(cfg)) {
+    expected.insert(name);
+    if (!header.contains(name))
+      throw ConfigError(fmt::format("--use-checkpoint-args: --load {}: tensor {} is missing, but the model its "
+                                    "metadata.json describes has it, shaped {} ({}): the metadata and the weights "
+                                    "disagree",
+                                    model_path, name, shape_str(shape), named_flags(name)));
+    Shape got;
+    try {
+      got = header[name].at("shape").get<Shape>();
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(fmt::format("--load {}: bad entry for tensor '{}': {}", model_path, name, e.what()));
+    }
+    if (got != shape)
+      throw ConfigError(fmt::format("--use-checkpoint-args: --load {}: tensor {} is {}, but the model its "
+                                    "metadata.json describes needs {} ({}): the metadata and the weights disagree",
+                                    model_path, name, shape_str(got), shape_str(shape), named_flags(name)));
+  }
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__" || expected.count(name)) continue;
+    std::string shape = "?";
+    if (v.is_object() && v.contains("shape") && v["shape"].is_array()) {
+      try {
+        shape = shape_str(v["shape"].get<Shape>());
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    // a layer beyond the model's: --num-layers (and the block pattern) first
+    const std::string flags_of = name.starts_with("layers.")
+                                     ? fmt::format("--num-layers {}, {}", cfg.num_layers, named_flags(name))
+                                     : named_flags(name);
+    throw ConfigError(fmt::format("--use-checkpoint-args: --load {}: tensor {} {} is not a tensor of the model its "
+                                  "metadata.json describes ({}): the metadata and the weights disagree",
+                                  model_path, name, shape, flags_of));
+  }
+}
+
 void check_writable_dir(const std::string& flag, const std::string& dir, const comm::Group& world) {
   int64_t bad = 0;
   std::string why;
@@ -118,8 +265,11 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
       std::error_code ec;
       fs::create_directories(sub, ec);
       if (ec) throw ConfigError(fmt::format("--save {}: cannot create {}: {}", dir, sub, ec.message()));
+      // The tensor files say their checkpoint version: one of version 3 whose manifest was removed (and its
+      // metadata.json relabelled version 2) is refused, not loaded unverified.
       const std::map<std::string, std::string> st_meta{{"format", kCheckpointFormat},
-                                                       {"iteration", std::to_string(meta.iteration)}};
+                                                       {"iteration", std::to_string(meta.iteration)},
+                                                       {"checkpoint_version", std::to_string(kCheckpointVersion)}};
       const core::SafetensorsInfo mi = core::save_safetensors(sub + "/model.safetensors", model_map, st_meta);
       const core::SafetensorsInfo oi = core::save_safetensors(sub + "/optimizer.safetensors", opt_map, st_meta);
       // metadata.json, written after the tensor files, ties them to itself: their sizes and header checksums.
@@ -127,7 +277,20 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
       mj["version"] = kCheckpointVersion;
       mj["files"] = {{"model.safetensors", {{"bytes", mi.file_bytes}, {"header_checksum", mi.header_checksum}}},
                      {"optimizer.safetensors", {{"bytes", oi.file_bytes}, {"header_checksum", oi.header_checksum}}}};
-      core::write_file_atomic(sub + "/metadata.json", mj.dump(2) + "\n");
+      const std::string meta_text = mj.dump(2) + "\n";
+      core::write_file_atomic(sub + "/metadata.json", meta_text);
+      // manifest.json, written last of the iteration: every file's size and XXH64, and its own checksum.
+      auto entry = [](uint64_t bytes, const std::string& sum) { return nlohmann::json{{"bytes", bytes}, {"xxh64", sum}}; };
+      nlohmann::json man = {{"format", kManifestFormat},
+                            {"iteration", meta.iteration},
+                            {"files",
+                             {{"model.safetensors", entry(mi.file_bytes, mi.file_checksum)},
+                              {"optimizer.safetensors", entry(oi.file_bytes, oi.file_checksum)},
+                              {"metadata.json",
+                               entry(meta_text.size(),
+                                     core::checksum_string(core::xxh64(meta_text.data(), meta_text.size())))}}}};
+      man["checksum"] = manifest_self_checksum(man);
+      core::write_file_atomic(sub + "/" + kManifestFile, man.dump(2) + "\n");
       if (!opts.skip_marker) core::write_file_atomic(dir + "/" + kLatestMarker, std::to_string(meta.iteration) + "\n");
     } catch (const ConfigError& e) {
       failed = 1;
@@ -177,7 +340,8 @@ std::string first_bad_value(const Tensor& t, bool non_negative) {
 // Reads one tensor file of the checkpoint and checks that it is the one metadata.json recorded (size and header
 // checksum), that it says the marker's iteration, and that every value is finite.
 core::TensorMap load_checked(const std::string& path, const std::string& file, int64_t iteration,
-                             const nlohmann::json& meta, const std::string& meta_path) {
+                             const nlohmann::json& meta, const std::string& meta_path,
+                             const CheckpointManifest& manifest) {
   std::map<std::string, std::string> st_meta;
   core::SafetensorsInfo info;
   core::TensorMap m;
@@ -198,6 +362,13 @@ core::TensorMap load_checked(const std::string& path, const std::string& file, i
     throw ConfigError(fmt::format("--load {}: the file is not the one {} recorded at save ({} bytes, header {}; "
                                   "recorded {}): replaced or rewritten after the save",
                                   path, meta_path, info.file_bytes, info.header_checksum, rec.dump()));
+  if (manifest.present) {
+    check_manifest_entry(manifest, path, file, info.file_bytes, info.file_checksum);
+  } else if (const auto v = st_meta.find("checkpoint_version"); v != st_meta.end() && v->second != "2") {
+    throw ConfigError(fmt::format("--load {}/{}: the file is missing, but {} says checkpoint version {}, whose "
+                                  "manifest records every file's checksum: the manifest was removed",
+                                  fs::path(path).parent_path().string(), kManifestFile, path, v->second));
+  }
   const bool optimizer = file == "optimizer.safetensors";
   for (const auto& [name, t] : m) {
     if (t.dtype() != DType::f32) continue;  // take_shard refuses it, naming the tensor
@@ -232,8 +403,9 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   if (!fs::exists(meta_path, ec))
     throw ConfigError(fmt::format("--load {}: the file is missing (the marker names iteration {})", meta_path,
                                   iteration));
+  const std::string meta_text = read_text(meta_path, "metadata.json");
   try {
-    meta.json = core::parse_json(read_text(meta_path, "metadata.json"));
+    meta.json = core::parse_json(meta_text);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("--load {}: corrupt metadata: {}", meta_path, e.what()));
   }
@@ -242,10 +414,12 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
     throw ConfigError(fmt::format("--load {}: not the metadata of an ampipe train checkpoint (\"format\" must be "
                                   "\"{}\")",
                                   meta_path, kCheckpointFormat));
-  if (mj.value("version", nlohmann::json()) != kCheckpointVersion)
-    throw ConfigError(fmt::format("--load {}: checkpoint version {} cannot be loaded: this ampipe reads version {} "
-                                  "(version 1 recorded no checksums, so its files cannot be verified)",
-                                  meta_path, mj.value("version", nlohmann::json()).dump(), kCheckpointVersion));
+  const nlohmann::json version = mj.value("version", nlohmann::json());
+  if (!version.is_number_integer() || version.get<int64_t>() < kOldestLoadableVersion ||
+      version.get<int64_t>() > kCheckpointVersion)
+    throw ConfigError(fmt::format("--load {}: checkpoint version {} cannot be loaded: this ampipe reads versions {} "
+                                  "to {} (version 1 recorded no checksums, so its files cannot be verified)",
+                                  meta_path, version.dump(), kOldestLoadableVersion, kCheckpointVersion));
   // The values the run continues from, each in the range a real run can produce. Every iteration consumes at least
   // one sample, and sample indices times s (the global token index that keys the random numbers) stay below 2^62.
   const int64_t s = std::max<int64_t>(1, cfg.layer.seq_length);
@@ -268,6 +442,16 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
     throw ConfigError(fmt::format("--load {}: \"files\" (the sizes and header checksums of the tensor files) is "
                                   "missing",
                                   meta_path));
+  // Version 3: the manifest (verified against its own checksum) records metadata.json: an edited metadata.json is
+  // refused here, before any of its settings is compared or used.
+  const CheckpointManifest manifest = read_manifest(sub, iteration);
+  if (!manifest.present && version.get<int64_t>() >= 3)
+    throw ConfigError(fmt::format("--load {}/{}: the file is missing, but {} says checkpoint version {}, whose "
+                                  "manifest records every file's checksum",
+                                  sub, kManifestFile, meta_path, version.get<int64_t>()));
+  if (manifest.present)
+    check_manifest_entry(manifest, meta_path, "metadata.json", meta_text.size(),
+                         core::checksum_string(core::xxh64(meta_text.data(), meta_text.size())));
   // The model must have the same shape; the split (degree, EP size, ranks) may differ.
   const nlohmann::json mine = to_json(cfg);
   const nlohmann::json theirs =
@@ -288,9 +472,10 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
   for (const std::string& p : {model_path, opt_path})
     if ((load_optim || p == model_path) && !fs::exists(p, ec))
       throw ConfigError(fmt::format("--load {}: the file is missing (the marker names iteration {})", p, iteration));
-  const core::TensorMap mm = load_checked(model_path, "model.safetensors", iteration, mj, meta_path);
-  const core::TensorMap om =
-      load_optim ? load_checked(opt_path, "optimizer.safetensors", iteration, mj, meta_path) : core::TensorMap{};
+  const core::TensorMap mm = load_checked(model_path, "model.safetensors", iteration, mj, meta_path, manifest);
+  const core::TensorMap om = load_optim ? load_checked(opt_path, "optimizer.safetensors", iteration, mj, meta_path,
+                                                       manifest)
+                                        : core::TensorMap{};
   auto& params = model.params();
   for (size_t i = 0; i < params.size(); ++i) {
     NamedParam& p = params[i];

@@ -1,9 +1,10 @@
-// Checkpoints: DIR/iter_NNNNNNN/{model.safetensors, optimizer.safetensors, metadata.json} and the marker
-// DIR/latest_checkpointed_iteration.txt (Megatron's name), written last.
+// Checkpoints: DIR/iter_NNNNNNN/{model.safetensors, optimizer.safetensors, metadata.json, manifest.json} and the
+// marker DIR/latest_checkpointed_iteration.txt (Megatron's name), written last.
 //
 // Every file is written atomically (core::write_file_atomic: temporary file, fsync, rename, fsync of the
-// directory), and the marker only after all three files of the iteration are complete, so a crash at any point of
-// a save leaves the marker naming the previous complete checkpoint.
+// directory), and the marker only after all four files of the iteration are complete, so a crash at any point of
+// a save leaves the marker naming the previous complete checkpoint. manifest.json, written after the other three,
+// records each one's size and XXH64 and carries the XXH64 of its own contents (kCheckpointVersion).
 //
 // Tensors are stored whole, under the model's parameter names (gpt_model.h): expert tensors are all-gathered over
 // the EP group before rank 0 writes them, and each rank takes its rows on load. So a checkpoint does not depend on
@@ -18,6 +19,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ampipe/comm/group.h"
 #include "ampipe/train/adamw.h"
@@ -28,9 +31,16 @@ namespace ampipe::train {
 
 inline constexpr const char* kLatestMarker = "latest_checkpointed_iteration.txt";
 inline constexpr const char* kCheckpointFormat = "ampipe train checkpoint";
-// Version 2: every tensor's checksum in its file's header, and metadata.json's "files" (each tensor file's size
-// and header checksum). Version 1 (no checksums) is refused: its files cannot be verified.
-inline constexpr int kCheckpointVersion = 2;
+// Version 3: iter_N/manifest.json records every other file of the iteration (metadata.json included: its size and
+// the XXH64 of its bytes) and carries the XXH64 of its own contents ("checksum"), so the iteration is one verified
+// state. Version 2: every tensor's checksum in its file's header, and metadata.json's "files" (each tensor file's
+// size and header checksum), but metadata.json itself unprotected; still loaded (its values are range-checked, the
+// tensors verified and their shapes checked against the model), since its tensor data are verifiable. Version 1
+// (no checksums) is refused: its files cannot be verified.
+inline constexpr int kCheckpointVersion = 3;
+inline constexpr int kOldestLoadableVersion = 2;
+inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kManifestFormat = "ampipe train checkpoint manifest";
 inline constexpr int64_t kMaxCheckpointIteration = 9'999'999'999;
 std::string checkpoint_subdir(int64_t iteration);  // "iter_0000010"
 
@@ -39,6 +49,30 @@ struct CheckpointMeta {
   int64_t consumed_samples = 0;
   nlohmann::json json;
 };
+
+// An iteration's manifest.json (version 3 checkpoints): read and verified against its own checksum.
+struct CheckpointManifest {
+  bool present = false;    // false: the directory has no manifest.json (a version 2 checkpoint)
+  nlohmann::json files;    // {"metadata.json": {"bytes": N, "xxh64": "xxh64:..."}, ...}
+  std::string file_checksum;  // the XXH64 of manifest.json's bytes (what the ranks compare)
+};
+// Reads `sub`/manifest.json (sub: the iteration's directory). Throws ConfigError naming --load and the file when it
+// cannot be read, is not a manifest of `iteration`, or its contents do not match its recorded checksum.
+CheckpointManifest read_manifest(const std::string& sub, int64_t iteration);
+// Throws ConfigError naming --load and `path` (the file `name` of the manifest's directory) when its size or XXH64
+// differ from what the manifest recorded ("expected ..., found ...").
+void check_manifest_entry(const CheckpointManifest& m, const std::string& path, const std::string& name,
+                          uint64_t bytes, const std::string& checksum);
+// The XXH64 (checksum_string) of a manifest object without its "checksum" key, as save_checkpoint records it.
+std::string manifest_self_checksum(const nlohmann::json& manifest);
+
+// The full shape of every tensor of the model `cfg` describes (the checkpoint's names: gpt_model.h), in the order
+// GptModel lists its parameters; cfg.padded_vocab_size must be set.
+std::vector<std::pair<std::string, Shape>> checkpoint_tensor_shapes(const TrainConfig& cfg);
+// --use-checkpoint-args: compares the tensors of `model_path` (from its safetensors header only) with the shapes of
+// the model `cfg` describes (the checkpoint's flags, applied), before anything is built; a missing, extra or
+// differently shaped tensor is one ConfigError naming the tensor, both shapes and the flags that shape it.
+void check_checkpoint_shapes(const std::string& model_path, const TrainConfig& cfg);
 
 struct SaveOptions {
   bool skip_marker = false;  // tests: stop after the files, before the marker (a save interrupted there)

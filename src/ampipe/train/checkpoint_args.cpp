@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 
+#include "ampipe/core/checksum.h"
 #include "ampipe/core/json.h"
 #include "ampipe/core/error.h"
 #include "ampipe/train/checkpoint.h"
@@ -56,10 +57,18 @@ std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool 
   if (info.iteration < 0)
     return fail(fmt::format("--load {}: {} is corrupt (expected an iteration number in [0, {}])", marker,
                             kLatestMarker, kMaxCheckpointIteration));
-  const std::string meta = dir + "/" + checkpoint_subdir(info.iteration) + "/metadata.json";
+  const std::string sub = dir + "/" + checkpoint_subdir(info.iteration);
+  const std::string meta = sub + "/metadata.json";
   const std::optional<std::string> mj = read_file(meta);
   if (!mj)
     return fail(fmt::format("--load {}: the file is missing (the marker names iteration {})", meta, info.iteration));
+  if (const std::optional<std::string> man = read_file(sub + "/" + kManifestFile))
+    info.manifest_checksum = core::checksum_string(core::xxh64(man->data(), man->size()));
+  if (required) {
+    const CheckpointManifest m = read_manifest(sub, info.iteration);
+    if (m.present)
+      check_manifest_entry(m, meta, "metadata.json", mj->size(), core::checksum_string(core::xxh64(mj->data(), mj->size())));
+  }
   try {
     const nlohmann::json j = core::parse_json(*mj);
     info.config = j.is_object() && j.contains("config") && j["config"].is_object() ? j["config"]

@@ -17,11 +17,16 @@ namespace ampipe::train {
 struct CheckpointInfo {
   int64_t iteration = 0;
   nlohmann::json config;  // the "config" object (empty object when the metadata has none)
+  // The XXH64 of the iteration's manifest.json ("none" without one: a version 2 checkpoint): with the iteration,
+  // what the ranks compare, so ranks whose copies of one iteration differ do not resume from different states.
+  std::string manifest_checksum = "none";
 };
 
 // The newest complete checkpoint of `dir` (the marker's iteration) and its configuration. Reads files only (every
 // rank may call it). When there is none or it cannot be read: ConfigError naming --load and the file (with
-// load_checkpoint's words) if `required`, else nullopt (load_checkpoint then reports what is wrong).
+// load_checkpoint's words) if `required`, else nullopt (load_checkpoint then reports what is wrong). When `required`
+// (the configuration is used: --use-checkpoint-args), the manifest (version 3) is verified and metadata.json
+// checked against it first, so an edited metadata.json never shapes the run.
 std::optional<CheckpointInfo> read_checkpoint_info(const std::string& dir, bool required);
 
 // Whether `dir` holds a checkpoint: its marker file (kLatestMarker) exists, whatever it says. Megatron starts from

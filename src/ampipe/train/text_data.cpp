@@ -8,6 +8,7 @@
 
 #include "ampipe/core/checksum.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/train/megatron_data.h"
 #include "ampipe/train/tokenizer.h"
@@ -123,6 +124,35 @@ std::string bundled_corpus_text() {
 
 Corpus load_corpus(const std::string& data_path) { return load_corpus(data_path, nullptr); }
 
+DataMemory data_memory(const std::string& data_path) {
+  DataMemory m;
+  m.path = data_path;
+  std::error_code ec;
+  int64_t bytes = 0;
+  bool token_file = false;
+  if (data_path.empty()) {
+    for (const auto& e : std::filesystem::directory_iterator(kBundledCorpusDir, ec))
+      if (e.is_regular_file() && !e.is_symlink()) bytes += int64_t(e.file_size(ec)) + 1;
+  } else {
+    if (!std::filesystem::is_regular_file(data_path, ec)) return m;  // load_corpus names what is wrong
+    bytes = int64_t(std::filesystem::file_size(data_path, ec));
+    if (ec) return m;
+    std::ifstream in(data_path, std::ios::binary);
+    char magic[4] = {};
+    token_file = in.read(magic, 4) && le_i32(std::string(magic, 4), 0) == kTokenFileMagic;
+  }
+  // Byte-level text: one token per byte (a tokenizer makes fewer); an llm.c token file: 2 bytes per token after
+  // its header. Loading reads the file whole, parses every token as int32 (Corpus), then TextData keeps them at 2
+  // bytes each and the file's bytes are gone: the peak is the larger of file + int32 and int32 + uint16.
+  const int64_t n = token_file ? std::max<int64_t>(0, (bytes - kTokenFileHeaderInts * 4) / 2) : bytes;
+  m.held = 2 * n;
+  m.peak = std::max(bytes + 4 * n, 4 * n + 2 * n);
+  m.describe = fmt::format("{}, {} bytes: {} tokens, held at 2 bytes each ({}), {} while loading",
+                           token_file ? "an llm.c token file" : "text", bytes, n,
+                           core::format_bytes(double(m.held)), core::format_bytes(double(m.peak)));
+  return m;
+}
+
 Corpus load_corpus(const std::string& data_path, const Tokenizer* tokenizer) {
   std::string text;
   if (!data_path.empty()) {
@@ -231,8 +261,13 @@ TextData::TextData(const Corpus& corpus, int64_t seq_length, double valid_fracti
 
 TextData::TextData(const Corpus& corpus, int64_t seq_length, const DataSplit& split, uint64_t seed,
                    const std::string& source)
-    : tokens_(corpus.tokens), s_(seq_length), seed_(seed), source_(source) {
-  const int64_t n = int64_t(tokens_.size());
+    : s_(seq_length), seed_(seed), source_(source) {
+  const int64_t n = int64_t(corpus.tokens.size());
+  n_tokens_ = n;
+  if (std::all_of(corpus.tokens.begin(), corpus.tokens.end(), [](int32_t t) { return t >= 0 && t <= 65535; }))
+    tokens16_.assign(corpus.tokens.begin(), corpus.tokens.end());  // 2 bytes per token
+  else
+    tokens_ = corpus.tokens;
   const double sum = split.train + split.valid + split.test;
   n_valid_tokens_ = int64_t(double(n) * (split.valid / sum));
   const int64_t n_test_tokens = int64_t(double(n) * (split.test / sum));
@@ -261,8 +296,8 @@ const std::vector<int64_t>& TextData::permutation(int64_t epoch) const {
 
 void TextData::window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const {
   for (int64_t i = 0; i < s_; ++i) {
-    inputs[size_t(i)] = tokens_[size_t(start + i)];
-    targets[size_t(i)] = tokens_[size_t(start + i + 1)];
+    inputs[size_t(i)] = token(start + i);
+    targets[size_t(i)] = token(start + i + 1);
   }
 }
 
@@ -281,12 +316,13 @@ int64_t TextData::test_samples() const {
   return megatron_->test() ? megatron_->test()->samples() : 0;
 }
 
-int64_t TextData::tokens() const { return megatron_ ? megatron_->tokens() : int64_t(tokens_.size()); }
+int64_t TextData::tokens() const { return megatron_ ? megatron_->tokens() : n_tokens_; }
 
 std::string TextData::fingerprint() const {
   if (megatron_) return megatron_->fingerprint();
-  return fmt::format("{} tokens, {}", tokens_.size(),
-                     core::checksum_string(core::xxh64(tokens_.data(), tokens_.size() * sizeof(int32_t))));
+  const uint64_t h = tokens16_.empty() ? core::xxh64(tokens_.data(), tokens_.size() * sizeof(int32_t))
+                                       : core::xxh64(tokens16_.data(), tokens16_.size() * sizeof(uint16_t));
+  return fmt::format("{} tokens, {}", n_tokens_, core::checksum_string(h));
 }
 
 std::string TextData::split_description(const DataSplit& split) const {

@@ -68,6 +68,16 @@ Corpus load_corpus(const std::string& data_path);
 // The same with a SentencePiece model: text is tokenized with it; a token file with an id >= the model's piece
 // count is refused (ConfigError naming --data-path, the id and --tokenizer-model). tokenizer == nullptr: as above.
 Corpus load_corpus(const std::string& data_path, const Tokenizer* tokenizer);
+
+// What loading --data-path FILE (or the bundled corpus: "") costs in memory, from the file's size alone, before a
+// byte of it is read: the peak while it loads (the file read whole, its tokens parsed as int32, then held in their
+// own width by TextData) and what stays held. A Megatron indexed dataset is memory-mapped (page cache, not the
+// heap): 0. describe: "llm.c token file, 1048576 tokens (2.00 MiB)".
+struct DataMemory {
+  int64_t peak = 0, held = 0;
+  std::string path, describe;
+};
+DataMemory data_memory(const std::string& data_path);
 // The bundled corpus's text (kBundledCorpusDir's files in name order, each followed by a newline).
 std::string bundled_corpus_text();
 // A plain-text file, checked as --data-path's text is (missing, unreadable, empty, binary: ConfigError naming
@@ -118,7 +128,12 @@ class TextData {
   void window(int64_t start, std::span<int32_t> inputs, std::span<int32_t> targets) const;
 
   std::shared_ptr<const MegatronData> megatron_;  // null: the token stream below
+  // The token stream in its own width: uint16 when every id fits (byte-level text, llm.c token files, tokenizers
+  // of at most 65536 pieces), else int32; the other vector is empty.
+  std::vector<uint16_t> tokens16_;
   std::vector<int32_t> tokens_;
+  int64_t n_tokens_ = 0;
+  int32_t token(int64_t i) const { return tokens16_.empty() ? tokens_[size_t(i)] : int32_t(tokens16_[size_t(i)]); }
   int64_t s_ = 0, n_train_tokens_ = 0, n_valid_tokens_ = 0, n_train_ = 0, n_valid_ = 0, n_test_ = 0;
   uint64_t seed_ = 0;
   std::string source_;
