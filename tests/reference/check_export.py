@@ -47,7 +47,10 @@ def parse(argv):
     ap.add_argument("--moe-model-type", default="deepspeed_moe", choices=["deepspeed_moe", "megatron_moe"])
     ap.add_argument("--moe-router-pre-softmax", action="store_true")
     ap.add_argument("--moe-router-topk-scaling-factor", type=float, default=0.0)
-    ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "none"])
+    ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "seq_aux_loss", "none"])
+    ap.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"])
+    ap.add_argument("--moe-router-num-groups", type=int, default=0)
+    ap.add_argument("--moe-router-group-topk", type=int, default=0)
     ap.add_argument("--moe-shared-expert-intermediate-size", type=int, default=0)
     ap.add_argument("--moe-grouped-gemm", action="store_true")
     ap.add_argument("--moe-z-loss-coeff", type=float, default=0.0)  # the same products: no effect on the numbers
@@ -87,6 +90,7 @@ def main(argv):
                 rope=a.position_embedding_type == "rope", rotary_base=a.rotary_base, rotary_percent=a.rotary_percent,
                 rotary_interleaved=a.rotary_interleaved, qk_norm=a.qk_layernorm, router=a.moe_model_type, pre_softmax=a.moe_router_pre_softmax,
                 topk_scale=a.moe_router_topk_scaling_factor, aux_type=a.moe_router_load_balancing_type,
+                score=a.moe_router_score_function, router_groups=a.moe_router_num_groups, group_topk=a.moe_router_group_topk,
                 coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std, zc=a.moe_z_loss_coeff,
                 Fm=a.ffn_hidden_size if a.num_experts == 0 else a.moe_shared_expert_intermediate_size)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0

@@ -119,7 +119,10 @@ class Cfg:
     router: str = "deepspeed_moe"  # --moe-model-type: deepspeed_moe or megatron_moe (Megatron-Core's dropless top-k)
     pre_softmax: bool = False  # --moe-router-pre-softmax
     topk_scale: float = 0.0  # --moe-router-topk-scaling-factor (0: none)
-    aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss or none
+    aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss, seq_aux_loss or none
+    score: str = "softmax"  # --moe-router-score-function: softmax or sigmoid
+    router_groups: int = 0  # --moe-router-num-groups (0: no group-limited routing)
+    group_topk: int = 0  # --moe-router-group-topk
     zc: float = 0.0  # --moe-z-loss-coeff (megatron_moe): z = zc * mean_t logsumexp(logits_t)^2
     Fm: int = 0  # the dense MLP's F (§6.11): a shared expert beside the experts, or with E = 0 a dense layer's FFN
     seed: int = 1234
@@ -309,24 +312,56 @@ def softmax_rows(z):
 # ------------------------------------------------------------------------------------------------ the gate (§6)
 
 
+def top_k_rows(scores, k):
+    """The k largest of each row, largest first; ties: the lower expert first."""
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+def routing_top_k(c: Cfg, scores):
+    """§6.10: the routing choices, group-limited with --moe-router-num-groups / --moe-router-group-topk: a group's
+    score is the sum of its k/g largest scores; the g best groups are kept, the k choices made among their experts."""
+    if c.group_topk == 0:
+        return top_k_rows(scores, c.k)
+    S, E = scores.shape
+    per = E // c.router_groups
+    grouped = scores.reshape(S, c.router_groups, per)
+    gscore = -np.sort(-grouped, axis=2)[:, :, :c.k // c.group_topk].sum(axis=2)
+    keep = top_k_rows(gscore, c.group_topk)
+    mask = np.zeros((S, c.router_groups), dtype=bool)
+    mask[np.arange(S)[:, None], keep] = True
+    masked = np.where(np.repeat(mask, per, axis=1), scores, -np.inf)
+    return top_k_rows(masked, c.k)
+
+
 def megatron_gate_chunk(c: Cfg, xin, Wg):
-    """§6.10: Megatron-Core's router (topk_routing_with_score_function, softmax): the k largest logits (pre-softmax:
-    the k largest probabilities), weights the softmax over those k logits (pre-softmax: their probabilities), times
-    the scaling factor; nothing dropped."""
+    """§6.10: Megatron-Core's router (topk_routing_with_score_function). softmax: the k largest logits (pre-softmax:
+    the k largest probabilities), weights the softmax over those k logits (pre-softmax: their probabilities);
+    sigmoid: the k largest s = sigmoid(logits), weights s / sum of the chosen s (k > 1); times the scaling factor;
+    nothing dropped. P holds the aux losses' scores (the softmax, or s / sum s); their counts are the top-k of P
+    (the routing choices when routing is neither grouped nor sigmoid)."""
     S, E, k = xin.shape[0], c.E, c.k
     logits = xin @ Wg.T
-    P = softmax_rows(logits)
-    scores = P if c.pre_softmax else logits
-    choice = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # ties: the lower expert first
     rows = np.arange(S)[:, None]
-    w = P[rows, choice] if c.pre_softmax else softmax_rows(logits[rows, choice])
     sf = c.topk_scale if c.topk_scale > 0 else 1.0
+    s = None
+    if c.score == "sigmoid":
+        s = 1.0 / (1.0 + np.exp(-logits))
+        P = s / (s.sum(axis=1, keepdims=True) + 1e-20)
+        choice = routing_top_k(c, s)
+        sel = s[rows, choice]
+        w = sel / (sel.sum(axis=1, keepdims=True) + 1e-20) if k > 1 else sel
+    else:
+        P = softmax_rows(logits)
+        choice = routing_top_k(c, P if c.pre_softmax else logits)
+        w = P[rows, choice] if c.pre_softmax else softmax_rows(logits[rows, choice])
+    aux_choice = top_k_rows(P, k) if (c.score == "sigmoid" or c.group_topk > 0) else choice
     counts = np.bincount(choice.ravel(), minlength=E)
     mx = logits.max(axis=1)
     lse = mx + np.log(np.exp(logits - mx[:, None]).sum(axis=1))
     return dict(xg=xin, noise=np.ones_like(xin), P=P, choice=choice, kept=np.ones((S, k), dtype=bool),
                 slot=np.zeros((S, k), dtype=np.int64), w=w * sf, q=w, sf=sf, C=int(counts.max()), counts=counts, S=S,
-                lse=lse)
+                lse=lse, s=s, logits=logits, aux_counts=np.bincount(aux_choice.ravel(), minlength=E),
+                aux_choice=aux_choice)
 
 
 def gate_chunk(c: Cfg, xin, Wg, token0):
@@ -531,6 +566,7 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     W1, W2 = (W["moe.experts.fc1.weight"], W["moe.experts.fc2.weight"]) if E > 0 else (None, None)
     moe = np.zeros((T, h))
     gates, Sp, Sm = [], np.zeros(E), np.zeros(E)
+    SpB, SmB = np.zeros((c.b, E)), np.zeros((c.b, E))  # seq_aux_loss: per sequence of the micro-batch
     for ch in range(c.M if E > 0 else 0):
         r0 = ch * Sc
         g = gate_chunk(c, ln2[r0:r0 + Sc], W["moe.gate.weight"], token_base + r0)
@@ -550,12 +586,20 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
                 moe[r0 + t] += g["w"][t, i] * f
         Sp += g["P"].sum(axis=0)
         if c.router == "megatron_moe":  # §6.10: every choice counts, over k; none: no aux loss
-            Sm += g["counts"] / k if c.aux_type == "aux_loss" else 0.0
+            Sm += g["aux_counts"] / k if c.aux_type == "aux_loss" else 0.0
+            seq = (r0 + np.arange(Sc)) % c.b  # token r = position * b + sequence
+            g["seq"] = seq
+            for t in range(Sc):
+                SpB[seq[t]] += g["P"][t]
+                SmB[seq[t], g["aux_choice"][t]] += 1.0 / k
         else:
             Sm += np.bincount(g["choice"][:, 0], minlength=E)
         gates.append(g)
     N = float(T)
     l_aux = E * np.sum((Sp / N) * (Sm / N))
+    seq_aux = c.router == "megatron_moe" and c.aux_type == "seq_aux_loss"
+    if seq_aux:  # each sequence's aux loss over its s tokens, averaged over the b sequences
+        l_aux = E * np.sum((SpB / c.s) * (SmB / c.s)) / c.b
     if c.Fm > 0:  # §6.11: the dense MLP on every token, added to the experts' output before dropout and residual
         mh1 = ln2 @ W["mlp.fc1.weight"].T
         mact = act_fwd(c, mh1)
@@ -590,7 +634,28 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
             d_ln2[r0 + t] += W1[e].T @ dh1
         P = g["P"]
         dP = np.tile(daux, (S, 1))
+        if seq_aux:
+            dP = c.coeff * E * SmB[g["seq"]] / (c.s * c.s * c.b)
         rows = np.arange(S)
+        if c.router == "megatron_moe" and c.score == "sigmoid":
+            sg = g["s"]
+            D = sg.sum(axis=1, keepdims=True) + 1e-20
+            ds = (dP - (dP * P).sum(axis=1, keepdims=True)) / D  # q = s / D
+            sel = sg[rows[:, None], g["choice"]]
+            if k == 1:
+                ds[rows, g["choice"][:, 0]] += g["sf"] * dW[:, 0]
+            else:
+                Dk = sel.sum(axis=1, keepdims=True) + 1e-20
+                u = sel / Dk
+                dsel = g["sf"] * (dW - (dW * u).sum(axis=1, keepdims=True)) / Dk
+                for i in range(k):
+                    ds[rows, g["choice"][:, i]] += dsel[:, i]
+            dlog = ds * sg * (1.0 - sg)
+            if c.zc > 0:
+                dlog += c.zc * 2.0 * g["lse"][:, None] * softmax_rows(g["logits"]) / N
+            grads["moe.gate.weight"] += dlog.T @ g["xg"]
+            d_ln2[r0:r0 + S] += dlog @ W["moe.gate.weight"]
+            continue
         if c.router == "megatron_moe" and c.pre_softmax:
             for i in range(k):
                 dP[rows, g["choice"][:, i]] += g["sf"] * dW[:, i]

@@ -161,8 +161,9 @@ constexpr const char* kNoSharedExpertGate =
 constexpr const char* kNoNoopLayers = "every layer is a transformer block here (no identity layers)";
 constexpr const char* kRouter =
     "a Megatron-core router option this engine does not have: its routers are DeepSpeed-MoE's gate (--moe-model-type "
-    "deepspeed_moe) and Megatron-Core's softmax top-k router (megatron_moe: --moe-router-pre-softmax, "
-    "--moe-router-topk-scaling-factor, --moe-router-load-balancing-type aux_loss or none)";
+"deepspeed_moe) and Megatron-Core's top-k router (megatron_moe: --moe-router-score-function softmax or sigmoid, "
+    "--moe-router-pre-softmax, --moe-router-topk-scaling-factor, --moe-router-num-groups, --moe-router-group-topk, "
+    "--moe-router-enable-expert-bias, --moe-router-load-balancing-type aux_loss, seq_aux_loss or none)";
 constexpr const char* kCapacity =
     "Megatron-core's expert capacity; the capacity here is DeepSpeed-MoE's (--moe-train-capacity-factor, "
     "--moe-min-capacity, --moe-no-drop)";
@@ -500,14 +501,11 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--shared-expert-gate", "--moe-shared-expert-gate"})
     v.push_back(refused(f, G::on_off, kNoSharedExpertGate));
   v.push_back(refused("--noop-layers", G::text, kNoNoopLayers));
-  v.push_back(refused("--moe-router-bias-update-rate", G::number, kRouter));
   v.push_back(refused("--moe-router-dtype", G::text, kRouter, "fp32"));
-  for (const char* f : {"--moe-router-enable-expert-bias", "--norm-topk-prob", "--fix-router", "--seq-aux",
-                        "--moe-router-force-load-balancing"})
+  for (const char* f : {"--norm-topk-prob", "--fix-router", "--seq-aux", "--moe-router-force-load-balancing"})
     v.push_back(refused(f, G::on_off, kRouter));
-  for (const char* f : {"--moe-router-num-groups", "--moe-router-group-topk", "--num-zero-experts", "--n-hash-layers"})
+  for (const char* f : {"--num-zero-experts", "--n-hash-layers"})
     v.push_back(refused(f, G::integer, kRouter));
-  v.push_back(refused("--moe-router-score-function", G::text, kRouter, "softmax"));
   v.push_back(refused("--routed-scaling-factor", G::number, kRouter));  // (older MindSpeed-LLM spellings)
   v.push_back(refused("--topk-group", G::integer, kRouter));
   v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
@@ -722,9 +720,25 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--moe-router-topk-scaling-factor", L, kGroupMoe, G::number,
                    "megatron_moe: a factor on the routing weights", AT(layer->cfg.moe_router_topk_scaling_factor)));
   v.push_back(flag("--moe-router-load-balancing-type", L, kGroupMoe, G::text_list,
-                   "megatron_moe: aux_loss (Megatron's switch load-balancing loss, scaled by --moe-aux-loss-coeff) or "
-                   "none",
+                   "megatron_moe: aux_loss (Megatron's switch load-balancing loss, scaled by --moe-aux-loss-coeff), "
+                   "seq_aux_loss (the same per sequence, averaged) or none",
                    AT(layer->moe_router_load_balancing_type), kDef));
+  v.push_back(flag("--moe-router-score-function", L, kGroupMoe, G::text,
+                   "megatron_moe: softmax, or sigmoid (weights: the chosen sigmoid scores, normalised when topk > 1)",
+                   AT(layer->moe_router_score_function), kDef));
+  v.push_back(flag("--moe-router-num-groups", L, kGroupMoe, G::integer,
+                   "megatron_moe: group-limited routing, the experts in this many equal groups",
+                   AT(layer->cfg.moe_router_num_groups)));
+  v.push_back(flag("--moe-router-group-topk", L, kGroupMoe, G::integer,
+                   "megatron_moe: the groups each token may route to (the best by their top scores)",
+                   AT(layer->cfg.moe_router_group_topk)));
+  v.push_back(flag("--moe-router-enable-expert-bias", L, kGroupMoe, G::on_off,
+                   "megatron_moe, sigmoid: a per-expert routing bias moved towards balance after every step "
+                   "(aux-loss-free balancing)",
+                   AT(layer->cfg.moe_router_enable_expert_bias)));
+  v.push_back(flag("--moe-router-bias-update-rate", L, kGroupMoe, G::number,
+                   "the expert bias's step: b += rate * sign(mean load - load)",
+                   AT(layer->cfg.moe_router_bias_update_rate), kDef));
   v.push_back(
       flag("--no-use-rts", L, kGroupMoe, G::on_off, "turn off random token selection (top-1)", AT(layer->no_use_rts)));
   v.push_back(flag("--noisy-gate-policy", L, kGroupMoe, G::text, "None, Jitter or RSample",

@@ -158,19 +158,35 @@ void LayerFlags::finish_router() {
                                   "or none; Megatron's combinations of several are not implemented)",
                                   fmt::join(moe_router_load_balancing_type, " ")));
   const std::string& lb = moe_router_load_balancing_type.front();
-  if (lb != "aux_loss" && lb != "none") {
-    const bool megatrons = lb == "seq_aux_loss" || lb == "sinkhorn" || lb == "global_aux_loss";
-    throw ConfigError(fmt::format("--moe-router-load-balancing-type {} is {}: this engine has aux_loss and none", lb,
-                                  megatrons ? "not implemented" : "not a load-balancing type"));
+  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none") {
+    const bool megatrons = lb == "sinkhorn" || lb == "global_aux_loss" || lb == "quantile_balancing";
+    throw ConfigError(fmt::format("--moe-router-load-balancing-type {} is {}: this engine has aux_loss, seq_aux_loss "
+                                  "and none{}",
+                                  lb, megatrons ? "not implemented" : "not a load-balancing type",
+                                  lb == "sinkhorn" ? " (sinkhorn normalises over every token of the micro-batch at "
+                                                     "once, so a chunk could not be routed before the others)"
+                                                   : ""));
   }
-  cfg.moe_router_aux_loss = lb == "aux_loss";
-  if (!cfg.megatron_router() && (cfg.moe_router_pre_softmax || cfg.moe_router_topk_scaling_factor != 0 || lb != "aux_loss"))
+  cfg.moe_router_load_balancing = lb == "aux_loss"       ? model::Balancing::aux_loss
+                                  : lb == "seq_aux_loss" ? model::Balancing::seq_aux_loss
+                                                         : model::Balancing::none;
+  if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
+    throw ConfigError(fmt::format("--moe-router-score-function {} is {}: this engine has softmax and sigmoid",
+                                  moe_router_score_function,
+                                  moe_router_score_function == "sqrtsoftplus" ? "not implemented" : "not a score function"));
+  cfg.moe_router_score_function =
+      moe_router_score_function == "sigmoid" ? model::ScoreFunction::sigmoid : model::ScoreFunction::softmax;
+  std::string megatron_only;
+  if (cfg.moe_router_pre_softmax) megatron_only = "--moe-router-pre-softmax";
+  else if (lb != "aux_loss") megatron_only = "--moe-router-load-balancing-type " + lb;
+  else if (cfg.moe_router_topk_scaling_factor != 0) megatron_only = "--moe-router-topk-scaling-factor";
+  else if (moe_router_score_function != "softmax") megatron_only = "--moe-router-score-function " + moe_router_score_function;
+  else if (cfg.moe_router_num_groups != 0 || cfg.moe_router_group_topk != 0) megatron_only = "--moe-router-group-topk";
+  else if (cfg.moe_router_enable_expert_bias) megatron_only = "--moe-router-enable-expert-bias";
+  if (!cfg.megatron_router() && !megatron_only.empty())
     throw ConfigError(fmt::format("{} is a Megatron-Core router option: it needs --moe-model-type megatron_moe "
                                   "(here: {})",
-                                  cfg.moe_router_pre_softmax ? "--moe-router-pre-softmax"
-                                  : lb != "aux_loss"         ? "--moe-router-load-balancing-type " + lb
-                                                             : "--moe-router-topk-scaling-factor",
-                                  moe_model_type));
+                                  megatron_only, moe_model_type));
 }
 
 void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees) {

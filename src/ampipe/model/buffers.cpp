@@ -344,7 +344,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_weight: return {Scl, d.k};
     case Buf::d_act: return {R, d.Fl};
     case Buf::d_logits: return {Scl, E};
-    case Buf::gate_stats: return {2 * E + 2};
+    case Buf::gate_stats: return {2 * E + 2 + (d.seq_aux ? 2 * d.b * E : 0)};
     case Buf::cp_kv:
     case Buf::cp_dkv:
     case Buf::cp_dkv_recv:

@@ -98,7 +98,7 @@ enum class Buf : uint8_t {
   d_gather,            // [t*ep, L, C, h] per chunk: combine_bwd_recv all-gathered over tp
   dispatch_bwd_partial,  // [t*ep, L, C, h] per chunk: the experts' partial input gradients (reduce-scattered)
   gate_stats,          // [2E + 2] the gate statistics of the local rows (sum probs, first-choice counts, tokens,
-                       // the z-loss's sum of lse^2)
+                       // the z-loss's sum of lse^2); seq_aux_loss: then [b, E] each per sequence (probs, counts)
   // sequence parallel in bf16: the attention side's reductions carry bf16 (reduced in fp32, rounded once)
   proj_send,           // [S_c, h] bf16 copy of proj_partial, one slot
   proj_recv,           // [Tl, h] bf16: the reduce-scattered rows of every chunk (converted into proj)

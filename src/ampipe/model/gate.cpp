@@ -37,6 +37,19 @@ void validate(const GateConfig& cfg) {
     if (cfg.noisy_gate_policy != NoisyGatePolicy::none)
       throw ConfigError("--noisy-gate-policy is DeepSpeed-MoE's (--moe-model-type deepspeed_moe): Megatron-Core's "
                         "router has no gate noise");
+    AMPIPE_CHECK(cfg.expert_bias.empty() || int64_t(cfg.expert_bias.size()) == cfg.num_experts,
+                 "expert bias of {} for {} experts", cfg.expert_bias.size(), cfg.num_experts);
+    AMPIPE_CHECK(cfg.balancing != Balancing::seq_aux_loss || cfg.micro_batch >= 1, "seq_aux_loss: micro-batch {}",
+                 cfg.micro_batch);
+    if (cfg.num_groups == 0 && cfg.group_topk == 0) return;
+    const int64_t G = cfg.num_groups, g = cfg.group_topk;
+    if (G < 1 || cfg.num_experts % G != 0)
+      throw ConfigError(fmt::format("--moe-router-num-groups {} is invalid: it must divide --num-experts {} into "
+                                    "equal groups", G, cfg.num_experts));
+    if (g < 1 || g > G || cfg.topk < g || (cfg.num_experts / G) * g < cfg.topk)
+      throw ConfigError(fmt::format("--moe-router-group-topk {} is invalid with --moe-router-num-groups {} and "
+                                    "--moe-router-topk {}: it must be 1 .. {} groups, at most the topk, and the groups "
+                                    "kept must hold at least topk experts", g, G, cfg.topk, G));
     return;
   }
   if (cfg.topk != 1 && cfg.topk != 2)
@@ -81,20 +94,28 @@ double gumbel(const core::PhiloxKey& key, uint64_t token, uint64_t expert) {
 
 }  // namespace
 
-void GateStats::reset(int64_t E) {
+void GateStats::reset(int64_t E, int64_t seqs) {
   sum_probs.assign(size_t(E), 0.0);
   sum_mask1.assign(size_t(E), 0.0);
+  seq_probs.assign(size_t(seqs * E), 0.0);
+  seq_mask.assign(size_t(seqs * E), 0.0);
   tokens = 0;
   sum_lse2 = 0;
 }
 
 void GateStats::accumulate(const GateStats& o) {
-  if (sum_probs.empty() && tokens == 0) reset(int64_t(o.sum_probs.size()));
-  AMPIPE_CHECK(o.sum_probs.size() == sum_probs.size() && o.sum_mask1.size() == sum_mask1.size(),
+  if (sum_probs.empty() && tokens == 0)
+    reset(int64_t(o.sum_probs.size()), o.sum_probs.empty() ? 0 : int64_t(o.seq_probs.size() / o.sum_probs.size()));
+  AMPIPE_CHECK(o.sum_probs.size() == sum_probs.size() && o.sum_mask1.size() == sum_mask1.size() &&
+                   o.seq_probs.size() == seq_probs.size(),
                "GateStats over {} experts += stats over {}", sum_probs.size(), o.sum_probs.size());
   for (size_t e = 0; e < sum_probs.size(); ++e) {
     sum_probs[e] += o.sum_probs[e];
     sum_mask1[e] += o.sum_mask1[e];
+  }
+  for (size_t i = 0; i < seq_probs.size(); ++i) {
+    seq_probs[i] += o.seq_probs[i];
+    seq_mask[i] += o.seq_mask[i];
   }
   tokens += o.tokens;
   sum_lse2 += o.sum_lse2;
@@ -136,49 +157,119 @@ void top_k(const float* row, int64_t E, int64_t k, int32_t* out) {
   }
 }
 
-// Megatron-Core's router on the logits in ctx.probs (GateConfig::router): choices, weights, the full softmax (in
-// place) and the aux-loss sums.
+// Group-limited top-k (Megatron's group_limited_topk): the k largest of row among the experts of the group_topk
+// groups whose k/group_topk largest scores sum highest (ties -> the lower group, then the lower expert).
+void group_top_k(const float* row, int64_t E, int64_t k, int64_t G, int64_t g, int32_t* out) {
+  const int64_t per = E / G, best = k / g;
+  std::vector<float> score(size_t(G), 0.0f), masked(size_t(E), -INFINITY);
+  std::vector<int32_t> top(static_cast<size_t>(best));
+  for (int64_t j = 0; j < G; ++j) {
+    top_k(row + j * per, per, best, top.data());
+    for (int64_t i = 0; i < best; ++i) score[size_t(j)] += row[j * per + top[size_t(i)]];
+  }
+  std::vector<int32_t> groups(static_cast<size_t>(g));
+  top_k(score.data(), G, g, groups.data());
+  for (int32_t j : groups)
+    for (int64_t e = j * per; e < (j + 1) * per; ++e) masked[size_t(e)] = row[e];
+  top_k(masked.data(), E, k, out);
+}
+
+// The routing choices from the routing scores `row` (plain or group-limited).
+void route_top_k(const GateConfig& cfg, const float* row, int64_t E, int32_t* out) {
+  if (cfg.group_topk > 0) return group_top_k(row, E, cfg.topk, cfg.num_groups, cfg.group_topk, out);
+  top_k(row, E, cfg.topk, out);
+}
+
+float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+// lse of the logits row[0, E) (the z-loss), fp32 as Megatron's logsumexp.
+float log_sum_exp(const float* row, int64_t E) {
+  float mx = row[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(row[e] - mx);
+  return mx + std::log(sum);
+}
+
+// Token t's choices and weights from its logits `row`, which it turns into the aux losses' scores in place (the
+// softmax, or sigmoid's s; q = s / (sum s + 1e-20) is the aux score then, returned through `aux`).
+void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, int32_t* choice, float* w, float* aux) {
+  const int64_t k = cfg.topk;
+  const float sf = float(cfg.topk_scaling_factor);
+  if (cfg.score_function == ScoreFunction::sigmoid) {
+    float total = 0.0f;
+    for (int64_t e = 0; e < E; ++e) total += (row[e] = sigmoid(row[e]));
+    if (cfg.expert_bias.empty()) {
+      route_top_k(cfg, row, E, choice);
+    } else {
+      std::vector<float> biased(row, row + E);
+      for (int64_t e = 0; e < E; ++e) biased[size_t(e)] += cfg.expert_bias[size_t(e)];
+      route_top_k(cfg, biased.data(), E, choice);
+    }
+    float sum = 0.0f;
+    for (int64_t i = 0; i < k; ++i) sum += row[choice[i]];
+    for (int64_t i = 0; i < k; ++i) w[i] = (k > 1 ? row[choice[i]] / (sum + 1e-20f) : row[choice[i]]) * sf;
+    for (int64_t e = 0; e < E; ++e) aux[e] = row[e] / (total + 1e-20f);
+    return;
+  }
+  if (!cfg.pre_softmax) {  // top-k of the logits, the softmax over those k
+    route_top_k(cfg, row, E, choice);
+    const float mx = row[choice[0]];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < k; ++i) sum += (w[i] = std::exp(row[choice[i]] - mx));
+    for (int64_t i = 0; i < k; ++i) w[i] = w[i] / sum * sf;
+  }
+  softmax_row(row, E);
+  if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
+    route_top_k(cfg, row, E, choice);
+    for (int64_t i = 0; i < k; ++i) w[i] = row[choice[i]] * sf;
+  }
+  std::copy(row, row + E, aux);
+}
+
+// Megatron-Core's router on the logits in ctx.probs (GateConfig::router): choices, weights, the scores (in place:
+// the full softmax, or sigmoid's s) and the aux-loss sums (whole-chunk and, for seq_aux_loss, per sequence).
 void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
   GateRouting& r = ctx.routing;
   const int64_t S = r.S, E = r.E, k = r.k;
+  const bool sigmoid_fn = cfg.score_function == ScoreFunction::sigmoid;
+  const bool own_aux_map = sigmoid_fn || cfg.group_topk > 0 || !cfg.expert_bias.empty();
+  const bool seq = cfg.balancing == Balancing::seq_aux_loss;
   ctx.choice_count.assign(size_t(k * E), 0);
   ctx.topk_weight.assign(size_t(S * k), 0.0f);
   ctx.lse.assign(cfg.z_loss_coeff != 0 ? size_t(S) : 0, 0.0f);
+  ctx.logits.assign(cfg.z_loss_coeff != 0 && sigmoid_fn ? size_t(S * E) : 0, 0.0f);
+  ctx.seq.assign(seq ? size_t(S) : 0, 0);
   float* P = ctx.probs.data<float>();
-  const float sf = float(cfg.topk_scaling_factor);
+  std::vector<float> aux(static_cast<size_t>(E));
+  std::vector<int32_t> aux_choice(static_cast<size_t>(k));
+  std::vector<double> counts(static_cast<size_t>(E), 0.0);
   for (int64_t t = 0; t < S; ++t) {
     float* row = P + t * E;
     int32_t* choice = r.expert.data() + t * k;
-    float* w = ctx.topk_weight.data() + t * k;
-    if (!cfg.pre_softmax) {  // top-k of the logits, the softmax over those k
-      top_k(row, E, k, choice);
-      const float mx = row[choice[0]];
-      float sum = 0.0f;
-      for (int64_t i = 0; i < k; ++i) sum += (w[i] = std::exp(row[choice[i]] - mx));
-      for (int64_t i = 0; i < k; ++i) w[i] = w[i] / sum * sf;
-    }
-    if (!ctx.lse.empty()) {  // the z-loss: lse = max + log sum exp(logit - max), fp32 as Megatron's logsumexp
-      float mx = row[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
-      float sum = 0.0f;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(row[e] - mx);
-      const float lse = mx + std::log(sum);
+    if (!ctx.lse.empty()) {  // the z-loss: lse = max + log sum exp(logit - max)
+      const float lse = log_sum_exp(row, E);
       ctx.lse[size_t(t)] = lse;
       ctx.stats.sum_lse2 += double(lse) * double(lse);
+      if (!ctx.logits.empty()) std::copy(row, row + E, ctx.logits.begin() + t * E);
     }
-    softmax_row(row, E);
-    if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
-      top_k(row, E, k, choice);
-      for (int64_t i = 0; i < k; ++i) w[i] = row[choice[i]] * sf;
-    }
+    megatron_route_token(cfg, row, E, choice, ctx.topk_weight.data() + t * k, aux.data());
     for (int64_t i = 0; i < k; ++i) ++ctx.choice_count[size_t(i * E + choice[i])];
-    for (int64_t e = 0; e < E; ++e) ctx.stats.sum_probs[size_t(e)] += double(row[e]);
+    const int32_t* mapped = choice;
+    if (own_aux_map) {
+      top_k(aux.data(), E, k, aux_choice.data());
+      mapped = aux_choice.data();
+    }
+    for (int64_t e = 0; e < E; ++e) ctx.stats.sum_probs[size_t(e)] += double(aux[size_t(e)]);
+    for (int64_t i = 0; i < k; ++i) counts[size_t(mapped[i])] += 1.0;
+    if (!seq) continue;
+    const int64_t b = int64_t((ctx.tokens.at(t) - cfg.token_base) % uint64_t(cfg.micro_batch));
+    ctx.seq[size_t(t)] = int32_t(b);
+    for (int64_t e = 0; e < E; ++e) ctx.stats.seq_probs[size_t(b * E + e)] += double(aux[size_t(e)]);
+    for (int64_t i = 0; i < k; ++i) ctx.stats.seq_mask[size_t(b * E + mapped[i])] += 1.0 / double(k);
   }
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t all = 0;
-    for (int64_t i = 0; i < k; ++i) all += ctx.choice_count[size_t(i * E + e)];
-    ctx.stats.sum_mask1[size_t(e)] = cfg.load_balancing ? double(all) / double(k) : 0.0;
-  }
+  for (int64_t e = 0; e < E; ++e)
+    ctx.stats.sum_mask1[size_t(e)] = cfg.balancing == Balancing::aux_loss ? counts[size_t(e)] / double(k) : 0.0;
 }
 
 // Megatron-Core's router has no capacity: choice i of expert e takes the slot after every earlier choice's.
@@ -243,7 +334,8 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
   r.E = E;
   r.k = k;
   r.expert.assign(size_t(S * k), -1);
-  ctx.stats.reset(E);
+  const bool seq = cfg.router == Router::megatron && cfg.balancing == Balancing::seq_aux_loss;
+  ctx.stats.reset(E, seq ? cfg.micro_batch : 0);
   ctx.stats.tokens = double(S);
   ctx.first_count.assign(size_t(E), 0);
   ctx.second_count.assign(size_t(E), 0);
@@ -392,6 +484,11 @@ double aux_loss_from_sums(const GateStats& total) {
   if (total.tokens <= 0) return 0.0;
   const double E = double(total.sum_probs.size()), N = total.tokens;
   double acc = 0.0;
+  if (!total.seq_probs.empty()) {  // seq_aux_loss: each sequence's aux loss (S_b = N / B tokens), averaged
+    const double B = double(total.seq_probs.size()) / E, Sb = N / B;
+    for (size_t i = 0; i < total.seq_probs.size(); ++i) acc += (total.seq_probs[i] / Sb) * (total.seq_mask[i] / Sb);
+    return E * acc / B;
+  }
   for (size_t e = 0; e < total.sum_probs.size(); ++e) acc += (total.sum_probs[e] / N) * (total.sum_mask1[e] / N);
   return E * acc;
 }
@@ -410,6 +507,23 @@ void megatron_weight_backward(const GateCtx& ctx, int64_t t, const float* dw, co
   const int32_t* choice = r.expert.data() + t * k;
   const float* w = ctx.topk_weight.data() + t * k;
   const float sf = float(ctx.cfg.topk_scaling_factor);
+  if (ctx.cfg.score_function == ScoreFunction::sigmoid) {  // p = s = sigmoid(logits); dp holds d l / d q
+    float total = 0.0f, dot = 0.0f;
+    for (int64_t e = 0; e < E; ++e) total += p[e];
+    const float D = total + 1e-20f;
+    for (int64_t e = 0; e < E; ++e) dot += dp[e] * p[e] / D;
+    for (int64_t e = 0; e < E; ++e) dp[e] = (dp[e] - dot) / D;  // q = s / D: d s_j = (d q_j - sum_e d q_e q_e) / D
+    if (k == 1) {
+      dp[choice[0]] += sf * dw[0];  // w = sf * s
+    } else {  // w_i = sf * s_i / Dk: d s_i += sf (dw_i - sum_j dw_j u_j) / Dk, u = w / sf
+      float sum = 0.0f, udot = 0.0f;
+      for (int64_t i = 0; i < k; ++i) sum += p[choice[i]];
+      for (int64_t i = 0; i < k; ++i) udot += dw[i] * w[i] / sf;
+      for (int64_t i = 0; i < k; ++i) dp[choice[i]] += sf * (dw[i] - udot) / (sum + 1e-20f);
+    }
+    for (int64_t e = 0; e < E; ++e) dp[e] *= p[e] * (1.0f - p[e]);  // sigmoid'
+    return;
+  }
   if (ctx.cfg.pre_softmax)
     for (int64_t i = 0; i < k; ++i) dp[choice[i]] += sf * dw[i];  // w_i = sf * p[choice_i]
   float dot = 0.0f;
@@ -444,20 +558,31 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
   const float* dw = d_weight.data<float>();
   float* dl = dlogits.data<float>();
   // d l_aux / d probs[t, e] = d_l_aux * E * Sm_e / N^2, the same for every token of every chunk.
-  std::vector<float> daux(size_t(E), 0.0f);
-  if (d_l_aux != 0.0f)
-    for (int64_t e = 0; e < E; ++e)
-      daux[size_t(e)] = float(double(d_l_aux) * double(E) * total.sum_mask1[size_t(e)] / (total.tokens * total.tokens));
+  // seq_aux_loss: per sequence b, d_l_aux * E * Sm_be / (S_b^2 B), S_b = N / B.
+  const bool seq = !total.seq_mask.empty();
+  const int64_t B = seq ? int64_t(total.seq_mask.size()) / E : 1;
+  AMPIPE_CHECK(!seq || int64_t(ctx.seq.size()) == S, "seq_aux_loss backward without the tokens' sequences");
+  std::vector<float> daux(size_t(B * E), 0.0f);
+  if (d_l_aux != 0.0f) {
+    const double Sb = total.tokens / double(B);
+    const std::vector<double>& m = seq ? total.seq_mask : total.sum_mask1;
+    for (int64_t i = 0; i < B * E; ++i)
+      daux[size_t(i)] = float(double(d_l_aux) * double(E) * m[size_t(i)] / (Sb * Sb * double(B)));
+  }
 
   for (int64_t t = 0; t < S; ++t) {
     const float* p = P + t * E;
     float* dp = dl + t * E;  // d probs first, then turned into d logits in place
-    for (int64_t e = 0; e < E; ++e) dp[e] = daux[size_t(e)];
+    const float* da = daux.data() + (seq ? int64_t(ctx.seq[size_t(t)]) * E : 0);
+    for (int64_t e = 0; e < E; ++e) dp[e] = da[e];
     if (ctx.cfg.router == Router::megatron) {
       megatron_weight_backward(ctx, t, dw + t * k, p, dp);
-      if (!ctx.lse.empty()) {  // the z-loss: d z / d logit_e = coeff * 2 lse_t p_e / N
+      if (!ctx.lse.empty()) {  // the z-loss: d z / d logit_e = coeff * 2 lse_t softmax_e / N
         const float g = float(2.0 * ctx.cfg.z_loss_coeff * double(ctx.lse[size_t(t)]) / total.tokens);
-        for (int64_t e = 0; e < E; ++e) dp[e] += g * p[e];
+        if (ctx.logits.empty())
+          for (int64_t e = 0; e < E; ++e) dp[e] += g * p[e];
+        else  // sigmoid: the softmax from the saved logits, exp(logit - lse)
+          for (int64_t e = 0; e < E; ++e) dp[e] += g * std::exp(ctx.logits[size_t(t * E + e)] - ctx.lse[size_t(t)]);
       }
       continue;
     }

@@ -71,7 +71,28 @@ enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 //   Sp_e as above. Written into GateStats as sum_mask1 = c_e / k, so aux_loss_from_sums and the backward are the
 //   same code. `none`: no aux loss (sum_mask1 = 0).
 // No noise (Jitter, RSample, RTS are DeepSpeed's) and no capacity factor apply to it.
+// Its variants (Megatron's topk_routing_with_score_function, compute_routing_scores_for_aux_loss):
+// - --moe-router-score-function sigmoid: s = sigmoid(logits) (fp32); choices: the k largest s + b (b the expert
+//   bias, --moe-router-enable-expert-bias; 0 without); weights: s of the chosen, divided by (their sum + 1e-20)
+//   when k > 1, times the scaling factor. The aux losses read q = s / (sum_e s + 1e-20) instead of the softmax.
+// - --moe-router-num-groups G, --moe-router-group-topk g (group-limited routing): the E experts in G groups of E/G
+//   consecutive ones; a group's score is the sum of its k/g largest routing scores; the g best groups (ties -> the
+//   lower group) are kept and the k choices made among their experts only.
+// - The aux losses' counts c_e are the top-k of their own scores (softmax, or q), without groups or bias, as
+//   Megatron's routing_map_for_aux_loss (the routing choices themselves when neither applies).
+// - --moe-router-load-balancing-type seq_aux_loss: l = (1/B) sum_b E / (S_b^2 k) sum_e Sp_be c_be, the aux loss of
+//   each sequence b of the micro-batch (S_b = N/B tokens; Sp_be, c_be its tokens' sums), averaged (Megatron's
+//   _apply_seq_aux_loss).
+// - Expert bias (aux-loss-free balancing): b is state the router does not train; after each step it moves by
+//   --moe-router-bias-update-rate towards balance: b_e += rate * sign(mean_j n_j - n_e), n_e the tokens routed to e
+//   over the whole step (every micro-batch and rank; Megatron's get_updated_expert_bias), done by the caller.
 enum class Router : uint8_t { deepspeed, megatron };
+enum class ScoreFunction : uint8_t { softmax, sigmoid };     // --moe-router-score-function
+enum class Balancing : uint8_t { none, aux_loss, seq_aux_loss };  // --moe-router-load-balancing-type
+constexpr const char* score_function_name(ScoreFunction f) { return f == ScoreFunction::sigmoid ? "sigmoid" : "softmax"; }
+constexpr const char* balancing_name(Balancing b) {
+  return b == Balancing::aux_loss ? "aux_loss" : b == Balancing::seq_aux_loss ? "seq_aux_loss" : "none";
+}
 
 struct GateConfig {
   int64_t num_experts = 0;                 // E (--num-experts)
@@ -87,7 +108,13 @@ struct GateConfig {
   Router router = Router::deepspeed;       // --moe-model-type
   bool pre_softmax = false;                // megatron: --moe-router-pre-softmax
   double topk_scaling_factor = 1.0;        // megatron: --moe-router-topk-scaling-factor (1: none)
-  bool load_balancing = true;              // megatron: --moe-router-load-balancing-type aux_loss (false: none)
+  Balancing balancing = Balancing::aux_loss;  // megatron: --moe-router-load-balancing-type
+  ScoreFunction score_function = ScoreFunction::softmax;  // megatron: --moe-router-score-function
+  int num_groups = 0, group_topk = 0;      // megatron: --moe-router-num-groups, --moe-router-group-topk (0: none)
+  std::vector<float> expert_bias;          // megatron, sigmoid: [E] the routing bias (empty: none)
+  // seq_aux_loss: the micro-batch's sequences; token t's is (tokens.at(t) - token_base) % micro_batch
+  int64_t micro_batch = 1;
+  uint64_t token_base = 0;
   // megatron: --moe-z-loss-coeff (ST-MoE's router z-loss, Megatron's z_loss_func): z = coeff * sum_t lse_t^2 / N,
   // lse_t = logsumexp of token t's fp32 logits over the E experts, N the tokens of every chunk (as the aux loss).
   // Its gradient d z / d logits[t, e] = coeff * 2 lse_t softmax[t, e] / N is added by gate_backward (its upstream
@@ -102,8 +129,10 @@ struct GateStats {
   std::vector<double> sum_mask1;  // [E] Sm_e = number of tokens whose first choice is e (before dropping)
   double tokens = 0;              // N = number of tokens summed
   double sum_lse2 = 0;            // sum_t lse_t^2 (the z-loss; 0 without one)
+  // seq_aux_loss: [B, E] per sequence b of the micro-batch the same sums (sum_probs, sum_mask1); empty otherwise
+  std::vector<double> seq_probs, seq_mask;
 
-  void reset(int64_t E);          // zeros, sized E
+  void reset(int64_t E, int64_t seqs = 0);  // zeros, sized E (and seqs x E per-sequence sums)
   void accumulate(const GateStats& o);
 };
 
@@ -131,6 +160,8 @@ struct GateCtx {
   std::vector<int32_t> choice_count; // megatron: [k, E] i-th choices per expert
   std::vector<float> topk_weight;    // megatron: [S, k] the routing weights (scaled)
   std::vector<float> lse;            // megatron with a z-loss: [S] logsumexp of each token's logits
+  std::vector<float> logits;         // megatron, sigmoid with a z-loss: [S, E] the logits (probs holds s)
+  std::vector<int32_t> seq;          // seq_aux_loss: [S] each token's sequence in the micro-batch
   GateRouting routing;
 };
 
@@ -155,6 +186,7 @@ void gate_assign_forward(int64_t C, GateCtx& ctx);
 void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx);
 
 // l_aux = E * sum_e (Sp_e / N) * (Sm_e / N) from sums over all chunks (0 when N = 0). No coefficient.
+// seq_aux_loss (per-sequence sums present): the mean over the B sequences of the same with S_b = N / B.
 double aux_loss_from_sums(const GateStats& total);
 // z = coeff * sum_lse2 / N from sums over all chunks (0 when N = 0), the coefficient included.
 double z_loss_from_sums(const GateStats& total, double coeff);

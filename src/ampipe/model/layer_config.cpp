@@ -103,6 +103,16 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--moe-z-loss-coeff {} needs --moe-model-type megatron_moe: the z-loss is Megatron-Core's "
                                   "router's (DeepSpeed-MoE's gate has none)",
                                   moe_z_loss_coeff));
+  if (moe_router_enable_expert_bias && moe_router_score_function != ScoreFunction::sigmoid)
+    throw ConfigError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (Megatron's rule: the "
+                      "bias is added to the sigmoid scores that choose the experts)");
+  if (!(moe_router_bias_update_rate >= 0) || !std::isfinite(moe_router_bias_update_rate))
+    throw ConfigError(fmt::format("--moe-router-bias-update-rate {} is invalid: it must be a finite number >= 0",
+                                  moe_router_bias_update_rate));
+  if ((moe_router_num_groups != 0) != (moe_router_group_topk != 0))
+    throw ConfigError(fmt::format("--moe-router-num-groups {} and --moe-router-group-topk {}: group-limited routing "
+                                  "needs both",
+                                  moe_router_num_groups, moe_router_group_topk));
   if (!(moe_router_topk_scaling_factor >= 0) || !std::isfinite(moe_router_topk_scaling_factor))
     throw ConfigError(fmt::format("--moe-router-topk-scaling-factor {} is invalid: it must be a positive number",
                                   moe_router_topk_scaling_factor));

@@ -58,11 +58,17 @@ struct LayerConfig {
   bool moe_no_drop = false;
   // --moe-model-type: DeepSpeed-MoE's gate (deepspeed_moe) or Megatron-Core's dropless top-k router (megatron_moe,
   // model/gate.h Router) with --moe-router-pre-softmax, --moe-router-topk-scaling-factor (0: none) and
-  // --moe-router-load-balancing-type aux_loss (moe_router_aux_loss) or none.
+  // --moe-router-load-balancing-type aux_loss, seq_aux_loss or none, --moe-router-score-function, group-limited
+  // routing (--moe-router-num-groups, --moe-router-group-topk; 0: none) and the expert bias
+  // (--moe-router-enable-expert-bias, updated by --moe-router-bias-update-rate after each step).
   Router moe_router = Router::deepspeed;
   bool moe_router_pre_softmax = false;
   double moe_router_topk_scaling_factor = 0;
-  bool moe_router_aux_loss = true;
+  Balancing moe_router_load_balancing = Balancing::aux_loss;
+  ScoreFunction moe_router_score_function = ScoreFunction::softmax;
+  int moe_router_num_groups = 0, moe_router_group_topk = 0;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
   double moe_z_loss_coeff = 0.0;  // --moe-z-loss-coeff (megatron_moe; model/gate.h GateConfig::z_loss_coeff)
   bool use_rts = true;  // random token selection, top-1 only
   NoisyGatePolicy noisy_gate_policy = NoisyGatePolicy::none;

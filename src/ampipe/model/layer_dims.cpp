@@ -62,6 +62,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.srcs = d.sp ? d.tp * d.ep : d.ep;
   d.overlap_tp = d.tp > 1 && (cfg.ampipe_tp_sp_comm_overlap || (cfg.pipe_experts_multi_stream && d.sp));
   d.capacity_is_bound = cfg.dropless();
+  d.seq_aux = d.moe && cfg.megatron_router() && cfg.moe_router_load_balancing == Balancing::seq_aux_loss;
   d.agree_capacity_tp = cfg.dropless() && d.moe && d.sp && d.tp > 1;
   d.agree_capacity = (cfg.dropless() && d.ep > 1 && d.moe) || d.agree_capacity_tp;
   d.C = !d.moe ? 0

@@ -58,6 +58,7 @@ struct LayerDims {
   int64_t C = 0;
   bool capacity_is_bound = false;  // --moe-no-drop: the run-time capacity is <= C
   bool agree_capacity = false;     // dropless with ep > 1 or sequence parallel tp > 1: the ranks agree first
+  bool seq_aux = false;            // seq_aux_loss: the gate statistics per sequence too ([b, E] each)
   bool agree_capacity_tp = false;  // ... over the tp ranks too (sequence parallel: each routes its own rows)
   // The expert weight gradients wait for every chunk and run as one GEMM per expert over all chunks' slots
   // (K = M*ep*C instead of ep*C per chunk). Only with a fixed capacity: with --moe-no-drop the chunks' slots are

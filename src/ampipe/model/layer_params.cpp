@@ -196,6 +196,7 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
     p.gate_w = local("moe.gate.weight");
     p.fc1_w = local("moe.experts.fc1.weight");
     p.fc2_w = local("moe.experts.fc2.weight");
+    if (cfg.moe_router_enable_expert_bias) p.expert_bias = Tensor::zeros({cfg.num_experts});  // Megatron's init: 0
   }
   if (cfg.has_mlp()) {
     p.mlp_fc1_w = local("mlp.fc1.weight");
@@ -228,6 +229,7 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     p.fc2_w = take("moe.experts.fc2.weight", whole.fc2_w);
     p.mlp_fc1_w = take("mlp.fc1.weight", whole.mlp_fc1_w);
     p.mlp_fc2_w = take("mlp.fc2.weight", whole.mlp_fc2_w);
+    p.expert_bias = whole.expert_bias;
     return p;
   }
   LayerParams p = zeros_like_params(cfg);

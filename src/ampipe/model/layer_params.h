@@ -39,6 +39,10 @@ struct LayerParams {
   Tensor fc2_w;         // [L, h, F]
   Tensor mlp_fc1_w;     // [F1_m, h]: the dense MLP (undefined without one)
   Tensor mlp_fc2_w;     // [h, F_m]
+  // --moe-router-enable-expert-bias (model/gate.h): router state that is not trained and not in named(). In the
+  // parameters: the bias [E] fp32 (moe.gate.expert_bias in checkpoints, every rank the same); in the gradients:
+  // the tokens routed to each expert [E] fp32 so far this step, which the bias update reads and zeroes.
+  Tensor expert_bias;
 
   // (name, tensor) pairs in a fixed order; the tensors are views (writes go to the parameters). With RMSNorm the
   // biases are undefined and not listed.

@@ -42,14 +42,23 @@ GateConfig MoeBlock::gate_config() const {
   gc.router = cfg.moe_router;
   gc.pre_softmax = cfg.moe_router_pre_softmax;
   gc.topk_scaling_factor = cfg.moe_router_topk_scaling_factor > 0 ? cfg.moe_router_topk_scaling_factor : 1.0;
-  gc.load_balancing = cfg.moe_router_aux_loss;
+  gc.balancing = cfg.megatron_router() ? cfg.moe_router_load_balancing : Balancing::aux_loss;
+  gc.score_function = cfg.moe_router_score_function;
+  gc.num_groups = cfg.moe_router_num_groups;
+  gc.group_topk = cfg.moe_router_group_topk;
+  if (st_.p.expert_bias.defined()) {
+    const float* b = st_.p.expert_bias.data<float>();
+    gc.expert_bias.assign(b, b + cfg.num_experts);
+  }
+  gc.micro_batch = st_.dims.b;
+  gc.token_base = st_.token_base;
   gc.z_loss_coeff = cfg.megatron_router() ? cfg.moe_z_loss_coeff : 0.0;
   return gc;
 }
 
 // ------------------------------------------------------------------------------------------------ forward
 
-void MoeBlock::begin_forward() { total_.reset(st_.dims.E); }
+void MoeBlock::begin_forward() { total_.reset(st_.dims.E, st_.dims.seq_aux ? st_.dims.b : 0); }
 
 void MoeBlock::set_routing(int c) {
   GateCtx& g = gctx_[size_t(c)];
@@ -97,6 +106,11 @@ void MoeBlock::accumulate_stats(const GateStats& chunk) {
   }
   v[2 * E] = float(total_.tokens);
   v[2 * E + 1] = float(total_.sum_lse2);
+  const size_t n = total_.seq_probs.size();
+  for (size_t i = 0; i < n; ++i) {
+    v[2 * E + 2 + int64_t(i)] = float(total_.seq_probs[i]);
+    v[2 * E + 2 + int64_t(n + i)] = float(total_.seq_mask[i]);
+  }
 }
 
 void MoeBlock::gate_assign(int c) {
@@ -242,6 +256,11 @@ void MoeBlock::aux_loss() {
     }
     total_.tokens = v[2 * E];
     total_.sum_lse2 = v[2 * E + 1];
+    const size_t n = total_.seq_probs.size();
+    for (size_t i = 0; i < n; ++i) {
+      total_.seq_probs[i] = v[2 * E + 2 + int64_t(i)];
+      total_.seq_mask[i] = v[2 * E + 2 + int64_t(n + i)];
+    }
   }
   aux_ = aux_loss_from_sums(total_);
   z_ = z_loss_from_sums(total_, gate_config().z_loss_coeff);
@@ -347,6 +366,10 @@ void MoeBlock::gate_backward(int c) {
   dispatch_backward(recv, g.routing, d_ln2);
   Tensor d_logits = s.mem.get(Buf::d_logits);
   model::gate_backward(s.mem.get(Buf::d_weight, c), s.d_aux, total_, g, s.p.gate_w, d_logits, d_ln2, s.g.gate_w);
+  if (s.g.expert_bias.defined()) {  // the expert bias's load statistics: counted once per trained token (here, in
+    float* n = s.g.expert_bias.data<float>();  // the backward, so a recomputed forward does not count twice)
+    for (const int32_t e : g.routing.expert) n[e] += 1.0f;
+  }
 }
 
 }  // namespace ampipe::model

@@ -386,8 +386,25 @@ std::vector<ConfigKey> run_config_keys() {
       AMPIPE_FIELD(moe_router_pre_softmax, kL | kC | kA, kTaken, l.moe_router_pre_softmax),
       AMPIPE_FIELD(moe_router_topk_scaling_factor, kL | kC | kA, kTaken, l.moe_router_topk_scaling_factor),
       ConfigKey{"moe_router_load_balancing_type", kL | kC | kA, kTaken,
-                [](const TrainConfig& c) -> nlohmann::json { return c.layer.moe_router_aux_loss ? "aux_loss" : "none"; },
-                [](TrainConfig& c, const nlohmann::json& v) { c.layer.moe_router_aux_loss = v.get<std::string>() != "none"; }},
+                [](const TrainConfig& c) -> nlohmann::json { return model::balancing_name(c.layer.moe_router_load_balancing); },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  const std::string s = v.get<std::string>();
+                  c.layer.moe_router_load_balancing = s == "none"           ? model::Balancing::none
+                                                      : s == "seq_aux_loss" ? model::Balancing::seq_aux_loss
+                                                                            : model::Balancing::aux_loss;
+                }},
+      ConfigKey{"moe_router_score_function", kL | kC | kA, kTaken,
+                [](const TrainConfig& c) -> nlohmann::json {
+                  return model::score_function_name(c.layer.moe_router_score_function);
+                },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.moe_router_score_function =
+                      v.get<std::string>() == "sigmoid" ? model::ScoreFunction::sigmoid : model::ScoreFunction::softmax;
+                }},
+      AMPIPE_FIELD(moe_router_num_groups, kL | kC | kA, kTaken, l.moe_router_num_groups),
+      AMPIPE_FIELD(moe_router_group_topk, kL | kC | kA, kTaken, l.moe_router_group_topk),
+      AMPIPE_FIELD(moe_router_enable_expert_bias, kL | kC | kA, kTaken, l.moe_router_enable_expert_bias),
+      AMPIPE_FIELD(moe_router_bias_update_rate, kL | kC | kA, kTaken, l.moe_router_bias_update_rate),
       AMPIPE_FIELD(use_flash_attn, kC | kA, kNo, c.use_flash_attn),
       AMPIPE_FIELD(add_bias_linear, kC | kA, kNo, c.add_bias_linear),
       AMPIPE_FIELD(ampipe_degree, kC | kA, kNo, c.ampipe_degree),
