@@ -733,3 +733,47 @@ TEST(GateMegatron, ZLossByHandAndFiniteDifferences) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx.get(int64_t(i)), fd(x, i), 3e-5) << "dx " << i;
   for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(dW.get(int64_t(i)), fd(w, i), 3e-5) << "dWg " << i;
 }
+
+// DeepSeek-V3's routing by hand (sigmoid scores s = 1 / (1 + e^-l), top-2, E = 4): token [0, 1, 2, -1] has
+// s = (0.5, 0.731059, 0.880797, 0.268941). Alone it picks experts 2, 1 with weights s / (s_2 + s_1) =
+// (0.546428, 0.453572). With 2 groups ({0, 1}, {2, 3}) and --moe-router-group-topk 1, a group's score is the sum of
+// its top k / group_topk = 2 scores (1.231059 against 1.149738), so group 0 is kept: experts 1, 0, weights
+// (0.593846, 0.406154). An expert bias (0, 0, 0, 0.7) changes the choice (biased scores 0.5, 0.731, 0.881, 0.969:
+// experts 3, 2) but not the weights, which are the unbiased scores' (0.233919, 0.766081 before the factor 2).
+TEST(GateMegatron, SigmoidGroupsAndExpertBiasByHand) {
+  const Tensor X = tensor_of({0, 1, 2, -1}, {1, 4});
+  const Tensor I = tensor_of({1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, {4, 4});
+  GateConfig cfg = megatron_cfg(4, 2);
+  cfg.score_function = ScoreFunction::sigmoid;
+  GateCtx ctx;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{2, 1}));
+  EXPECT_NEAR(ctx.routing.weight[0], 0.880797 / (0.880797 + 0.731059), 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[1], 0.731059 / (0.880797 + 0.731059), 1e-6);
+  cfg.num_groups = 2;
+  cfg.group_topk = 1;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{1, 0}));
+  EXPECT_NEAR(ctx.routing.weight[0], 0.593846, 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[1], 0.406154, 1e-6);
+  cfg.num_groups = 0;
+  cfg.group_topk = 0;
+  cfg.expert_bias = {0.0f, 0.0f, 0.0f, 0.7f};
+  cfg.topk_scaling_factor = 2.0;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{3, 2}));
+  EXPECT_NEAR(ctx.routing.weight[0], 2 * 0.268941 / (0.268941 + 0.880797), 2e-6);
+  EXPECT_NEAR(ctx.routing.weight[1], 2 * 0.880797 / (0.268941 + 0.880797), 2e-6);
+}
+
+// Megatron's get_updated_expert_bias: counts (3, 1, 2, 2) have mean 2, so the bias moves by rate * (-1, +1, 0, 0):
+// the overloaded expert down, the idle one up, the balanced ones not at all (sign(0) = 0).
+TEST(GateMegatron, ExpertBiasUpdateByHand) {
+  std::vector<float> bias = {0.1f, -0.2f, 0.0f, 0.05f};
+  const std::vector<float> counts = {3, 1, 2, 2};
+  update_expert_bias(bias, counts, 0.001);
+  EXPECT_FLOAT_EQ(bias[0], 0.099f);
+  EXPECT_FLOAT_EQ(bias[1], -0.199f);
+  EXPECT_FLOAT_EQ(bias[2], 0.0f);
+  EXPECT_FLOAT_EQ(bias[3], 0.05f);
+}

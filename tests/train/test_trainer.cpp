@@ -381,6 +381,73 @@ TEST(Trainer, ExpertLoadsCountEveryChoiceOnce) {
   }
 }
 
+// DeepSeek-V3's router in training (--moe-router-score-function sigmoid, group-limited routing, the per-sequence
+// aux loss, --moe-router-enable-expert-bias): the bias moves after each step by rate * sign(mean - n_e), n_e the
+// choices routed to expert e in that step (pinned against the logged expert loads, which count the same choices);
+// degree 4 equals degree 1 (biases included: Trainer::full_params lists them), and a resumed run continues exactly
+// (the bias is saved as layers.{i}.moe.gate.expert_bias).
+TEST(Trainer, ExpertBiasFollowsTheLoadsAndDegreesAndResumeAgree) {
+  train::TrainConfig c = tiny_config();
+  c.layer.moe_router = model::Router::megatron;
+  c.layer.moe_router_score_function = model::ScoreFunction::sigmoid;
+  c.layer.moe_router_load_balancing = model::Balancing::seq_aux_loss;
+  c.layer.moe_router_num_groups = 2;
+  c.layer.moe_router_group_topk = 1;
+  c.layer.moe_router_topk_scaling_factor = 2.5;
+  c.layer.moe_router_enable_expert_bias = true;
+  c.layer.moe_router_bias_update_rate = 0.01;
+  c.moe_aux_loss_coeff = 0.01;
+  c.train_iters = 6;
+  c.log_interval = 1;
+  c.validate(1);
+  std::vector<std::vector<float>> bias(size_t(c.num_layers), std::vector<float>(size_t(c.layer.num_experts), 0.0f));
+  RunResult ref;
+  {
+    train::Trainer t(c, *g_groups, corpus_data(c));
+    const train::TrainResult r = t.train();
+    ASSERT_EQ(r.moe.size(), size_t(c.train_iters));
+    for (const train::MoeLog& w : r.moe) {
+      ASSERT_EQ(w.layers.size(), size_t(c.num_layers));
+      for (size_t l = 0; l < w.layers.size(); ++l) {
+        double sum = 0;
+        for (const int64_t n : w.layers[l].tokens) sum += double(n);
+        const double mean = sum / double(c.layer.num_experts);
+        for (size_t e = 0; e < bias[l].size(); ++e) {
+          const double off = mean - double(w.layers[l].tokens[e]);
+          bias[l][e] += float(off > 0 ? 0.01 : off < 0 ? -0.01 : 0.0);
+        }
+      }
+    }
+    for (const auto& it : r.iterations) ref.losses.push_back(it.lm_loss);
+    ref.weights = t.full_params();
+  }
+  bool moved = false;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Tensor& b = ref.weights.at(fmt::format("layers.{}.moe.gate.expert_bias", l));
+    ASSERT_EQ(b.numel(), c.layer.num_experts);
+    for (int64_t e = 0; e < b.numel(); ++e) {
+      EXPECT_NEAR(b.get(e), bias[size_t(l)][size_t(e)], 1e-6) << "layer " << l << " expert " << e;
+      moved = moved || b.get(e) != 0.0f;
+    }
+  }
+  EXPECT_TRUE(moved);
+  train::TrainConfig m4 = c;
+  m4.ampipe_degree = 4;
+  expect_same_run(run_training(m4, *g_groups), ref, 1e-5);
+
+  const std::string dir = temp_dir("expert_bias");
+  train::TrainConfig first = c;
+  first.save = dir;
+  first.exit_interval = 3;
+  run_training(first, *g_groups);
+  train::TrainConfig second = c;
+  second.load = dir;
+  const RunResult tail = run_training(second, *g_groups);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(tail.losses[i], ref.losses[3 + i]) << "iteration " << 4 + i;
+  for (const auto& [name, w] : ref.weights) EXPECT_EQ(rel_err(tail.weights.at(name), w), 0.0) << name;
+  fs::remove_all(dir);
+}
+
 // Absolute pins of the optimizer and the schedule (issue 27: AdamW without the second-moment bias correction, and a
 // learning rate one iteration late at its call site, survived the relative tests).
 

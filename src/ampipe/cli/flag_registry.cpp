@@ -161,7 +161,7 @@ constexpr const char* kNoSharedExpertGate =
 constexpr const char* kNoNoopLayers = "every layer is a transformer block here (no identity layers)";
 constexpr const char* kRouter =
     "a Megatron-core router option this engine does not have: its routers are DeepSpeed-MoE's gate (--moe-model-type "
-"deepspeed_moe) and Megatron-Core's top-k router (megatron_moe: --moe-router-score-function softmax or sigmoid, "
+    "deepspeed_moe) and Megatron-Core's top-k router (megatron_moe: --moe-router-score-function softmax or sigmoid, "
     "--moe-router-pre-softmax, --moe-router-topk-scaling-factor, --moe-router-num-groups, --moe-router-group-topk, "
     "--moe-router-enable-expert-bias, --moe-router-load-balancing-type aux_loss, seq_aux_loss or none)";
 constexpr const char* kCapacity =

@@ -637,4 +637,16 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
   }
 }
 
+void update_expert_bias(std::span<float> bias, std::span<const float> counts, double rate) {
+  AMPIPE_CHECK(bias.size() == counts.size() && !bias.empty(), "expert bias of {} for {} counts", bias.size(),
+               counts.size());
+  float sum = 0.0f;
+  for (const float n : counts) sum += n;
+  const float mean = sum / float(counts.size()), r = float(rate);
+  for (size_t e = 0; e < bias.size(); ++e) {
+    const float offset = mean - counts[e];
+    bias[e] += (offset > 0.0f ? 1.0f : offset < 0.0f ? -1.0f : 0.0f) * r;
+  }
+}
+
 }  // namespace ampipe::model

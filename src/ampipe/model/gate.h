@@ -49,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "ampipe/core/tensor.h"
@@ -85,7 +86,8 @@ enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 //   _apply_seq_aux_loss).
 // - Expert bias (aux-loss-free balancing): b is state the router does not train; after each step it moves by
 //   --moe-router-bias-update-rate towards balance: b_e += rate * sign(mean_j n_j - n_e), n_e the tokens routed to e
-//   over the whole step (every micro-batch and rank; Megatron's get_updated_expert_bias), done by the caller.
+//   over the whole step (every micro-batch and rank; Megatron's get_updated_expert_bias): update_expert_bias below,
+//   called by the step once the counts are summed over the ranks.
 enum class Router : uint8_t { deepspeed, megatron };
 enum class ScoreFunction : uint8_t { softmax, sigmoid };     // --moe-router-score-function
 enum class Balancing : uint8_t { none, aux_loss, seq_aux_loss };  // --moe-router-load-balancing-type
@@ -198,6 +200,10 @@ double z_loss_from_sums(const GateStats& total, double coeff);
 //   Wg:       [E, h] fp32, as in the forward.
 // Outputs: dlogits [S, E] fp32 is overwritten (scratch, and handy for tests); dx_accum [S, h] fp32 and
 // dWg_accum [E, h] fp32 are accumulated (+=): the residual path meets dx, and dWg sums over chunks.
+// The expert bias's step (Megatron's get_updated_expert_bias, fp32): bias[e] += rate * sign(mean(counts) - counts[e]),
+// counts [E] the tokens routed to each expert over the step (sign(0) = 0: a balanced expert keeps its bias).
+void update_expert_bias(std::span<float> bias, std::span<const float> counts, double rate);
+
 void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
                    const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum);
 

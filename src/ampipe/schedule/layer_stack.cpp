@@ -1,5 +1,8 @@
 #include "ampipe/schedule/layer_stack.h"
 
+#include "ampipe/comm/collectives.h"
+#include "ampipe/model/gate.h"
+
 namespace ampipe::schedule {
 
 LayerStack::LayerStack(const model::LayerConfig& cfg, int num_layers, int M, int ep_rank, const comm::Groups* groups,
@@ -190,6 +193,29 @@ size_t LayerStack::planned_bytes() const {
 void LayerStack::zero_grads() {
   for (auto& e : layers_)
     for (auto& [name, g] : e->grads.named()) g.zero();
+}
+
+bool LayerStack::has_expert_bias() const {
+  for (const auto& e : layers_)
+    if (e->params.expert_bias.defined()) return true;
+  return false;
+}
+
+void LayerStack::update_expert_bias(const comm::Group& all, double rate) {
+  std::vector<Entry*> biased;
+  for (auto& e : layers_)
+    if (e->params.expert_bias.defined()) biased.push_back(e.get());
+  if (biased.empty()) return;
+  const int64_t E = biased.front()->cfg.num_experts;
+  Tensor counts = Tensor::empty({int64_t(biased.size()), E});  // one all-reduce for every layer
+  for (size_t i = 0; i < biased.size(); ++i)
+    std::copy_n(biased[i]->grads.expert_bias.data<float>(), E, counts.data<float>() + int64_t(i) * E);
+  if (all.size() > 1) comm::all_reduce_sync(all, counts, comm::Reduce::sum, "expert_bias.counts");
+  for (size_t i = 0; i < biased.size(); ++i) {
+    const float* n = counts.data<float>() + int64_t(i) * E;
+    model::update_expert_bias({biased[i]->params.expert_bias.data<float>(), size_t(E)}, {n, size_t(E)}, rate);
+    biased[i]->grads.expert_bias.zero();
+  }
 }
 
 }  // namespace ampipe::schedule

@@ -92,6 +92,13 @@ class LayerStack {
   const Plan& plan(int i) const { return step_.layer(i); }
   Executor& executor() { return ex_; }
   void zero_grads();
+  // --moe-router-enable-expert-bias: the step's bias update (model::update_expert_bias), after the last micro-batch's
+  // backward and before the optimizer, as Megatron's finalize_model_grads: the tokens each layer routed to each
+  // expert are summed over `all` (every rank: each counts its own tokens; tp ranks without SP count the same ones,
+  // which scales every count alike and leaves the sign unchanged), every layer's bias moves, the counts restart.
+  // Every rank ends with the same bias. A no-op without expert bias.
+  void update_expert_bias(const comm::Group& all, double rate);
+  bool has_expert_bias() const;
   // Bytes of the stack's planned memory (its share of the arena).
   size_t planned_bytes() const;
 

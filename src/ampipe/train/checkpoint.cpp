@@ -144,9 +144,12 @@ std::vector<std::pair<std::string, Shape>> checkpoint_tensor_shapes(const TrainC
   if (l.position_embedding == model::PositionEmbedding::learned_absolute)
     out.push_back({"embedding.position_embeddings.weight", {l.seq_length, h}});
   const std::vector<model::LayerConfig> layers = cfg.layer_configs();
-  for (size_t i = 0; i < layers.size(); ++i)
+  for (size_t i = 0; i < layers.size(); ++i) {
     for (const std::string& name : model::param_names(layers[i]))
       out.push_back({fmt::format("layers.{}.{}", i, name), model::full_shape(layers[i], name)});
+    if (!layers[i].dense() && layers[i].moe_router_enable_expert_bias)  // GptModel::buffers
+      out.push_back({fmt::format("layers.{}.moe.gate.expert_bias", i), {layers[i].num_experts}});
+  }
   out.push_back({"final_layernorm.weight", {h}});
   if (!l.rmsnorm()) out.push_back({"final_layernorm.bias", {h}});
   if (cfg.untie_embeddings_and_output_weights) out.push_back({"output_layer.weight", {V, h}});
@@ -165,6 +168,7 @@ std::vector<std::string> shaping_keys(const std::string& name) {
   if (p.starts_with("attn.q_layernorm") || p.starts_with("attn.k_layernorm"))
     return {"hidden_size", "num_attention_heads", "qk_layernorm"};
   if (p == "moe.gate.weight") return {"num_experts", "hidden_size"};
+  if (p == "moe.gate.expert_bias") return {"num_experts", "moe_router_enable_expert_bias"};
   if (p.starts_with("moe.experts.")) return {"num_experts", "moe_ffn_hidden_size", "swiglu", "hidden_size"};
   if (p.starts_with("mlp."))
     return {"ffn_hidden_size", "moe_shared_expert_intermediate_size", "swiglu", "hidden_size", "moe_layer_freq",
@@ -257,6 +261,7 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
     opt_map["exp_avg." + p.name] = full_tensor(opt.exp_avg(i), p, cfg.layer, groups, "ckpt.m." + p.name);
     opt_map["exp_avg_sq." + p.name] = full_tensor(opt.exp_avg_sq(i), p, cfg.layer, groups, "ckpt.v." + p.name);
   }
+  for (const auto& [name, t] : model.buffers()) model_map[name] = t;  // whole and the same on every rank
   int64_t failed = 0;
   std::string why;
   if (groups.world.rank() == 0) {
@@ -483,6 +488,17 @@ CheckpointMeta load_checkpoint(const std::string& dir, const TrainConfig& cfg, G
     if (!load_optim) continue;
     take_shard(om, "exp_avg." + p.name, opt.exp_avg(i), p, cfg.layer, groups, opt_path);
     take_shard(om, "exp_avg_sq." + p.name, opt.exp_avg_sq(i), p, cfg.layer, groups, opt_path);
+  }
+  for (auto& [name, t] : model.buffers()) {
+    const auto it = mm.find(name);
+    if (it == mm.end())
+      throw ConfigError(fmt::format("--load {}: tensor {} is missing: the checkpoint was saved without "
+                                    "--moe-router-enable-expert-bias, which this run has",
+                                    model_path, name));
+    if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype())
+      throw ConfigError(fmt::format("--load {}: tensor {} is {}, this run's is {} fp32", model_path, name,
+                                    shape_str(it->second.shape()), shape_str(t.shape())));
+    std::memcpy(t.raw(), it->second.raw(), t.nbytes());
   }
   return meta;
 }

@@ -99,6 +99,14 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
   targets_.resize(size_t(Tl_));
 }
 
+std::vector<std::pair<std::string, Tensor>> GptModel::buffers() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (int i = 0; i < stack_.num_layers(); ++i)
+    if (const Tensor& b = stack_.params(i).expert_bias; b.defined())
+      out.push_back({fmt::format("layers.{}.moe.gate.expert_bias", i), b});
+  return out;
+}
+
 void GptModel::zero_grads() {
   for (NamedParam& p : params_) std::memset(p.grad.raw(), 0, p.grad.nbytes());  // contiguous fp32
 }

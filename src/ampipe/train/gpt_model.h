@@ -97,6 +97,10 @@ class GptModel {
   void embedding_backward();
 
   std::vector<NamedParam>& params() { return params_; }
+  // State that is not trained but is saved with the weights, every rank holding it whole and the same: the routers'
+  // expert biases ("layers.{i}.moe.gate.expert_bias" [E] fp32, --moe-router-enable-expert-bias; Megatron's
+  // persistent buffer). Views: loading writes them.
+  std::vector<std::pair<std::string, Tensor>> buffers();
   void zero_grads();
   void set_degree(int M) { stack_.set_degree(M); }
   // FLOPs of the last micro-batch's forward + backward: model::Layer::flops of every layer + the LM head's three

@@ -377,6 +377,12 @@ void Trainer::finish_gradients(StepState& s) {
                                    iteration_ + 1,
                                    std::isfinite(st.lm_loss) && std::isfinite(st.aux_loss) ? "gradient norm" : "loss",
                                    "not finite", st.lm_loss, st.aux_loss, st.grad_norm));
+  // The router's expert bias (--moe-router-enable-expert-bias): its step, from the tokens every rank routed
+  // (Megatron updates it in finalize_model_grads, before the optimizer; every rank takes the same step).
+  if (cfg_.layer.moe_router_enable_expert_bias) {
+    comm::TraceScope trace(comm::Lane::compute, "router expert bias");
+    model_.stack().update_expert_bias(g_.world, cfg_.layer.moe_router_bias_update_rate);
+  }
 }
 
 void Trainer::optimizer_step(StepState& s) {
@@ -437,6 +443,7 @@ double Trainer::evaluate(bool test) {
 std::map<std::string, Tensor> Trainer::full_params() {
   std::map<std::string, Tensor> out;
   for (NamedParam& p : model_.params()) out[p.name] = full_tensor(p.param, p, cfg_.layer, g_, "full." + p.name).clone();
+  for (const auto& [name, t] : model_.buffers()) out[name] = t.clone();  // whole on every rank
   return out;
 }
 

@@ -101,7 +101,8 @@ class Trainer {
   double evaluate(bool test = false);
   // Global batches the test split holds (0: no test evaluation).
   int64_t test_eval_iters() const;
-  // Every parameter as the full tensor (expert tensors gathered over EP), by name (collective).
+  // Every parameter as the full tensor (expert tensors gathered over EP), by name (collective), and the model's
+  // saved state that is not trained (GptModel::buffers: the routers' expert biases).
   std::map<std::string, Tensor> full_params();
 
   int64_t iteration() const { return iteration_; }
