@@ -125,14 +125,20 @@ TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
 }
 
 // A DeepSeek-like model (block 0 dense, block 1 an MoE block with a shared expert beside Megatron-Core's dropless top-2
-// router; RMSNorm, RoPE, SwiGLU) over 20 iterations: tp 2 (x ep 2 on 4 ranks) at AMPipe degree 2 trains as one rank.
+// router with DeepSeek-V3's routing: sigmoid scores, 2 expert groups of which 1 is kept, the per-sequence aux loss,
+// the expert bias; RMSNorm, RoPE, SwiGLU) over 20 iterations: tp 2 with sequence parallelism and the tp overlap (x ep 2
+// on 4 ranks) at AMPipe degree 2 trains as one rank, the expert biases included.
 TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
   const int world = comm::Runtime::current().size();
   auto deepseek = [](int tp, int ep, int M) {
     train::TrainConfig c = tp_config(tp, ep, M, 20);
     model::LayerConfig& l = c.layer;
-    l.sequence_parallel = false;  // the dropless router's capacity is agreed over EP only
-    l.ampipe_tp_sp_comm_overlap = false;
+    l.moe_router_score_function = model::ScoreFunction::sigmoid;
+    l.moe_router_num_groups = 2;
+    l.moe_router_group_topk = 1;
+    l.moe_router_load_balancing = model::Balancing::seq_aux_loss;
+    l.moe_router_enable_expert_bias = true;
+    l.moe_router_bias_update_rate = 0.01;
     l.normalization = model::Normalization::rmsnorm;
     l.position_embedding = model::PositionEmbedding::rope;
     l.expert = model::ExpertKind::swiglu;

@@ -506,8 +506,6 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
     v.push_back(refused(f, G::on_off, kRouter));
   for (const char* f : {"--num-zero-experts", "--n-hash-layers"})
     v.push_back(refused(f, G::integer, kRouter));
-  v.push_back(refused("--routed-scaling-factor", G::number, kRouter));  // (older MindSpeed-LLM spellings)
-  v.push_back(refused("--topk-group", G::integer, kRouter));
   v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
   v.push_back(refused("--moe-pad-expert-input-to-capacity", G::on_off, kCapacity));
   v.push_back(refused("--moe-token-drop-policy", G::text, kCapacity));
@@ -732,6 +730,16 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--moe-router-group-topk", L, kGroupMoe, G::integer,
                    "megatron_moe: the groups each token may route to (the best by their top scores)",
                    AT(layer->cfg.moe_router_group_topk)));
+  v.push_back(flag("--n-group", L, kGroupMoe, G::integer,
+                   "MindSpeed-LLM's deprecated spelling of --moe-router-num-groups (which wins when both are given)",
+                   AT(layer->n_group)));
+  v.push_back(flag("--topk-group", L, kGroupMoe, G::integer,
+                   "MindSpeed-LLM's deprecated spelling of --moe-router-group-topk (which wins when both are given)",
+                   AT(layer->topk_group)));
+  v.push_back(flag("--routed-scaling-factor", L, kGroupMoe, G::number,
+                   "MindSpeed-LLM's deprecated spelling of --moe-router-topk-scaling-factor (which wins when both "
+                   "are given)",
+                   AT(layer->routed_scaling_factor)));
   v.push_back(flag("--moe-router-enable-expert-bias", L, kGroupMoe, G::on_off,
                    "megatron_moe, sigmoid: a per-expert routing bias moved towards balance after every step "
                    "(aux-loss-free balancing)",

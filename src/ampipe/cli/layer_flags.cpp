@@ -176,6 +176,17 @@ void LayerFlags::finish_router() {
                                   moe_router_score_function == "sqrtsoftplus" ? "not implemented" : "not a score function"));
   cfg.moe_router_score_function =
       moe_router_score_function == "sigmoid" ? model::ScoreFunction::sigmoid : model::ScoreFunction::softmax;
+  // MindSpeed-LLM's deprecated spellings (its DeprecatedArgsFeature): the Megatron flag wins when both are given.
+  for (const auto& [flag, v] : {std::pair{"--n-group", n_group}, {"--topk-group", topk_group},
+                                {"--moe-router-num-groups", cfg.moe_router_num_groups},
+                                {"--moe-router-group-topk", cfg.moe_router_group_topk}})
+    if (v < 0) throw ConfigError(fmt::format("{} {} is invalid: it must be a positive integer", flag, v));
+  if (!(routed_scaling_factor >= 0) || !std::isfinite(routed_scaling_factor))
+    throw ConfigError(fmt::format("--routed-scaling-factor {} is invalid: it must be a positive number",
+                                  routed_scaling_factor));
+  if (cfg.moe_router_num_groups == 0) cfg.moe_router_num_groups = n_group;
+  if (cfg.moe_router_group_topk == 0) cfg.moe_router_group_topk = topk_group;
+  if (cfg.moe_router_topk_scaling_factor == 0) cfg.moe_router_topk_scaling_factor = routed_scaling_factor;
   std::string megatron_only;
   if (cfg.moe_router_pre_softmax) megatron_only = "--moe-router-pre-softmax";
   else if (lb != "aux_loss") megatron_only = "--moe-router-load-balancing-type " + lb;

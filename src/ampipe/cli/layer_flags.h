@@ -36,6 +36,12 @@ struct LayerFlags {
   // what this engine computes: head dim h / n, experts sharded over --tensor-model-parallel-size.
   int64_t moe_ffn_hidden_size = 0;
   int64_t moe_intermediate_size = 0;
+  // MindSpeed-LLM's deprecated spellings of --moe-router-num-groups, --moe-router-group-topk and
+  // --moe-router-topk-scaling-factor (--n-group, --topk-group, --routed-scaling-factor): as there, each sets its
+  // Megatron flag when that is not given (0: not given).
+  int64_t n_group = 0;
+  int64_t topk_group = 0;
+  double routed_scaling_factor = 0;
   // Shared experts (model/mlp_block.h): Megatron-Core's --moe-shared-expert-intermediate-size (the shared MLP's F),
   // or MindSpeed-LLM's --n-shared-experts K (K x the experts' F). 0: none.
   int64_t moe_shared_expert_intermediate_size = 0;

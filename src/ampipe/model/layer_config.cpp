@@ -86,11 +86,12 @@ void LayerConfig::validate() const {
       throw ConfigError(fmt::format("--rope-scaling-factor {} is invalid: it must be a positive number",
                                     rope_scaling_factor));
   }
-  if (megatron_router() && (moe_router_topk < 1 || moe_router_topk > 8))
+  // (a dense block has no router: Megatron ignores the router flags of a dense GPT, and so does this check)
+  if (!dense() && megatron_router() && (moe_router_topk < 1 || moe_router_topk > 8))
     throw ConfigError(fmt::format("--moe-router-topk {} is not supported: Megatron-Core's router takes 1 to 8 "
                                   "experts per token here",
                                   moe_router_topk));
-  if (!megatron_router() && moe_router_topk != 1 && moe_router_topk != 2)
+  if (!dense() && !megatron_router() && moe_router_topk != 1 && moe_router_topk != 2)
     throw ConfigError(fmt::format("--moe-router-topk {} is not supported: only top-1 and top-2 gating exist in "
                                   "DeepSpeed-MoE's gate (--moe-model-type megatron_moe takes up to 8)",
                                   moe_router_topk));
