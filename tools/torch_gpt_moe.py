@@ -123,6 +123,7 @@ class ModelConfig:
     normalization: str = "LayerNorm"  # --normalization: LayerNorm or RMSNorm (weight only)
     num_query_groups: int = 0         # grouped-query attention: K, V heads (0: num_attention_heads)
     qk_layernorm: bool = False        # --qk-layernorm: q, k of every head normalised over d (before RoPE)
+    add_qkv_bias: bool = False        # --add-qkv-bias: the QKV projection's bias (state_dict attn.qkv.bias)
     moe_model_type: str = "deepspeed_moe"  # or megatron_moe: Megatron-Core's dropless top-k router
     moe_router_pre_softmax: bool = False
     moe_router_topk_scaling_factor: float = 0.0
@@ -149,7 +150,7 @@ class ModelConfig:
         for k in ("moe_train_capacity_factor", "init_method_std"):
             if k in config:
                 setattr(c, k, float(config[k]))
-        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights", "qk_layernorm"):
+        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights", "qk_layernorm", "add_qkv_bias"):
             if k in config:
                 setattr(c, k, bool(config[k]))
         if "no_use_rts" in config:
@@ -260,7 +261,7 @@ class Attention(nn.Module):
         self.c = c
         self.n = c.num_attention_heads
         self.g = c.num_query_groups or self.n
-        self.qkv = nn.Linear(h, h + 2 * self.g * (h // self.n), bias=False)
+        self.qkv = nn.Linear(h, h + 2 * self.g * (h // self.n), bias=c.add_qkv_bias)
         if c.qk_layernorm:  # docs/layer.md §4.5: [d] weights shared by the heads (state_dict attn.q_layernorm.*)
             self.q_layernorm = make_norm(c, h // self.n)
             self.k_layernorm = make_norm(c, h // self.n)

@@ -136,6 +136,15 @@ EOF
     same "validation loss, iteration 5" "$a5" "$t5"
     differ "initial weights and iteration 5" "$a0" "$a5"
     ;;
+  qkv_bias)  # Qwen2-style: --add-qkv-bias (the bias trained away from its zero init) with RMSNorm, RoPE, GQA
+    train --micro-batch-size 2 --global-batch-size 4 --moe-model-type megatron_moe --moe-router-topk 2 \
+          --add-qkv-bias --ampipe-degree 2 --use-flash-attn --normalization RMSNorm --position-embedding-type rope \
+          --group-query-attention --num-query-groups 2 --swiglu --init-method-std 0.2 --lr 0.03 --train-iters 6 \
+          --eval-interval 6 --save "$dir/ck"
+    a6=$(logged validation 6)
+    t6=$(loader it6 --load "$dir/ck")
+    same "validation loss, iteration 6" "$a6" "$t6"
+    ;;
   mixtral_like)
     train --micro-batch-size 2 --global-batch-size 4 --moe-model-type megatron_moe \
           --moe-router-topk 3 --moe-aux-loss-coeff 0.01 --ampipe-degree 2 \

@@ -113,6 +113,7 @@ class Cfg:
     g: int = 0  # --num-query-groups with --group-query-attention (0: n, multi-head attention)
     rope: bool = False  # --position-embedding-type rope
     qk_norm: bool = False  # --qk-layernorm: q, k normalised per head over d channels (before RoPE)
+    qkv_bias: bool = False  # --add-qkv-bias: qkv = xn Wqkv^T + b (b [(n + 2g)d], id 15)
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     rotary_interleaved: bool = False
@@ -155,16 +156,18 @@ class Cfg:
 PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight", "ln2.bias",
                "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight", "mlp.fc1.weight",
                "mlp.fc2.weight",
-               "attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight", "attn.k_layernorm.bias"]
-QK_NORMS = PARAM_NAMES[11:]
+               "attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight", "attn.k_layernorm.bias",
+               "attn.qkv.bias"]
+QK_NORMS = PARAM_NAMES[11:15]
 
 
 def param_names(c: Cfg):
     """The block's parameters: RMSNorm has no biases; the q, k norms (ids 11..14) only with --qk-layernorm, listed
     after attn.qkv.weight; a dense layer (E = 0) no router and experts, a block without the dense MLP (Fm = 0) no
     mlp.*. The ids (init tokens) stay their PARAM_NAMES index."""
-    names = PARAM_NAMES[:3] + (QK_NORMS if c.qk_norm else []) + PARAM_NAMES[3:11]
-    return [n for n in names if not (c.norm == "RMSNorm" and n.endswith(".bias"))
+    names = PARAM_NAMES[:3] + (["attn.qkv.bias"] if c.qkv_bias else []) + (QK_NORMS if c.qk_norm else []) + \
+        PARAM_NAMES[3:11]
+    return [n for n in names if not (c.norm == "RMSNorm" and n.endswith(".bias") and n != "attn.qkv.bias")
             and not (c.E == 0 and n.startswith("moe.")) and not (c.Fm == 0 and n.startswith("mlp."))]
 
 
@@ -175,7 +178,7 @@ def param_shapes(c: Cfg):
             "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
             "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F),
             "mlp.fc1.weight": (c.F1m, h), "mlp.fc2.weight": (h, c.Fm),
-            **{name: (c.d,) for name in QK_NORMS}}
+            "attn.qkv.bias": (h + 2 * kv,), **{name: (c.d,) for name in QK_NORMS}}
 
 
 def init_params(c: Cfg):
@@ -555,7 +558,8 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     X = x.reshape(T, h)
     # attention block
     xn, ln1c = norm_fwd(c, X, W, "ln1")
-    qkv, qkc = qk_norm_fwd(c, xn @ W["attn.qkv.weight"].T, W)
+    qkv_lin = xn @ W["attn.qkv.weight"].T + (W["attn.qkv.bias"] if c.qkv_bias else 0.0)
+    qkv, qkc = qk_norm_fwd(c, qkv_lin, W)
     attn, actx = attention_fwd(c, qkv, token_base)
     proj = attn @ W["attn.proj.weight"].T
     m1 = dropout_mask(c, "attn_dropout", token_base, T, h)
@@ -697,6 +701,8 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     d_attn = d_proj @ W["attn.proj.weight"]
     dqkv = qk_norm_bwd(c, attention_bwd(c, d_attn, actx), W, qkc, grads)
     grads["attn.qkv.weight"] += dqkv.T @ xn
+    if c.qkv_bias:
+        grads["attn.qkv.bias"] += dqkv.sum(axis=0)
     dxn = dqkv @ W["attn.qkv.weight"]
     dx1 = norm_bwd(c, dxn, W, "ln1", ln1c, grads)
     dX += dx1

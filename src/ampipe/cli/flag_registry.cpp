@@ -151,7 +151,7 @@ constexpr const char* kEmbeddings = "the embeddings enter the first block as the
 constexpr const char* kNormGain = "the norm weights are the gains themselves (no 1 + w parametrization)";
 constexpr const char* kFinalNorm = "the last block is followed by the final norm";
 constexpr const char* kNoLossMask = "the loss counts every token (no end-of-document masking)";
-constexpr const char* kNoBiases = "the linear layers have no biases (only the LayerNorms have)";
+constexpr const char* kNoBiases = "the linear layers have no biases (only the LayerNorms have, and QKV with --add-qkv-bias)";
 constexpr const char* kActivation = "the experts use GeLU, or SwiGLU with --swiglu";
 constexpr const char* kFcType = "the expert FFN is fc1, the activation, fc2";
 constexpr const char* kNoScale = "the embeddings, the residual branches and the logits are not rescaled";
@@ -484,7 +484,7 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--embed-layernorm", G::on_off, kEmbeddings));
   v.push_back(refused("--no-post-layer-norm", G::on_off, kFinalNorm));
   for (const char* f : {"--apply-layernorm-1p", "--add-rmsnorm-offset"}) v.push_back(refused(f, G::on_off, kNormGain));
-  for (const char* f : {"--add-qkv-bias", "--add-dense-bias", "--add-output-layer-bias"})
+  for (const char* f : {"--add-dense-bias", "--add-output-layer-bias"})
     v.push_back(refused(f, G::on_off, kNoBiases));
   for (const char* f : {"--squared-relu", "--gelu-tanh", "--quick-geglu", "--geglu"})
     v.push_back(refused(f, G::on_off, kActivation));
@@ -757,6 +757,10 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->normalization), kDef));
   v.push_back(flag("--norm-epsilon", L, kGroupModel, G::number, "epsilon inside the normalisation's square root",
                    AT(layer->norm_epsilon), kDef));
+  v.push_back(flag("--add-qkv-bias", L, kGroupModel, G::on_off,
+                   "a bias in the QKV projection only (Qwen2's; Megatron's --add-qkv-bias), in the [q | k | v] layout "
+                   "and tp cut of its rows; initialised to 0",
+                   AT(layer->cfg.add_qkv_bias)));
   v.push_back(flag("--qk-layernorm", L, kGroupModel, G::on_off,
                    "q and k of every head normalised over the head dim (the --normalization type, weights shared by "
                    "the heads) after the QKV projection, before RoPE",

@@ -83,6 +83,7 @@ struct LayerConfig {
   // --qk-layernorm: q and k of every head normalised over its d channels (the block's normalisation, weights [d]
   // shared by the heads) after the QKV projection, before RoPE (Megatron-Core's q_layernorm / k_layernorm).
   bool qk_layernorm = false;
+  bool add_qkv_bias = false;  // --add-qkv-bias: the QKV projection has a bias (Qwen2's); the other linears none
   double init_method_std = 0.02;
   uint64_t seed = 1234;
   int layer_index = 0;      // part of every random key

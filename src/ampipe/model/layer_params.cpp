@@ -10,7 +10,7 @@ namespace ampipe::model {
 
 std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
   std::vector<std::pair<std::string, Tensor>> all = {
-      {"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w},
+      {"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w}, {"attn.qkv.bias", qkv_b},
       {"attn.q_layernorm.weight", qn_w}, {"attn.q_layernorm.bias", qn_b},
       {"attn.k_layernorm.weight", kn_w}, {"attn.k_layernorm.bias", kn_b},
       {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
@@ -31,7 +31,9 @@ std::vector<std::string> param_names(const LayerConfig& cfg) {
                                     "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight",
                                     "mlp.fc1.weight", "mlp.fc2.weight"};
   if (cfg.qk_layernorm) names.insert(names.begin() + 3, std::begin(kQkNorms), std::end(kQkNorms));
-  if (cfg.rmsnorm()) std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias"); });
+  if (cfg.add_qkv_bias) names.insert(names.begin() + 3, "attn.qkv.bias");
+  if (cfg.rmsnorm())  // RMSNorm: the norms have no biases (the linear layers' own biases stay)
+    std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias") && n != "attn.qkv.bias"; });
   if (cfg.dense()) std::erase_if(names, [](const std::string& n) { return n.starts_with("moe."); });
   if (!cfg.has_mlp()) std::erase_if(names, [](const std::string& n) { return n.starts_with("mlp."); });
   return names;
@@ -45,6 +47,7 @@ int LayerParams::id(const std::string& name) {
     if (name == kNames[i]) return i;
   for (int i = 0; i < int(std::size(kQkNorms)); ++i)  // ids 11..14, after the block's first eleven
     if (name == kQkNorms[i]) return int(std::size(kNames)) + i;
+  if (name == "attn.qkv.bias") return 15;  // (initialised to 0: its id keys nothing yet)
   AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
@@ -65,9 +68,9 @@ bool LayerParams::tp_partial_grad(const LayerConfig& cfg, const std::string& nam
 
 TpSplit tp_split(const LayerConfig& cfg, const std::string& name) {
   const int64_t h = cfg.hidden_size, F = cfg.ffn_hidden_size, L = cfg.local_experts();
-  if (name == "attn.qkv.weight") {  // [q | k | v]: n*d, g*d, g*d rows, each cut over the ranks
-    const int64_t kv = cfg.query_groups() * cfg.head_dim();
-    return {{h + 2 * kv, h}, 0, {h, kv, kv}};
+  if (name == "attn.qkv.weight" || name == "attn.qkv.bias") {  // [q | k | v]: n*d, g*d, g*d rows, each cut
+    const int64_t kv = cfg.query_groups() * cfg.head_dim();        // over the ranks (the bias as its rows)
+    return name == "attn.qkv.weight" ? TpSplit{{h + 2 * kv, h}, 0, {h, kv, kv}} : TpSplit{{h + 2 * kv}, 0, {h, kv, kv}};
   }
   if (name == "attn.proj.weight") return {{h, h}, 1, {}};
   if (name == "moe.experts.fc1.weight")
@@ -98,7 +101,9 @@ Shape local_shape(const LayerConfig& cfg, const std::string& name) {
   if (LayerParams::is_expert(name)) s[0] = cfg.local_experts();
   const int64_t t = cfg.tp();
   if (t > 1 && tp_split(cfg, name).dim >= 0) {
-    if (name == "attn.qkv.weight" || name == "moe.experts.fc1.weight" || name == "mlp.fc1.weight")
+    if (name == "attn.qkv.bias")
+      s[0] /= t;
+    else if (name == "attn.qkv.weight" || name == "moe.experts.fc1.weight" || name == "mlp.fc1.weight")
       s[s.size() - 2] /= t;  // output rows
     else s.back() /= t;  // input columns (row-parallel)
   }
@@ -164,6 +169,7 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   const int64_t fc1_rows = cfg.expert == ExpertKind::swiglu ? 2 * F : F;
   if (name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias") return {h};
   if (name == "attn.qkv.weight") return {h + 2 * cfg.query_groups() * cfg.head_dim(), h};
+  if (name == "attn.qkv.bias") return {h + 2 * cfg.query_groups() * cfg.head_dim()};
   if (LayerParams::is_qk_norm(name)) return {cfg.head_dim()};
   if (name == "attn.proj.weight") return {h, h};
   if (name == "moe.gate.weight") return {E, h};
@@ -181,6 +187,7 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   p.ln1_w = local("ln1.weight");
   if (!cfg.rmsnorm()) p.ln1_b = local("ln1.bias");
   p.qkv_w = local("attn.qkv.weight");
+  if (cfg.add_qkv_bias) p.qkv_b = local("attn.qkv.bias");
   if (cfg.qk_layernorm) {
     p.qn_w = local("attn.q_layernorm.weight");
     p.kn_w = local("attn.k_layernorm.weight");
@@ -217,6 +224,7 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     p.ln1_w = whole.ln1_w;
     p.ln1_b = whole.ln1_b;
     p.qkv_w = take("attn.qkv.weight", whole.qkv_w);
+    p.qkv_b = take("attn.qkv.bias", whole.qkv_b);
     p.qn_w = whole.qn_w;
     p.qn_b = whole.qn_b;
     p.kn_w = whole.kn_w;

@@ -6,6 +6,7 @@
 //   ln1.weight [h]  ln1.bias [h] (LayerNorm only; RMSNorm has no biases)
 //   attn.qkv.weight  [3h, h]   y = x W^T; output columns [q | k | v], head i = columns [i*d, (i+1)*d) of each;
 //                              grouped-query attention: [(n + 2g)d, h], k and v of g heads
+//   attn.qkv.bias    [3h]      (--add-qkv-bias) y = x W^T + b, the same [q | k | v] layout and tp cut as the rows
 //   attn.q_layernorm.weight [d]  attn.q_layernorm.bias [d]  (--qk-layernorm; bias with LayerNorm only)
 //   attn.k_layernorm.weight [d]  attn.k_layernorm.bias [d]  (shared by all heads: every tp rank holds them whole)
 //   attn.proj.weight [h, h]
@@ -30,6 +31,7 @@ namespace ampipe::model {
 struct LayerParams {
   Tensor ln1_w, ln1_b;  // [h]
   Tensor qkv_w;         // [3h, h] ([(n + 2g)d, h] with grouped-query attention)
+  Tensor qkv_b;         // [3h] ([(n + 2g)d]) --add-qkv-bias (undefined without)
   Tensor qn_w, qn_b;    // [d] --qk-layernorm: the norm of q (bias with LayerNorm only)
   Tensor kn_w, kn_b;    // [d] the norm of k
   Tensor proj_w;        // [h, h]

@@ -173,6 +173,7 @@ std::vector<std::string> shaping_keys(const std::string& name) {
   if (p.starts_with("mlp."))
     return {"ffn_hidden_size", "moe_shared_expert_intermediate_size", "swiglu", "hidden_size", "moe_layer_freq",
             "first_k_dense_replace"};
+  if (p == "attn.qkv.bias") return {"add_qkv_bias", "hidden_size", "num_attention_heads", "num_query_groups"};
   if (p.ends_with(".bias")) return {"normalization", "hidden_size"};
   return {"hidden_size"};
 }
