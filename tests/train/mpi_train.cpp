@@ -96,15 +96,26 @@ TEST(MpiTrainer, TensorSequenceParallelTrainsAsOneTpRank) {
   }
 }
 
+// The model `make(tp, ep, M)` builds trains as one rank (tp 1, EP 1, degree 1): at tp 2 with sequence parallelism and
+// the tp overlap, degree 2, and (on 4 ranks) at tp 2 x ep 2, degree 2.
+template <typename Make>
+void expect_tp_layouts_train_as_one_rank(Make make) {
+  groups_for(1);
+  const RunResult ref = run_training(make(1, 1, 1), groups_for(1));
+  SCOPED_TRACE("tp 2 + SP, degree 2");
+  expect_same_run(run_training(make(2, 1, 2), groups_for(1, 2)), ref, 1e-5);
+  if (comm::Runtime::current().size() >= 4) {
+    SCOPED_TRACE("tp 2 x ep 2 + SP, degree 2");
+    expect_same_run(run_training(make(2, 2, 2), groups_for(2, 2)), ref, 1e-5);
+  }
+}
+
 // A Mixtral-like model (RMSNorm, RoPE, grouped-query attention, SwiGLU, Megatron-Core's dropless top-2 router) over
-// 20 iterations: tp 2 (x ep 2 on 4 ranks) at AMPipe degree 2 trains as one tp rank, EP 1, degree 1.
+// 20 iterations: tp 2 + SP (x ep 2 on 4 ranks) at AMPipe degree 2 trains as one tp rank, EP 1, degree 1.
 TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
-  const int world = comm::Runtime::current().size();
   auto mixtral = [](int tp, int ep, int M) {
     train::TrainConfig c = tp_config(tp, ep, M, 20);
     model::LayerConfig& l = c.layer;
-    l.sequence_parallel = false;  // the dropless router's capacity is agreed over EP only
-    l.ampipe_tp_sp_comm_overlap = false;
     l.normalization = model::Normalization::rmsnorm;
     l.position_embedding = model::PositionEmbedding::rope;
     l.num_attention_heads = 4;
@@ -114,14 +125,7 @@ TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
     c.moe_aux_loss_coeff = 0.01;
     return c;
   };
-  groups_for(1);
-  const RunResult ref = run_training(mixtral(1, 1, 1), groups_for(1));
-  SCOPED_TRACE("tp 2, degree 2");
-  expect_same_run(run_training(mixtral(2, 1, 2), groups_for(1, 2)), ref, 1e-5);
-  if (world >= 4) {
-    SCOPED_TRACE("tp 2 x ep 2, degree 2");
-    expect_same_run(run_training(mixtral(2, 2, 2), groups_for(2, 2)), ref, 1e-5);
-  }
+  expect_tp_layouts_train_as_one_rank(mixtral);
 }
 
 // A DeepSeek-like model (block 0 dense, block 1 an MoE block with a shared expert beside Megatron-Core's dropless top-2
@@ -129,7 +133,6 @@ TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
 // the expert bias; RMSNorm, RoPE, SwiGLU) over 20 iterations: tp 2 with sequence parallelism and the tp overlap (x ep 2
 // on 4 ranks) at AMPipe degree 2 trains as one rank, the expert biases included.
 TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
-  const int world = comm::Runtime::current().size();
   auto deepseek = [](int tp, int ep, int M) {
     train::TrainConfig c = tp_config(tp, ep, M, 20);
     model::LayerConfig& l = c.layer;
@@ -151,14 +154,7 @@ TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
     c.moe_aux_loss_coeff = 0.01;
     return c;
   };
-  groups_for(1);
-  const RunResult ref = run_training(deepseek(1, 1, 1), groups_for(1));
-  SCOPED_TRACE("tp 2, degree 2");
-  expect_same_run(run_training(deepseek(2, 1, 2), groups_for(1, 2)), ref, 1e-5);
-  if (world >= 4) {
-    SCOPED_TRACE("tp 2 x ep 2, degree 2");
-    expect_same_run(run_training(deepseek(2, 2, 2), groups_for(2, 2)), ref, 1e-5);
-  }
+  expect_tp_layouts_train_as_one_rank(deepseek);
 }
 
 // Qwen3-MoE-like (q and k norms per head, shared over the heads): tp 2 without sequence parallelism gives each rank

@@ -43,6 +43,24 @@ std::string temp_dir(const std::string& name) {
   return d.string();
 }
 
+// Run c saved and stopped after iteration `at` (--exit-interval), then resumed from that checkpoint: the resumed
+// iterations' losses and the final weights (and routers' biases) equal `full`, c's uninterrupted run, bit for bit.
+void expect_resume_is_bitwise(const train::TrainConfig& c, const RunResult& full, int at, const std::string& tag) {
+  const std::string dir = temp_dir(tag);
+  train::TrainConfig first = c;
+  first.save = dir;
+  first.exit_interval = at;
+  run_training(first, *g_groups);
+  train::TrainConfig second = c;
+  second.load = dir;
+  const RunResult tail = run_training(second, *g_groups);
+  ASSERT_EQ(tail.losses.size() + size_t(at), full.losses.size());
+  for (size_t i = 0; i < tail.losses.size(); ++i)
+    EXPECT_EQ(tail.losses[i], full.losses[size_t(at) + i]) << "iteration " << at + 1 + int(i);
+  for (const auto& [name, w] : full.weights) EXPECT_EQ(rel_err(tail.weights.at(name), w), 0.0) << name;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 
 TEST(Trainer, LossFallsOnTheCorpus) {
@@ -244,18 +262,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
 TEST(Trainer, ResumeSameDegreeIsBitwiseExact) {
   train::TrainConfig c = tiny_config();
   c.train_iters = 8;
-  const RunResult full = run_training(c, *g_groups);
-  const std::string dir = temp_dir("exact");
-  train::TrainConfig first = c;
-  first.save = dir;
-  first.exit_interval = 3;
-  run_training(first, *g_groups);
-  train::TrainConfig second = c;
-  second.load = dir;
-  const RunResult tail = run_training(second, *g_groups);
-  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(tail.losses[i], full.losses[3 + i]) << "iteration " << 4 + i;
-  for (const auto& [name, w] : full.weights) EXPECT_EQ(rel_err(tail.weights.at(name), w), 0.0) << name;
-  fs::remove_all(dir);
+  expect_resume_is_bitwise(c, run_training(c, *g_groups), 3, "exact");
 }
 
 TEST(Trainer, InterruptedSaveLeavesPreviousCheckpointLoadable) {
@@ -434,18 +441,7 @@ TEST(Trainer, ExpertBiasFollowsTheLoadsAndDegreesAndResumeAgree) {
   train::TrainConfig m4 = c;
   m4.ampipe_degree = 4;
   expect_same_run(run_training(m4, *g_groups), ref, 1e-5);
-
-  const std::string dir = temp_dir("expert_bias");
-  train::TrainConfig first = c;
-  first.save = dir;
-  first.exit_interval = 3;
-  run_training(first, *g_groups);
-  train::TrainConfig second = c;
-  second.load = dir;
-  const RunResult tail = run_training(second, *g_groups);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(tail.losses[i], ref.losses[3 + i]) << "iteration " << 4 + i;
-  for (const auto& [name, w] : ref.weights) EXPECT_EQ(rel_err(tail.weights.at(name), w), 0.0) << name;
-  fs::remove_all(dir);
+  expect_resume_is_bitwise(c, ref, 3, "expert_bias");
 }
 
 // Absolute pins of the optimizer and the schedule (issue 27: AdamW without the second-moment bias correction, and a
