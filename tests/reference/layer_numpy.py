@@ -114,6 +114,7 @@ class Cfg:
     rope: bool = False  # --position-embedding-type rope
     qk_norm: bool = False  # --qk-layernorm: q, k normalised per head over d channels (before RoPE)
     qkv_bias: bool = False  # --add-qkv-bias: qkv = xn Wqkv^T + b (b [(n + 2g)d], id 15)
+    shared_gate: bool = False  # --moe-shared-expert-gate: mlp * sigmoid(ln2 . g), g = mlp.gate.weight [1, h] (id 16)
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
     rotary_interleaved: bool = False
@@ -157,7 +158,7 @@ PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", 
                "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight", "mlp.fc1.weight",
                "mlp.fc2.weight",
                "attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight", "attn.k_layernorm.bias",
-               "attn.qkv.bias"]
+               "attn.qkv.bias", "mlp.gate.weight"]
 QK_NORMS = PARAM_NAMES[11:15]
 
 
@@ -166,7 +167,7 @@ def param_names(c: Cfg):
     after attn.qkv.weight; a dense layer (E = 0) no router and experts, a block without the dense MLP (Fm = 0) no
     mlp.*. The ids (init tokens) stay their PARAM_NAMES index."""
     names = PARAM_NAMES[:3] + (["attn.qkv.bias"] if c.qkv_bias else []) + (QK_NORMS if c.qk_norm else []) + \
-        PARAM_NAMES[3:11]
+        PARAM_NAMES[3:11] + (["mlp.gate.weight"] if c.shared_gate and c.E > 0 and c.Fm > 0 else [])
     return [n for n in names if not (c.norm == "RMSNorm" and n.endswith(".bias") and n != "attn.qkv.bias")
             and not (c.E == 0 and n.startswith("moe.")) and not (c.Fm == 0 and n.startswith("mlp."))]
 
@@ -178,7 +179,7 @@ def param_shapes(c: Cfg):
             "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
             "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F),
             "mlp.fc1.weight": (c.F1m, h), "mlp.fc2.weight": (h, c.Fm),
-            "attn.qkv.bias": (h + 2 * kv,), **{name: (c.d,) for name in QK_NORMS}}
+            "attn.qkv.bias": (h + 2 * kv,), "mlp.gate.weight": (1, h), **{name: (c.d,) for name in QK_NORMS}}
 
 
 def init_params(c: Cfg):
@@ -607,7 +608,10 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     if c.Fm > 0:  # §6.11: the dense MLP on every token, added to the experts' output before dropout and residual
         mh1 = ln2 @ W["mlp.fc1.weight"].T
         mact = act_fwd(c, mh1)
-        moe = moe + mact @ W["mlp.fc2.weight"].T
+        mlp_y = mact @ W["mlp.fc2.weight"].T
+        gated = c.shared_gate and c.E > 0
+        sg = 1.0 / (1.0 + np.exp(-(ln2 @ W["mlp.gate.weight"].T))) if gated else np.ones((T, 1))  # [T, 1]
+        moe = moe + sg * mlp_y
     m2 = dropout_mask(c, "mlp_dropout", token_base, T, h)
     Y = ln_in + moe * m2
 
@@ -618,8 +622,13 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     d_moe = dY * m2
     d_ln2 = np.zeros((T, h))
     if c.Fm > 0:
-        grads["mlp.fc2.weight"] += d_moe.T @ mact
-        dmh1 = act_bwd(c, mh1, d_moe @ W["mlp.fc2.weight"])
+        d_mlp = d_moe * sg
+        if gated:  # d logit_t = <d_moe_t, mlp_t> s_t (1 - s_t)
+            dz = (d_moe * mlp_y).sum(axis=1, keepdims=True) * sg * (1.0 - sg)
+            grads["mlp.gate.weight"] += dz.T @ ln2
+            d_ln2 += dz @ W["mlp.gate.weight"]
+        grads["mlp.fc2.weight"] += d_mlp.T @ mact
+        dmh1 = act_bwd(c, mh1, d_mlp @ W["mlp.fc2.weight"])
         grads["mlp.fc1.weight"] += dmh1.T @ ln2
         d_ln2 += dmh1 @ W["mlp.fc1.weight"]
     daux = c.coeff * E * Sm / (N * N)  # d(coeff*l_aux)/d probs[t, e], every token

@@ -130,7 +130,7 @@ TEST(MpiTrainer, MixtralLikeTrainsAsOneRank) {
 
 // A DeepSeek-like model (block 0 dense, block 1 an MoE block with a shared expert beside Megatron-Core's dropless top-2
 // router with DeepSeek-V3's routing: sigmoid scores, 2 expert groups of which 1 is kept, the per-sequence aux loss,
-// the expert bias; RMSNorm, RoPE, SwiGLU) over 20 iterations: tp 2 with sequence parallelism and the tp overlap (x ep 2
+// the expert bias; a gated shared expert; RMSNorm, RoPE, SwiGLU) over 20 iterations: tp 2 with sequence parallelism and the tp overlap (x ep 2
 // on 4 ranks) at AMPipe degree 2 trains as one rank, the expert biases included.
 TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
   auto deepseek = [](int tp, int ep, int M) {
@@ -142,6 +142,7 @@ TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
     l.moe_router_load_balancing = model::Balancing::seq_aux_loss;
     l.moe_router_enable_expert_bias = true;
     l.moe_router_bias_update_rate = 0.01;
+    l.moe_shared_expert_gate = true;  // the shared expert gated per token (Qwen2-MoE's; on each rank's own rows)
     l.normalization = model::Normalization::rmsnorm;
     l.position_embedding = model::PositionEmbedding::rope;
     l.expert = model::ExpertKind::swiglu;

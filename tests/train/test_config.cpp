@@ -225,7 +225,8 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "moe_shared_expert_intermediate_size", "moe_layer_freq", "first_k_dense_replace", "num_attention_heads",
       "num_experts", "moe_grouped_gemm", "moe_z_loss_coeff", "moe_router_topk", "moe_train_capacity_factor", "moe_min_capacity", "moe_no_drop",
       "no_use_rts", "noisy_gate_policy", "swiglu", "normalization", "norm_epsilon", "group_query_attention",
-      "num_query_groups", "position_embedding_type", "qk_layernorm", "add_qkv_bias", "rotary_base", "rotary_percent",
+      "num_query_groups", "position_embedding_type", "qk_layernorm", "add_qkv_bias", "moe_shared_expert_gate", "rotary_base",
+      "rotary_percent",
       "rotary_interleaved",
       "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor", "hidden_dropout", "attention_dropout", "init_method_std", "seed",
       "bf16",
@@ -253,7 +254,8 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
                                       "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
                                       "first_k_dense_replace", "num_attention_heads", "num_experts", "swiglu", "normalization",
                                       "num_query_groups", "position_embedding_type", "qk_layernorm", "add_qkv_bias",
-                                      "untie_embeddings_and_output_weights", "padded_vocab_size"}));
+                                      "moe_shared_expert_gate", "untie_embeddings_and_output_weights",
+                                      "padded_vocab_size"}));
   // Every key the ranks compare includes every recorded one, and each key is written once.
   const nlohmann::json agree = train::train_config_json(defaults, train::kKeyAgree);
   std::set<std::string> seen;

@@ -156,8 +156,6 @@ constexpr const char* kActivation = "the experts use GeLU, or SwiGLU with --swig
 constexpr const char* kFcType = "the expert FFN is fc1, the activation, fc2";
 constexpr const char* kNoScale = "the embeddings, the residual branches and the logits are not rescaled";
 constexpr const char* kNoMtp = "multi-token prediction is not implemented (the loss is next-token prediction)";
-constexpr const char* kNoSharedExpertGate =
-    "the shared expert here is ungated (Megatron-Core's default): its output is added to the routed experts' as it is";
 constexpr const char* kNoNoopLayers = "every layer is a transformer block here (no identity layers)";
 constexpr const char* kRouter =
     "a Megatron-core router option this engine does not have: its routers are DeepSpeed-MoE's gate (--moe-model-type "
@@ -498,8 +496,6 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(refused("--mtp-loss-scaling-factor", G::number, kNoMtp));
   v.push_back(refused("--mtp-spec", G::text_list, kNoMtp));
   v.push_back(refused("--mtp-after-norm", G::on_off, kNoMtp));
-  for (const char* f : {"--shared-expert-gate", "--moe-shared-expert-gate"})
-    v.push_back(refused(f, G::on_off, kNoSharedExpertGate));
   v.push_back(refused("--noop-layers", G::text, kNoNoopLayers));
   v.push_back(refused("--moe-router-dtype", G::text, kRouter, "fp32"));
   for (const char* f : {"--norm-topk-prob", "--fix-router", "--seq-aux", "--moe-router-force-load-balancing"})
@@ -757,6 +753,12 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->normalization), kDef));
   v.push_back(flag("--norm-epsilon", L, kGroupModel, G::number, "epsilon inside the normalisation's square root",
                    AT(layer->norm_epsilon), kDef));
+  v.push_back(flag("--moe-shared-expert-gate", L, kGroupMoe, G::on_off,
+                   "the shared expert's output times a per-token sigmoid gate sigmoid(x . g), g [1, h] "
+                   "(Megatron-Core's; Qwen2-MoE's shared_expert_gate)",
+                   AT(layer->cfg.moe_shared_expert_gate)));
+  v.push_back(flag("--shared-expert-gate", L, kGroupMoe, G::on_off,
+                   "MindSpeed-LLM's spelling of --moe-shared-expert-gate", AT(layer->cfg.moe_shared_expert_gate)));
   v.push_back(flag("--add-qkv-bias", L, kGroupModel, G::on_off,
                    "a bias in the QKV projection only (Qwen2's; Megatron's --add-qkv-bias), in the [q | k | v] layout "
                    "and tp cut of its rows; initialised to 0",

@@ -275,6 +275,7 @@ void AttentionBlock::residual_ln2_backward(int c) {
   Tensor d_ln_in = s.rows(Buf::d_ln_in, c);
   d_ln_in.copy_from(s.rows(s.dy, c));
   if (s.dims.mlp) add_rows(s.rows(Buf::d_ln2, c), mlp_input_grad_rows(s, c));  // the dense MLP's share of d ln2
+  shared_expert_gate_backward(s, c);  // --moe-shared-expert-gate: the gate's share of d ln2 and its gradient
   norm_backward(s.cfg, s.rows(Buf::d_ln2, c), s.rows(Buf::ln_in, c), s.p.ln2_w, s.rows(Buf::ln2_mean, c),
                 s.rows(Buf::ln2_rstd, c), d_ln_in, s.g.ln2_w, s.g.ln2_b, /*accumulate_dx=*/true);
   s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c).copy_from(d_ln_in);

@@ -232,6 +232,9 @@ Scope scope_of(const LayerDims& d, Buf b) {
     case Buf::qkv:
     case Buf::act:
     case Buf::mlp_act: return f32 ? Scope::saved : Scope::shared;
+    // --moe-shared-expert-gate: the gate's backward reads the shared expert's output rows (the reduced ones)
+    case Buf::mlp_out: return d.mlp_gate && !d.sp ? Scope::saved : Scope::shared;
+    case Buf::mlp_y: return d.mlp_gate ? Scope::saved : Scope::shared;
     default: return Scope::shared;
   }
 }

@@ -36,6 +36,7 @@ LayerConfig LayerConfig::as_dense(int64_t ffn) const {
   LayerConfig c = *this;
   c.num_experts = 0;
   c.mlp_ffn_hidden_size = ffn;
+  c.moe_shared_expert_gate = false;  // the gate belongs to a shared expert beside the router
   c.use_pipe_experts = false;
   c.pipe_experts_multi_data = 1;
   c.pipe_experts_multi_stream = false;
@@ -53,6 +54,9 @@ void LayerConfig::validate() const {
   positive("--num-attention-heads", num_attention_heads);
   if (num_experts < 0 || (num_experts == 0 && mlp_ffn_hidden_size <= 0))
     throw ConfigError(fmt::format("--num-experts {} is invalid: it must be a positive integer", num_experts));
+  if (moe_shared_expert_gate && (dense() || mlp_ffn_hidden_size <= 0))
+    throw ConfigError("--moe-shared-expert-gate needs a shared expert (--moe-shared-expert-intermediate-size): it "
+                      "gates the shared expert's output");
   if (mlp_ffn_hidden_size < 0)
     throw ConfigError(fmt::format("--moe-shared-expert-intermediate-size {} is invalid: it must be a positive integer",
                                   mlp_ffn_hidden_size));

@@ -83,7 +83,10 @@ struct LayerConfig {
   // --qk-layernorm: q and k of every head normalised over its d channels (the block's normalisation, weights [d]
   // shared by the heads) after the QKV projection, before RoPE (Megatron-Core's q_layernorm / k_layernorm).
   bool qk_layernorm = false;
-  bool add_qkv_bias = false;  // --add-qkv-bias: the QKV projection has a bias (Qwen2's); the other linears none
+  bool add_qkv_bias = false;
+  // --moe-shared-expert-gate: the shared expert's output scaled per token by sigmoid(x2 . g), g = mlp.gate.weight
+  // [1, h] (Megatron-Core's SharedExpertMLP gate, Qwen2-MoE's shared_expert_gate); MoE blocks with a shared expert
+  bool moe_shared_expert_gate = false;  // --add-qkv-bias: the QKV projection has a bias (Qwen2's); the other linears none
   double init_method_std = 0.02;
   uint64_t seed = 1234;
   int layer_index = 0;      // part of every random key

@@ -49,6 +49,7 @@ struct LayerDims {
   // The block's parts: routed experts (moe: E > 0) and a dense MLP (mlp: F_m = Fm > 0; F1m = Fm or 2Fm for
   // SwiGLU, Fml and F1ml their tp shares): a shared expert beside the experts, or a dense layer's FFN alone.
   bool moe = true, mlp = false;
+  bool mlp_gate = false;  // --moe-shared-expert-gate (a shared expert beside the experts)
   int64_t Fm = 0, F1m = 0, Fml = 0, F1ml = 0;
   bool qk_norm = false;  // --qk-layernorm: the QKV stage normalises q and k per head (before RoPE)
   bool rope = false;  // rotary embeddings: the QKV stage rotates q and k (its backward rotates dq, dk back)

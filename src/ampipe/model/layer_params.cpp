@@ -15,7 +15,7 @@ std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
       {"attn.k_layernorm.weight", kn_w}, {"attn.k_layernorm.bias", kn_b},
       {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
       {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w},
-      {"mlp.fc1.weight", mlp_fc1_w}, {"mlp.fc2.weight", mlp_fc2_w}};
+      {"mlp.fc1.weight", mlp_fc1_w}, {"mlp.fc2.weight", mlp_fc2_w}, {"mlp.gate.weight", mlp_gate_w}};
   // RMSNorm: no biases; no qk norms; a dense layer: no router and experts; no dense MLP beside the experts
   std::erase_if(all, [](const auto& p) { return !p.second.defined(); });
   return all;
@@ -36,6 +36,7 @@ std::vector<std::string> param_names(const LayerConfig& cfg) {
     std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias") && n != "attn.qkv.bias"; });
   if (cfg.dense()) std::erase_if(names, [](const std::string& n) { return n.starts_with("moe."); });
   if (!cfg.has_mlp()) std::erase_if(names, [](const std::string& n) { return n.starts_with("mlp."); });
+  if (cfg.has_mlp() && !cfg.dense() && cfg.moe_shared_expert_gate) names.push_back("mlp.gate.weight");
   return names;
 }
 
@@ -48,6 +49,7 @@ int LayerParams::id(const std::string& name) {
   for (int i = 0; i < int(std::size(kQkNorms)); ++i)  // ids 11..14, after the block's first eleven
     if (name == kQkNorms[i]) return int(std::size(kNames)) + i;
   if (name == "attn.qkv.bias") return 15;  // (initialised to 0: its id keys nothing yet)
+  if (name == "mlp.gate.weight") return 16;
   AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
@@ -55,7 +57,7 @@ bool LayerParams::is_expert(const std::string& name) { return name.rfind("moe.ex
 
 bool LayerParams::is_sequence_parallel(const std::string& name) {
   return name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias" ||
-         name == "moe.gate.weight";
+         name == "moe.gate.weight" || name == "mlp.gate.weight";
 }
 
 bool LayerParams::is_qk_norm(const std::string& name) {
@@ -178,6 +180,7 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   const int64_t Fm = cfg.mlp_ffn_hidden_size;
   if (name == "mlp.fc1.weight") return {cfg.expert == ExpertKind::swiglu ? 2 * Fm : Fm, h};
   if (name == "mlp.fc2.weight") return {h, Fm};
+  if (name == "mlp.gate.weight") return {1, h};
   AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
@@ -208,6 +211,7 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   if (cfg.has_mlp()) {
     p.mlp_fc1_w = local("mlp.fc1.weight");
     p.mlp_fc2_w = local("mlp.fc2.weight");
+    if (!cfg.dense() && cfg.moe_shared_expert_gate) p.mlp_gate_w = local("mlp.gate.weight");
   }
   return p;
 }
@@ -237,6 +241,7 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     p.fc2_w = take("moe.experts.fc2.weight", whole.fc2_w);
     p.mlp_fc1_w = take("mlp.fc1.weight", whole.mlp_fc1_w);
     p.mlp_fc2_w = take("mlp.fc2.weight", whole.mlp_fc2_w);
+    p.mlp_gate_w = whole.mlp_gate_w;
     p.expert_bias = whole.expert_bias;
     return p;
   }

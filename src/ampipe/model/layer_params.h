@@ -16,6 +16,7 @@
 //   moe.experts.fc2.weight [E, h, F]
 //   mlp.fc1.weight [F_m, h] or [2F_m, h] (SwiGLU, as the experts')   the dense MLP (a shared expert, or a dense
 //   mlp.fc2.weight [h, F_m]                                          layer's FFN; LayerConfig::mlp_ffn_hidden_size)
+//   mlp.gate.weight [1, h]     --moe-shared-expert-gate: the shared expert's output times sigmoid(x2 g^T)
 // A dense layer (LayerConfig::dense) has no moe.* tensors.
 #pragma once
 
@@ -41,6 +42,7 @@ struct LayerParams {
   Tensor fc2_w;         // [L, h, F]
   Tensor mlp_fc1_w;     // [F1_m, h]: the dense MLP (undefined without one)
   Tensor mlp_fc2_w;     // [h, F_m]
+  Tensor mlp_gate_w;    // [1, h] --moe-shared-expert-gate: the shared expert's gate (every tp rank holds it whole)
   // --moe-router-enable-expert-bias (model/gate.h): router state that is not trained and not in named(). In the
   // parameters: the bias [E] fp32 (moe.gate.expert_bias in checkpoints, every rank the same); in the gradients:
   // the tokens routed to each expert [E] fp32 so far this step, which the bias update reads and zeroes.

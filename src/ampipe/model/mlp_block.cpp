@@ -1,5 +1,7 @@
 #include "ampipe/model/mlp_block.h"
 
+#include <cmath>
+
 #include "ampipe/kernels/activations.h"
 #include "ampipe/model/linear.h"
 
@@ -26,6 +28,64 @@ void add_rows(Tensor dst, const Tensor& src) {
   float* d = dst.data<float>();
   const float* x = src.data<float>();
   for (int64_t i = 0; i < dst.numel(); ++i) d[i] += x[i];
+}
+
+namespace {
+float shared_expert_gate(const float* x2, const float* g, int64_t h) {
+  float logit = 0.0f;
+  for (int64_t j = 0; j < h; ++j) logit += x2[j] * g[j];
+  return 1.0f / (1.0f + std::exp(-logit));
+}
+}  // namespace
+
+void add_shared_expert_rows(const LayerState& s, int c, Tensor moe) {
+  const Tensor mlp = mlp_output_rows(s, c);
+  if (!s.dims.mlp_gate) return add_rows(moe, mlp);
+  const Tensor x2 = s.rows(Buf::ln2_out, c);
+  const int64_t h = s.dims.h;
+  const float* g = s.p.mlp_gate_w.data<float>();
+  for (int64_t t = 0; t < moe.size(0); ++t) {
+    const float st = shared_expert_gate(x2.data<float>() + t * h, g, h);
+    float* m = moe.data<float>() + t * h;
+    const float* y = mlp.data<float>() + t * h;
+    for (int64_t j = 0; j < h; ++j) m[j] += st * y[j];
+  }
+}
+
+void shared_expert_output_grad(const LayerState& s, int c, const Tensor& d_moe, Tensor d_mlp) {
+  d_mlp.copy_from(d_moe);
+  if (!s.dims.mlp_gate) return;
+  const Tensor x2 = s.rows(Buf::ln2_out, c);
+  const int64_t h = s.dims.h;
+  const float* g = s.p.mlp_gate_w.data<float>();
+  for (int64_t t = 0; t < d_mlp.size(0); ++t) {
+    const float st = shared_expert_gate(x2.data<float>() + t * h, g, h);
+    float* d = d_mlp.data<float>() + t * h;
+    for (int64_t j = 0; j < h; ++j) d[j] *= st;
+  }
+}
+
+void shared_expert_gate_backward(LayerState& s, int c) {
+  if (!s.dims.mlp_gate) return;
+  const Tensor x2 = s.rows(Buf::ln2_out, c), mlp = mlp_output_rows(s, c), d_mlp = s.rows(Buf::d_mlp, c);
+  Tensor d_ln2 = s.rows(Buf::d_ln2, c);
+  const int64_t h = s.dims.h;
+  const float* g = s.p.mlp_gate_w.data<float>();
+  float* dg = s.g.mlp_gate_w.data<float>();
+  for (int64_t t = 0; t < d_ln2.size(0); ++t) {
+    const float* x = x2.data<float>() + t * h;
+    const float* y = mlp.data<float>() + t * h;
+    const float* dm = d_mlp.data<float>() + t * h;
+    const float st = shared_expert_gate(x, g, h);
+    float dot = 0.0f;
+    for (int64_t j = 0; j < h; ++j) dot += dm[j] * y[j];
+    const float z = (1.0f - st) * dot;
+    float* dx = d_ln2.data<float>() + t * h;
+    for (int64_t j = 0; j < h; ++j) {
+      dg[j] += z * x[j];
+      dx[j] += z * g[j];
+    }
+  }
 }
 
 void MlpBlock::forward(int c) {

@@ -37,4 +37,14 @@ Tensor mlp_input_grad_rows(const LayerState& s, int c);
 // dst += src, element-wise (fp32, same shape, contiguous rows).
 void add_rows(Tensor dst, const Tensor& src);
 
+// --moe-shared-expert-gate (docs/layer.md §6.11): on chunk c's rows of this rank, s_t = sigmoid(x2_t . g) with x2 the
+// LN2 output (fp32) and g = mlp.gate.weight. Without the gate these are the plain sum and copy.
+//   add_shared_expert_rows:  moe_t += s_t mlp_t                      (mlp: mlp_output_rows, kept for the backward)
+//   shared_expert_output_grad: d_mlp_t = s_t d_moe_t
+//   shared_expert_gate_backward (once d ln2 holds the rest): z_t = (1 - s_t) <d_mlp_t, mlp_t> (= d loss / d logit_t),
+//     dg += z_t x2_t, d_ln2_t += z_t g
+void add_shared_expert_rows(const LayerState& s, int c, Tensor moe);
+void shared_expert_output_grad(const LayerState& s, int c, const Tensor& d_moe, Tensor d_mlp);
+void shared_expert_gate_backward(LayerState& s, int c);
+
 }  // namespace ampipe::model

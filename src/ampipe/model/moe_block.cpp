@@ -231,7 +231,7 @@ void MoeBlock::weighted_sum(int c) {
     // Recomputing: the backward reads expert_y (above) but not the weighted sum or the output, which is kept.
     if (s.recomputing) return;
     combine_forward(Y, gctx_[size_t(c)].routing, moe);
-    if (s.dims.mlp) add_rows(moe, mlp_output_rows(s, c));  // the shared expert's output joins the experts'
+    if (s.dims.mlp) add_shared_expert_rows(s, c, moe);  // the shared expert's output (gated or not) joins the experts'
   } else {
     if (s.recomputing) return;
     moe.copy_from(mlp_output_rows(s, c));  // a dense layer: the MLP's output alone
@@ -276,7 +276,7 @@ void MoeBlock::weighted_sum_backward(int c) {
     Tensor out = d_moe.rows(first, first + n);
     kernels::dropout_backward(dy.rows(first, first + n), s.cfg.dropout_p(), dropout_key(s.cfg), token0, out);
   });
-  if (s.dims.mlp) s.rows(Buf::d_mlp, c).copy_from(d_moe);  // the dense MLP's output gradient (the same sum's)
+  if (s.dims.mlp) shared_expert_output_grad(s, c, d_moe, s.rows(Buf::d_mlp, c));  // the dense MLP's output gradient
   if (!s.dims.moe) return;
   Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // EP rank j gets the grads of its experts
   const bool staged = s.bf16() || s.dims.pieced();

@@ -352,6 +352,7 @@ Arch hf_arch_of(const TrainConfig& c, const std::string& where) {
   if (l.moe_router_num_groups > 0) refuse("group-limited routing (--moe-router-num-groups)");
   if (l.moe_router_enable_expert_bias) refuse("--moe-router-enable-expert-bias");
   if (l.add_qkv_bias) refuse("--add-qkv-bias (their attention projections have no biases)");
+  if (l.moe_shared_expert_gate) refuse("--moe-shared-expert-gate (their experts have no gated shared expert)");
   if (l.moe_router_topk_scaling_factor != 0 && l.moe_router_topk_scaling_factor != 1)
     refuse(fmt::format("--moe-router-topk-scaling-factor {}", l.moe_router_topk_scaling_factor));
   if (l.qk_layernorm) return Arch::qwen3_moe;

@@ -348,6 +348,7 @@ std::vector<ConfigKey> layer_config_keys() {
                 [](TrainConfig& c, const nlohmann::json& v) { c.layer.rotary_base = v.get<double>(); }},
       AMPIPE_FIELD(qk_layernorm, kL | kC | kA, kShape, l.qk_layernorm),
       AMPIPE_FIELD(add_qkv_bias, kL | kC | kA, kShape, l.add_qkv_bias),
+      AMPIPE_FIELD(moe_shared_expert_gate, kL | kC | kA, kShape, l.moe_shared_expert_gate),
       AMPIPE_FIELD(rotary_percent, kL | kC | kA, kTaken, l.rotary_percent),
       AMPIPE_FIELD(rotary_interleaved, kL | kC | kA, kTaken, l.rotary_interleaved),
       AMPIPE_FIELD(rotary_seq_len_interpolation_factor, kL | kC | kA, kTaken, l.rotary_interpolation_factor),
