@@ -31,38 +31,40 @@ void add_rows(Tensor dst, const Tensor& src) {
 }
 
 namespace {
-float shared_expert_gate(const float* x2, const float* g, int64_t h) {
-  float logit = 0.0f;
-  for (int64_t j = 0; j < h; ++j) logit += x2[j] * g[j];
-  return 1.0f / (1.0f + std::exp(-logit));
+// f(t, s_t) for each row t of chunk c on this rank: s_t = sigmoid(x2_t . g), the shared expert's gate.
+template <typename F>
+void for_each_gated_row(const LayerState& s, int c, F&& f) {
+  const Tensor x2 = s.rows(Buf::ln2_out, c);
+  const int64_t h = s.dims.h;
+  const float* g = s.p.mlp_gate_w.data<float>();
+  for (int64_t t = 0; t < x2.size(0); ++t) {
+    const float* x = x2.data<float>() + t * h;
+    float logit = 0.0f;
+    for (int64_t j = 0; j < h; ++j) logit += x[j] * g[j];
+    f(t, 1.0f / (1.0f + std::exp(-logit)));
+  }
 }
 }  // namespace
 
 void add_shared_expert_rows(const LayerState& s, int c, Tensor moe) {
   const Tensor mlp = mlp_output_rows(s, c);
   if (!s.dims.mlp_gate) return add_rows(moe, mlp);
-  const Tensor x2 = s.rows(Buf::ln2_out, c);
   const int64_t h = s.dims.h;
-  const float* g = s.p.mlp_gate_w.data<float>();
-  for (int64_t t = 0; t < moe.size(0); ++t) {
-    const float st = shared_expert_gate(x2.data<float>() + t * h, g, h);
+  for_each_gated_row(s, c, [&](int64_t t, float st) {
     float* m = moe.data<float>() + t * h;
     const float* y = mlp.data<float>() + t * h;
     for (int64_t j = 0; j < h; ++j) m[j] += st * y[j];
-  }
+  });
 }
 
 void shared_expert_output_grad(const LayerState& s, int c, const Tensor& d_moe, Tensor d_mlp) {
   d_mlp.copy_from(d_moe);
   if (!s.dims.mlp_gate) return;
-  const Tensor x2 = s.rows(Buf::ln2_out, c);
   const int64_t h = s.dims.h;
-  const float* g = s.p.mlp_gate_w.data<float>();
-  for (int64_t t = 0; t < d_mlp.size(0); ++t) {
-    const float st = shared_expert_gate(x2.data<float>() + t * h, g, h);
+  for_each_gated_row(s, c, [&](int64_t t, float st) {
     float* d = d_mlp.data<float>() + t * h;
     for (int64_t j = 0; j < h; ++j) d[j] *= st;
-  }
+  });
 }
 
 void shared_expert_gate_backward(LayerState& s, int c) {
@@ -72,11 +74,10 @@ void shared_expert_gate_backward(LayerState& s, int c) {
   const int64_t h = s.dims.h;
   const float* g = s.p.mlp_gate_w.data<float>();
   float* dg = s.g.mlp_gate_w.data<float>();
-  for (int64_t t = 0; t < d_ln2.size(0); ++t) {
+  for_each_gated_row(s, c, [&](int64_t t, float st) {
     const float* x = x2.data<float>() + t * h;
     const float* y = mlp.data<float>() + t * h;
     const float* dm = d_mlp.data<float>() + t * h;
-    const float st = shared_expert_gate(x, g, h);
     float dot = 0.0f;
     for (int64_t j = 0; j < h; ++j) dot += dm[j] * y[j];
     const float z = (1.0f - st) * dot;
@@ -85,7 +86,7 @@ void shared_expert_gate_backward(LayerState& s, int c) {
       dg[j] += z * x[j];
       dx[j] += z * g[j];
     }
-  }
+  });
 }
 
 void MlpBlock::forward(int c) {
