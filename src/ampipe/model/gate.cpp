@@ -157,17 +157,28 @@ void top_k(const float* row, int64_t E, int64_t k, int32_t* out) {
   }
 }
 
+// Per-token scratch of the routing below, sized once per chunk (megatron_select) instead of once per token.
+struct RouteScratch {
+  std::vector<float> biased, score, masked;
+  std::vector<int32_t> top, groups;
+};
+
 // Group-limited top-k (Megatron's group_limited_topk): the k largest of row among the experts of the group_topk
 // groups whose k/group_topk largest scores sum highest (ties -> the lower group, then the lower expert).
-void group_top_k(const float* row, int64_t E, int64_t k, int64_t G, int64_t g, int32_t* out) {
+void group_top_k(const float* row, int64_t E, int64_t k, int64_t G, int64_t g, RouteScratch& sc, int32_t* out) {
   const int64_t per = E / G, best = k / g;
-  std::vector<float> score(size_t(G), 0.0f), masked(size_t(E), -INFINITY);
-  std::vector<int32_t> top(static_cast<size_t>(best));
+  std::vector<float>& score = sc.score;
+  std::vector<float>& masked = sc.masked;
+  std::vector<int32_t>& top = sc.top;
+  score.assign(size_t(G), 0.0f);
+  masked.assign(size_t(E), -INFINITY);
+  top.resize(size_t(best));
   for (int64_t j = 0; j < G; ++j) {
     top_k(row + j * per, per, best, top.data());
     for (int64_t i = 0; i < best; ++i) score[size_t(j)] += row[j * per + top[size_t(i)]];
   }
-  std::vector<int32_t> groups(static_cast<size_t>(g));
+  std::vector<int32_t>& groups = sc.groups;
+  groups.resize(size_t(g));
   top_k(score.data(), G, g, groups.data());
   for (int32_t j : groups)
     for (int64_t e = j * per; e < (j + 1) * per; ++e) masked[size_t(e)] = row[e];
@@ -175,8 +186,8 @@ void group_top_k(const float* row, int64_t E, int64_t k, int64_t G, int64_t g, i
 }
 
 // The routing choices from the routing scores `row` (plain or group-limited).
-void route_top_k(const GateConfig& cfg, const float* row, int64_t E, int32_t* out) {
-  if (cfg.group_topk > 0) return group_top_k(row, E, cfg.topk, cfg.num_groups, cfg.group_topk, out);
+void route_top_k(const GateConfig& cfg, const float* row, int64_t E, RouteScratch& sc, int32_t* out) {
+  if (cfg.group_topk > 0) return group_top_k(row, E, cfg.topk, cfg.num_groups, cfg.group_topk, sc, out);
   top_k(row, E, cfg.topk, out);
 }
 
@@ -193,18 +204,19 @@ float log_sum_exp(const float* row, int64_t E) {
 
 // Token t's choices and weights from its logits `row`, which it turns into the aux losses' scores in place (the
 // softmax, or sigmoid's s; q = s / (sum s + 1e-20) is the aux score then, returned through `aux`).
-void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, int32_t* choice, float* w, float* aux) {
+void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, RouteScratch& sc, int32_t* choice, float* w,
+                          float* aux) {
   const int64_t k = cfg.topk;
   const float sf = float(cfg.topk_scaling_factor);
   if (cfg.score_function == ScoreFunction::sigmoid) {
     float total = 0.0f;
     for (int64_t e = 0; e < E; ++e) total += (row[e] = sigmoid(row[e]));
     if (cfg.expert_bias.empty()) {
-      route_top_k(cfg, row, E, choice);
+      route_top_k(cfg, row, E, sc, choice);
     } else {
-      std::vector<float> biased(row, row + E);
-      for (int64_t e = 0; e < E; ++e) biased[size_t(e)] += cfg.expert_bias[size_t(e)];
-      route_top_k(cfg, biased.data(), E, choice);
+      sc.biased.assign(row, row + E);
+      for (int64_t e = 0; e < E; ++e) sc.biased[size_t(e)] += cfg.expert_bias[size_t(e)];
+      route_top_k(cfg, sc.biased.data(), E, sc, choice);
     }
     float sum = 0.0f;
     for (int64_t i = 0; i < k; ++i) sum += row[choice[i]];
@@ -213,7 +225,7 @@ void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, int32_t*
     return;
   }
   if (!cfg.pre_softmax) {  // top-k of the logits, the softmax over those k
-    route_top_k(cfg, row, E, choice);
+    route_top_k(cfg, row, E, sc, choice);
     const float mx = row[choice[0]];
     float sum = 0.0f;
     for (int64_t i = 0; i < k; ++i) sum += (w[i] = std::exp(row[choice[i]] - mx));
@@ -221,7 +233,7 @@ void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, int32_t*
   }
   softmax_row(row, E);
   if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
-    route_top_k(cfg, row, E, choice);
+    route_top_k(cfg, row, E, sc, choice);
     for (int64_t i = 0; i < k; ++i) w[i] = row[choice[i]] * sf;
   }
   std::copy(row, row + E, aux);
@@ -244,6 +256,7 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
   std::vector<float> aux(static_cast<size_t>(E));
   std::vector<int32_t> aux_choice(static_cast<size_t>(k));
   std::vector<double> counts(static_cast<size_t>(E), 0.0);
+  RouteScratch scratch;
   for (int64_t t = 0; t < S; ++t) {
     float* row = P + t * E;
     int32_t* choice = r.expert.data() + t * k;
@@ -253,7 +266,7 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
       ctx.stats.sum_lse2 += double(lse) * double(lse);
       if (!ctx.logits.empty()) std::copy(row, row + E, ctx.logits.begin() + t * E);
     }
-    megatron_route_token(cfg, row, E, choice, ctx.topk_weight.data() + t * k, aux.data());
+    megatron_route_token(cfg, row, E, scratch, choice, ctx.topk_weight.data() + t * k, aux.data());
     for (int64_t i = 0; i < k; ++i) ++ctx.choice_count[size_t(i * E + choice[i])];
     const int32_t* mapped = choice;
     if (own_aux_map) {

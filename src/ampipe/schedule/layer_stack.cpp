@@ -207,7 +207,8 @@ void LayerStack::update_expert_bias(const comm::Group& all, double rate) {
     if (e->params.expert_bias.defined()) biased.push_back(e.get());
   if (biased.empty()) return;
   const int64_t E = biased.front()->cfg.num_experts;
-  Tensor counts = Tensor::empty({int64_t(biased.size()), E});  // one all-reduce for every layer
+  if (!bias_counts_.defined()) bias_counts_ = Tensor::empty({int64_t(biased.size()), E});  // one all-reduce, every layer
+  Tensor& counts = bias_counts_;
   for (size_t i = 0; i < biased.size(); ++i)
     std::copy_n(biased[i]->grads.expert_bias.data<float>(), E, counts.data<float>() + int64_t(i) * E);
   if (all.size() > 1) comm::all_reduce_sync(all, counts, comm::Reduce::sum, "expert_bias.counts");

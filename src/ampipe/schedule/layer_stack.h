@@ -120,6 +120,7 @@ class LayerStack {
   Tensor x_, dy_;  // set_input / set_output_grad
   uint64_t token_base_ = 0;
   float d_aux_ = 0;
+  Tensor bias_counts_;  // [layers with an expert bias, E]: update_expert_bias's all-reduce, allocated once
   std::shared_ptr<model::Arena> arena_;
   Executor ex_;
 };
