@@ -777,3 +777,24 @@ TEST(GateMegatron, ExpertBiasUpdateByHand) {
   EXPECT_FLOAT_EQ(bias[2], 0.0f);
   EXPECT_FLOAT_EQ(bias[3], 0.05f);
 }
+
+// The per-sequence aux loss by hand (seq_aux_loss, Megatron's _apply_seq_aux_loss): a micro-batch of b = 2 sequences
+// of one token each ([s, b] order: token t is sequence t mod b), E = 2, top-1. Token 0 [1, 0]: P = (0.731059,
+// 0.268941), expert 0; token 1 [0, 2]: P = (0.119203, 0.880797), expert 1. Each sequence's loss is
+// E / (S_b^2 k) sum_e Sp_be c_be = 2 P[choice]: 1.462117 and 1.761594, mean 1.611856; the batch-wide aux loss of
+// the same choices would be 2 / 4 (0.850262 + 1.149738) = 1.
+TEST(GateMegatron, SeqAuxLossByHand) {
+  const Tensor X = tensor_of({1, 0, 0, 2}, {2, 2});
+  const Tensor I = tensor_of({1, 0, 0, 1}, {2, 2});
+  GateConfig cfg = megatron_cfg(2, 1);
+  cfg.balancing = Balancing::seq_aux_loss;
+  cfg.micro_batch = 2;
+  GateCtx ctx;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{0, 1}));
+  const double p0 = 1 / (1 + std::exp(-1.0)), p1 = 1 / (1 + std::exp(-2.0));
+  EXPECT_NEAR(aux_loss_from_sums(ctx.stats), (2 * p0 + 2 * p1) / 2, 1e-6);
+  cfg.balancing = Balancing::aux_loss;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_NEAR(aux_loss_from_sums(ctx.stats), 1.0, 1e-6);
+}
