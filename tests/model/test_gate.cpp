@@ -798,3 +798,47 @@ TEST(GateMegatron, SeqAuxLossByHand) {
   gate_forward(X, I, cfg, 0, ctx);
   EXPECT_NEAR(aux_loss_from_sums(ctx.stats), 1.0, 1e-6);
 }
+
+// Megatron-Core's capacity by hand (apply_router_token_dropping, pre-softmax top-1 so the weights differ): 4 tokens,
+// E = 2; tokens 0, 1, 2 choose expert 0 with p = 0.880797, 0.731059, 0.952574, token 3 expert 1. Factor 0.5:
+// C = ceil(4 * 1 / 2 * 0.5) = 1: by probs expert 0 keeps token 2, by position token 0; the dropped choices have no
+// slot and weight 0. Factor 1.5: C = 3, nothing dropped; padded, the capacity is 3 whatever the loads.
+TEST(GateMegatron, CapacityDropsByProbsAndPositionByHand) {
+  EXPECT_EQ(megatron_expert_capacity(10, 4, 2, 1.0), 5);
+  EXPECT_EQ(megatron_expert_capacity(10, 4, 2, 1.1), 6);  // ceil(5.5)
+  EXPECT_EQ(megatron_expert_capacity(10, 4, 2, -1.0), 10);  // no capacity
+  EXPECT_EQ(megatron_expert_capacity(10, 4, 2, 3.0), 10);   // more than the tokens: all of them
+  const Tensor X = tensor_of({2, 0, 1, 0, 3, 0, 0, 1}, {4, 2});
+  const Tensor I = tensor_of({1, 0, 0, 1}, {2, 2});
+  GateConfig cfg = megatron_cfg(2, 1, /*pre_softmax=*/true);
+  cfg.expert_capacity_factor = 0.5;
+  GateCtx ctx;
+  gate_forward(X, I, cfg, 0, ctx);
+  const GateRouting& r = ctx.routing;
+  EXPECT_EQ(r.expert, (std::vector<int32_t>{0, 0, 0, 1}));
+  EXPECT_EQ(r.slot, (std::vector<int32_t>{-1, -1, 0, 0}));
+  EXPECT_EQ(r.weight[0], 0.0f);
+  EXPECT_EQ(r.weight[1], 0.0f);
+  EXPECT_NEAR(r.weight[2], 1 / (1 + std::exp(-3.0)), 1e-6);
+  EXPECT_EQ(r.C, 1);
+  EXPECT_EQ(r.expert_count, (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(gate_required_capacity(ctx), 1);
+  // the aux loss counts the choices before dropping: c = (3, 1)
+  EXPECT_EQ(ctx.stats.sum_mask1, (std::vector<double>{3, 1}));
+  cfg.drop_policy = DropPolicy::position;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(r.slot, (std::vector<int32_t>{0, -1, -1, 0}));
+  cfg.expert_capacity_factor = 1.5;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(r.slot, (std::vector<int32_t>{0, 1, 2, 0}));
+  EXPECT_EQ(r.C, 3);  // the largest load
+  cfg.expert_capacity_factor = 0.5;
+  cfg.pad_to_capacity = true;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(r.C, 1);
+  cfg.expert_capacity_factor = 2.0;  // C = ceil(4) = 4 = S: every expert padded to all 4 tokens
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(r.C, 4);
+  EXPECT_EQ(r.expert_count, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(r.slot_token, (std::vector<int32_t>{0, 1, 2, -1, 3, -1, -1, -1}));
+}

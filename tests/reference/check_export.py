@@ -55,7 +55,10 @@ def parse(argv):
     ap.add_argument("--moe-router-group-topk", type=int, default=0)
     ap.add_argument("--moe-shared-expert-intermediate-size", type=int, default=0)
     ap.add_argument("--moe-grouped-gemm", action="store_true")
-    ap.add_argument("--moe-z-loss-coeff", type=float, default=0.0)  # the same products: no effect on the numbers
+    ap.add_argument("--moe-z-loss-coeff", type=float, default=0.0)
+    ap.add_argument("--moe-expert-capacity-factor", type=float, default=-1.0)
+    ap.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    ap.add_argument("--moe-token-drop-policy", default="probs", choices=["probs", "position"])  # the same products: no effect on the numbers
     ap.add_argument("--init-method-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=0.01)
@@ -93,7 +96,8 @@ def main(argv):
                 rotary_interleaved=a.rotary_interleaved, qk_norm=a.qk_layernorm, qkv_bias=a.add_qkv_bias, shared_gate=a.moe_shared_expert_gate, router=a.moe_model_type, pre_softmax=a.moe_router_pre_softmax,
                 topk_scale=a.moe_router_topk_scaling_factor, aux_type=a.moe_router_load_balancing_type,
                 score=a.moe_router_score_function, router_groups=a.moe_router_num_groups, group_topk=a.moe_router_group_topk,
-                coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std, zc=a.moe_z_loss_coeff,
+                coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std, zc=a.moe_z_loss_coeff, ecf=a.moe_expert_capacity_factor,
+                pad=a.moe_pad_expert_input_to_capacity, drop_policy=a.moe_token_drop_policy,
                 Fm=a.ffn_hidden_size if a.num_experts == 0 else a.moe_shared_expert_intermediate_size)
     assert c.G % c.b == 0 and c.s % c.M == 0 and c.h % c.n == 0
 

@@ -126,6 +126,9 @@ class Cfg:
     router_groups: int = 0  # --moe-router-num-groups (0: no group-limited routing)
     group_topk: int = 0  # --moe-router-group-topk
     zc: float = 0.0  # --moe-z-loss-coeff (megatron_moe): z = zc * mean_t logsumexp(logits_t)^2
+    ecf: float = -1.0  # --moe-expert-capacity-factor (megatron_moe; < 0: none): C = ceil(S k / E * ecf) per chunk
+    pad: bool = False  # --moe-pad-expert-input-to-capacity: the same numbers, every expert's rows padded to C
+    drop_policy: str = "probs"  # --moe-token-drop-policy: probs (keep the largest weights) or position (the first)
     Fm: int = 0  # the dense MLP's F (§6.11): a shared expert beside the experts, or with E = 0 a dense layer's FFN
     seed: int = 1234
     coeff: float = 0.01
@@ -341,7 +344,7 @@ def megatron_gate_chunk(c: Cfg, xin, Wg):
     """§6.10: Megatron-Core's router (topk_routing_with_score_function). softmax: the k largest logits (pre-softmax:
     the k largest probabilities), weights the softmax over those k logits (pre-softmax: their probabilities);
     sigmoid: the k largest s = sigmoid(logits), weights s / sum of the chosen s (k > 1); times the scaling factor;
-    nothing dropped. P holds the aux losses' scores (the softmax, or s / sum s); their counts are the top-k of P
+    nothing dropped unless a capacity factor is given (then each expert keeps min(S, ceil(S k / E f)) of them). P holds the aux losses' scores (the softmax, or s / sum s); their counts are the top-k of P
     (the routing choices when routing is neither grouped nor sigmoid)."""
     S, E, k = xin.shape[0], c.E, c.k
     logits = xin @ Wg.T
@@ -359,11 +362,26 @@ def megatron_gate_chunk(c: Cfg, xin, Wg):
         choice = routing_top_k(c, P if c.pre_softmax else logits)
         w = P[rows, choice] if c.pre_softmax else softmax_rows(logits[rows, choice])
     aux_choice = top_k_rows(P, k) if (c.score == "sigmoid" or c.group_topk > 0) else choice
-    counts = np.bincount(choice.ravel(), minlength=E)
+    kept = np.ones((S, k), dtype=bool)
+    C = None
+    if c.ecf >= 0:  # Megatron's capacity (apply_router_token_dropping) over this chunk's S tokens
+        C = min(S, math.ceil((S * k / E) * c.ecf))
+        for e in range(E):
+            ts, ci = np.nonzero(choice == e)  # token order (a token chooses e at most once)
+            if len(ts) <= C:
+                continue
+            # keep the C largest weights (ties: the earlier token), or the C earliest tokens
+            order = sorted(range(len(ts)), key=lambda j: (-w[ts[j], ci[j]], ts[j]) if c.drop_policy == "probs"
+                           else ts[j])
+            for j in order[C:]:
+                kept[ts[j], ci[j]] = False
+    counts = np.bincount(choice[kept], minlength=E)
+    if C is None or not c.pad:
+        C = int(counts.max())
     mx = logits.max(axis=1)
     lse = mx + np.log(np.exp(logits - mx[:, None]).sum(axis=1))
-    return dict(xg=xin, noise=np.ones_like(xin), P=P, choice=choice, kept=np.ones((S, k), dtype=bool),
-                slot=np.zeros((S, k), dtype=np.int64), w=w * sf, q=w, sf=sf, C=int(counts.max()), counts=counts, S=S,
+    return dict(xg=xin, noise=np.ones_like(xin), P=P, choice=choice, kept=kept,
+                slot=np.zeros((S, k), dtype=np.int64), w=w * sf, q=w, sf=sf, C=C, counts=counts, S=S,
                 lse=lse, s=s, logits=logits, aux_counts=np.bincount(aux_choice.ravel(), minlength=E),
                 aux_choice=aux_choice)
 

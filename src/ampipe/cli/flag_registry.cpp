@@ -162,9 +162,6 @@ constexpr const char* kRouter =
     "deepspeed_moe) and Megatron-Core's top-k router (megatron_moe: --moe-router-score-function softmax or sigmoid, "
     "--moe-router-pre-softmax, --moe-router-topk-scaling-factor, --moe-router-num-groups, --moe-router-group-topk, "
     "--moe-router-enable-expert-bias, --moe-router-load-balancing-type aux_loss, seq_aux_loss or none)";
-constexpr const char* kCapacity =
-    "Megatron-core's expert capacity; the capacity here is DeepSpeed-MoE's (--moe-train-capacity-factor, "
-    "--moe-min-capacity, --moe-no-drop)";
 constexpr const char* kAuxLoss = "the only balancing loss here is the aux loss (--moe-aux-loss-coeff)";
 constexpr const char* kJitter = "router jitter here is DeepSpeed-MoE's (--noisy-gate-policy Jitter)";
 constexpr const char* kNoMup = "MuP is not implemented";
@@ -502,9 +499,6 @@ void add_refused_model_flags(std::vector<FlagSpec>& v) {
     v.push_back(refused(f, G::on_off, kRouter));
   for (const char* f : {"--num-zero-experts", "--n-hash-layers"})
     v.push_back(refused(f, G::integer, kRouter));
-  v.push_back(refused("--moe-expert-capacity-factor", G::number, kCapacity));
-  v.push_back(refused("--moe-pad-expert-input-to-capacity", G::on_off, kCapacity));
-  v.push_back(refused("--moe-token-drop-policy", G::text, kCapacity));
   for (const char* f : {"--moe-comm-aux-loss-coeff", "--moe-device-level-aux-loss-coeff"})
     v.push_back(refused(f, G::number, kAuxLoss, "0"));
   v.push_back(refused("--moe-input-jitter-eps", G::number, kJitter));
@@ -695,6 +689,18 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    AT(layer->cfg.moe_min_capacity), kDef));
   v.push_back(flag("--moe-no-drop", L, kGroupMoe, G::on_off, "no capacity limit: no token is dropped",
                    AT(layer->cfg.moe_no_drop)));
+  v.push_back(flag("--moe-expert-capacity-factor", L, kGroupMoe, G::number,
+                   "megatron_moe: each expert takes at most ceil(S k / E x factor) of a chunk's S tokens, the rest "
+                   "dropped (not given or < 0: dropless)",
+                   AT(layer->cfg.moe_expert_capacity_factor)));
+  v.push_back(flag("--moe-pad-expert-input-to-capacity", L, kGroupMoe, G::on_off,
+                   "megatron_moe with --moe-expert-capacity-factor: every expert's input padded to the capacity (a "
+                   "fixed capacity; the same results)",
+                   AT(layer->cfg.moe_pad_expert_input_to_capacity)));
+  v.push_back(flag("--moe-token-drop-policy", L, kGroupMoe, G::text,
+                   "megatron_moe with --moe-expert-capacity-factor: probs (drop the lowest routing weights) or "
+                   "position (drop the last tokens)",
+                   AT(layer->moe_token_drop_policy), kDef));
   v.push_back(flag("--moe-z-loss-coeff", L, kGroupMoe, G::number,
                    "megatron_moe: the router z-loss coefficient (coeff x mean over tokens of logsumexp(logits)^2, added "
                    "to the loss)",

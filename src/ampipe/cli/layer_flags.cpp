@@ -187,6 +187,12 @@ void LayerFlags::finish_router() {
   if (cfg.moe_router_num_groups == 0) cfg.moe_router_num_groups = n_group;
   if (cfg.moe_router_group_topk == 0) cfg.moe_router_group_topk = topk_group;
   if (cfg.moe_router_topk_scaling_factor == 0) cfg.moe_router_topk_scaling_factor = routed_scaling_factor;
+  if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
+    throw ConfigError(fmt::format("--moe-token-drop-policy {} is not one of probs, position", moe_token_drop_policy));
+  cfg.moe_token_drop_policy = moe_token_drop_policy == "position" ? model::DropPolicy::position : model::DropPolicy::probs;
+  if (cfg.moe_token_drop_policy == model::DropPolicy::position && cfg.moe_expert_capacity_factor < 0)
+    notices.push_back("--moe-token-drop-policy position has no effect without --moe-expert-capacity-factor (as in "
+                      "Megatron): the router is dropless");
   std::string megatron_only;
   if (cfg.moe_router_pre_softmax) megatron_only = "--moe-router-pre-softmax";
   else if (lb != "aux_loss") megatron_only = "--moe-router-load-balancing-type " + lb;

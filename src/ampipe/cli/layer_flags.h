@@ -29,6 +29,7 @@ struct LayerFlags {
   std::string moe_model_type = "deepspeed_moe";  // --moe-model-type (MindSpeed's AMPipe layer; see the note in finish)
   std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};  // Megatron's default (a list there)
   std::string moe_router_score_function = "softmax";                       // softmax or sigmoid
+  std::string moe_token_drop_policy = "probs";                             // probs or position (Megatron's default)
   double moe_aux_loss_coeff = 0.01;  // the layer tools' default (their loss includes the aux loss); train: Megatron's 0
   // Megatron's sizes of the experts and the attention heads (0: not given). --moe-ffn-hidden-size is the experts' F
   // (every block here is an MoE block, so it replaces --ffn-hidden-size; MindSpeed-LLM's deprecated

@@ -163,9 +163,11 @@ void print_header(const RunInfo& r) {
                    ? (l.moe_no_drop ? "equals degree 1 up to summation order: --moe-no-drop drops no token"
                                   : "equals degree 1 up to summation order: Megatron-Core's router drops no token")
                    : fmt::format("equals degree 1 only while no token is dropped: each chunk of s/M positions routes "
-                                 "its tokens with its own capacity (--moe-train-capacity-factor {}), so its drops "
-                                 "(the log's token drops) may differ from degree 1's; --moe-no-drop makes it exact",
-                                 l.moe_train_capacity_factor));
+                                 "its tokens with its own capacity ({} {}), so its drops (the log's token drops) may "
+                                 "differ from degree 1's; {} makes it exact",
+                                 l.megatron_capacity() ? "--moe-expert-capacity-factor" : "--moe-train-capacity-factor",
+                                 l.megatron_capacity() ? l.moe_expert_capacity_factor : l.moe_train_capacity_factor,
+                                 l.megatron_capacity() ? "no capacity factor" : "--moe-no-drop"));
   if (l.cp() > 1)
     fmt::print("  context parallelism {} {}\n", l.cp(),
                l.dropless()
@@ -173,8 +175,8 @@ void print_header(const RunInfo& r) {
                                   : "equals cp 1 up to summation order: Megatron-Core's router drops no token")
                    : fmt::format("equals cp 1 only while no token is dropped: each cp rank routes its own s/cp = {} "
                                  "positions (chunk by chunk) with its own capacity, so its drops may differ from cp "
-                                 "1's; --moe-no-drop makes it exact",
-                                 l.seq_length / l.cp()));
+                                 "1's; {} makes it exact",
+                                 l.seq_length / l.cp(), l.megatron_capacity() ? "no capacity factor" : "--moe-no-drop"));
   fmt::print("  data: {} ({} tokens) | split {}: {} training / {} validation / {} test sequences\n",
              data->source(), data->tokens(), data->split_description(train::data_split(cfg)), data->train_samples(),
              data->valid_samples(), data->test_samples());

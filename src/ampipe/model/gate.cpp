@@ -41,6 +41,8 @@ void validate(const GateConfig& cfg) {
                  "expert bias of {} for {} experts", cfg.expert_bias.size(), cfg.num_experts);
     AMPIPE_CHECK(cfg.balancing != Balancing::seq_aux_loss || cfg.micro_batch >= 1, "seq_aux_loss: micro-batch {}",
                  cfg.micro_batch);
+    AMPIPE_CHECK(cfg.expert_capacity_factor < 0 || cfg.expert_capacity_factor > 0, "capacity factor {}",
+                 cfg.expert_capacity_factor);  // LayerConfig::validate refuses 0 and NaN
     if (cfg.num_groups == 0 && cfg.group_topk == 0) return;
     const int64_t G = cfg.num_groups, g = cfg.group_topk;
     if (G < 1 || cfg.num_experts % G != 0)
@@ -131,6 +133,13 @@ int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64
   if (C < min_capacity) C = min_capacity;
   if (C > S) C = S;
   return C;
+}
+
+int64_t megatron_expert_capacity(int64_t S, int64_t E, int k, double factor) {
+  AMPIPE_CHECK(S >= 0 && E >= 1 && k >= 1, "megatron_expert_capacity S={} E={} k={}", S, E, k);
+  if (factor < 0) return S;
+  const double C = std::ceil((double(S * k) / double(E)) * factor);  // Python's math.ceil of a double
+  return C >= double(S) ? S : int64_t(C);
 }
 
 namespace {
@@ -285,19 +294,48 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
     ctx.stats.sum_mask1[size_t(e)] = cfg.balancing == Balancing::aux_loss ? counts[size_t(e)] / double(k) : 0.0;
 }
 
-// Megatron-Core's router has no capacity: choice i of expert e takes the slot after every earlier choice's.
+// Megatron-Core's capacity drops (GateConfig::expert_capacity_factor): keep[t*k+i] = 0 for the choices each expert
+// cannot take, by --moe-token-drop-policy. Without a capacity (or when it holds every token) nothing is dropped.
+std::vector<uint8_t> megatron_kept(const GateCtx& ctx) {
+  const GateRouting& r = ctx.routing;
+  const int64_t S = r.S, E = r.E, k = r.k;
+  std::vector<uint8_t> keep(size_t(S * k), 1);
+  const int64_t cap = megatron_expert_capacity(S, E, int(k), ctx.cfg.expert_capacity_factor);
+  if (cap >= S) return keep;
+  std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));  // each expert's choices t*k+i
+  for (int64_t ci = 0; ci < S * k; ++ci) of[size_t(r.expert[size_t(ci)])].push_back(ci);
+  const bool by_probs = ctx.cfg.drop_policy == DropPolicy::probs;
+  for (std::vector<int64_t>& list : of) {
+    if (int64_t(list.size()) <= cap) continue;
+    // The earlier token first (global order); by probs the larger weight first, ties to the earlier token.
+    std::stable_sort(list.begin(), list.end(), [&](int64_t a, int64_t b) {
+      if (by_probs && ctx.topk_weight[size_t(a)] != ctx.topk_weight[size_t(b)])
+        return ctx.topk_weight[size_t(a)] > ctx.topk_weight[size_t(b)];
+      return ctx.tokens.at(a / k) < ctx.tokens.at(b / k);
+    });
+    for (size_t j = size_t(cap); j < list.size(); ++j) keep[size_t(list[j])] = 0;
+  }
+  return keep;
+}
+
+// Megatron-Core's router: choice i of expert e takes the slot after every earlier kept choice's (dropped ones: -1).
 void megatron_assign(int64_t C, GateCtx& ctx) {
   GateRouting& r = ctx.routing;
   const int64_t S = r.S, E = r.E, k = r.k;
+  const std::vector<uint8_t> keep = megatron_kept(ctx);
+  std::vector<int32_t> kept_count(size_t(k * E), 0);
+  for (int64_t ci = 0; ci < S * k; ++ci)
+    if (keep[size_t(ci)]) ++kept_count[size_t((ci % k) * E + r.expert[size_t(ci)])];
   std::vector<int32_t> next(size_t(k * E), 0);  // first slot of choice i of expert e
   for (int64_t e = 0; e < E; ++e)
     for (int64_t i = 1; i < k; ++i)
-      next[size_t(i * E + e)] = next[size_t((i - 1) * E + e)] + ctx.choice_count[size_t((i - 1) * E + e)];
+      next[size_t(i * E + e)] = next[size_t((i - 1) * E + e)] + kept_count[size_t((i - 1) * E + e)];
   for (int64_t t = 0; t < S; ++t)
     for (int64_t i = 0; i < k; ++i) {
+      if (!keep[size_t(t * k + i)]) continue;  // slot -1, weight 0 (gate_assign_forward's defaults)
       const int32_t e = r.expert[size_t(t * k + i)];
       const int32_t s = next[size_t(i * E + e)]++;
-      AMPIPE_CHECK(s < C, "dropless router: slot {} of expert {} beyond the capacity {}", s, e, C);
+      AMPIPE_CHECK(s < C, "Megatron-Core's router: slot {} of expert {} beyond the capacity {}", s, e, C);
       r.slot[size_t(t * k + i)] = s;
       r.weight[size_t(t * k + i)] = ctx.topk_weight[size_t(t * k + i)];
       r.slot_token[size_t(e * C + s)] = int32_t(t);
@@ -389,12 +427,14 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
 
 int64_t gate_required_capacity(const GateCtx& ctx) {
   int64_t need = 0;
-  if (ctx.cfg.router == Router::megatron) {
+  if (ctx.cfg.router == Router::megatron) {  // each expert keeps min(its choices, the capacity)
     const int64_t E = ctx.routing.E;
+    const int64_t cap =
+        megatron_expert_capacity(ctx.routing.S, E, int(ctx.routing.k), ctx.cfg.expert_capacity_factor);
     for (int64_t e = 0; e < E; ++e) {
       int64_t all = 0;
       for (int64_t i = 0; i < ctx.routing.k; ++i) all += ctx.choice_count[size_t(i * E + e)];
-      need = std::max(need, all);
+      need = std::max(need, std::min(all, cap));
     }
     return need;
   }
@@ -487,9 +527,12 @@ void gate_assign_forward(int64_t C, GateCtx& ctx) {
 
 void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
   gate_select_forward(x, Wg, cfg, tokens, ctx);
-  const int64_t C = cfg.no_drop || cfg.router == Router::megatron ? gate_required_capacity(ctx)
-                                : gate_capacity(x.size(0), cfg.num_experts, cfg.topk, cfg.capacity_factor,
-                                                cfg.min_capacity);
+  const int64_t S = x.size(0);
+  const bool padded = cfg.router == Router::megatron && cfg.expert_capacity_factor >= 0 && cfg.pad_to_capacity;
+  const int64_t C = padded ? megatron_expert_capacity(S, cfg.num_experts, cfg.topk, cfg.expert_capacity_factor)
+                    : cfg.no_drop || cfg.router == Router::megatron
+                        ? gate_required_capacity(ctx)
+                        : gate_capacity(S, cfg.num_experts, cfg.topk, cfg.capacity_factor, cfg.min_capacity);
   gate_assign_forward(C, ctx);
 }
 

@@ -61,17 +61,17 @@ namespace ampipe::model {
 enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 
 // Which router (--moe-model-type): DeepSpeed-MoE's top-1/top-2 gate with a capacity (deepspeed_moe, the rules
-// above), or Megatron-Core's dropless top-k router (megatron_moe):
+// above), or Megatron-Core's top-k router (megatron_moe; dropless unless a capacity factor is given):
 // - Choices: the k largest logits (--moe-router-pre-softmax: the k largest softmax probabilities; the same experts,
 //   ties -> the lower expert index), k = 1 .. 8; choice i is the i-th largest.
 // - Weights: the softmax over the k chosen logits (pre-softmax: the full softmax's probabilities of the chosen
-//   experts, not renormalised), times --moe-router-topk-scaling-factor. No capacity: every choice is kept (the
-//   slots of expert e: its first choices in token order, then its second choices, ...).
+//   experts, not renormalised), times --moe-router-topk-scaling-factor. Without a capacity (below) every choice is
+//   kept (the slots of expert e: its first choices in token order, then its second choices, ...).
 // - Aux loss (--moe-router-load-balancing-type aux_loss, Megatron's switch_load_balancing_loss_func):
 //   l_aux = E / (N^2 k) * sum_e Sp_e * c_e, c_e = the choices of expert e (all k of every token), the full softmax's
 //   Sp_e as above. Written into GateStats as sum_mask1 = c_e / k, so aux_loss_from_sums and the backward are the
 //   same code. `none`: no aux loss (sum_mask1 = 0).
-// No noise (Jitter, RSample, RTS are DeepSpeed's) and no capacity factor apply to it.
+// No noise (Jitter, RSample, RTS are DeepSpeed's) and none of DeepSpeed's capacity flags apply to it.
 // Its variants (Megatron's topk_routing_with_score_function, compute_routing_scores_for_aux_loss):
 // - --moe-router-score-function sigmoid: s = sigmoid(logits) (fp32); choices: the k largest s + b (b the expert
 //   bias, --moe-router-enable-expert-bias; 0 without); weights: s of the chosen, divided by (their sum + 1e-20)
@@ -88,7 +88,16 @@ enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 //   --moe-router-bias-update-rate towards balance: b_e += rate * sign(mean_j n_j - n_e), n_e the tokens routed to e
 //   over the whole step (every micro-batch and rank; Megatron's get_updated_expert_bias): update_expert_bias below,
 //   called by the step once the counts are summed over the ranks.
+// - Capacity (--moe-expert-capacity-factor f, Megatron's apply_router_token_dropping): each expert keeps at most
+//   C = ceil((S k / E) f) of the chunk's S tokens (no drop when C >= S). Over C, --moe-token-drop-policy probs keeps
+//   the C largest routing weights (ties: the earlier token), position the C earliest tokens (the global token order
+//   t = position * b + sequence, Megatron's [s, b] flattening). A dropped choice gets weight 0 and no gradient; the
+//   others keep their weights (not renormalised). The aux losses count the choices before dropping. With
+//   --moe-pad-expert-input-to-capacity every expert runs min(C, S) rows (the padding zero, weight 0); the expert
+//   bias then counts min(C, S) tokens per expert, as Megatron's padded routing map does.
 enum class Router : uint8_t { deepspeed, megatron };
+enum class DropPolicy : uint8_t { probs, position };  // --moe-token-drop-policy
+constexpr const char* drop_policy_name(DropPolicy p) { return p == DropPolicy::position ? "position" : "probs"; }
 enum class ScoreFunction : uint8_t { softmax, sigmoid };     // --moe-router-score-function
 enum class Balancing : uint8_t { none, aux_loss, seq_aux_loss };  // --moe-router-load-balancing-type
 constexpr const char* score_function_name(ScoreFunction f) { return f == ScoreFunction::sigmoid ? "sigmoid" : "softmax"; }
@@ -114,6 +123,9 @@ struct GateConfig {
   ScoreFunction score_function = ScoreFunction::softmax;  // megatron: --moe-router-score-function
   int num_groups = 0, group_topk = 0;      // megatron: --moe-router-num-groups, --moe-router-group-topk (0: none)
   std::vector<float> expert_bias;          // megatron, sigmoid: [E] the routing bias (empty: none)
+  double expert_capacity_factor = -1;      // megatron: --moe-expert-capacity-factor (< 0: none, dropless)
+  bool pad_to_capacity = false;            // megatron: --moe-pad-expert-input-to-capacity
+  DropPolicy drop_policy = DropPolicy::probs;  // megatron: --moe-token-drop-policy
   // seq_aux_loss: the micro-batch's sequences; token t's is (tokens.at(t) - token_base) % micro_batch
   int64_t micro_batch = 1;
   uint64_t token_base = 0;
@@ -169,6 +181,10 @@ struct GateCtx {
 
 // C = clamp(ceil(S / E * capacity_factor * k), min_capacity, S) (see the header comment for the arithmetic).
 int64_t gate_capacity(int64_t S, int64_t E, int k, double capacity_factor, int64_t min_capacity);
+
+// Megatron-Core's expert capacity of S tokens: min(S, ceil((S k / E) * factor)) (get_capacity, in double), or S
+// when factor < 0 (no capacity).
+int64_t megatron_expert_capacity(int64_t S, int64_t E, int k, double factor);
 
 // Phase 1. x: [S, h] fp32 or bf16 (any row stride); Wg: [E, h] fp32. Fills ctx.x_gate, probs, stats, the chosen
 // experts (ctx.routing.expert) and first/second counts. Throws ConfigError on a bad config (k, E,

@@ -114,6 +114,17 @@ void LayerConfig::validate() const {
   if (!(moe_router_bias_update_rate >= 0) || !std::isfinite(moe_router_bias_update_rate))
     throw ConfigError(fmt::format("--moe-router-bias-update-rate {} is invalid: it must be a finite number >= 0",
                                   moe_router_bias_update_rate));
+  if (std::isnan(moe_expert_capacity_factor) || moe_expert_capacity_factor == 0)
+    throw ConfigError(fmt::format("--moe-expert-capacity-factor {} is invalid: it must be > 0 (a negative value is "
+                                  "no capacity, as in Megatron)",
+                                  moe_expert_capacity_factor));
+  if (moe_expert_capacity_factor >= 0 && !megatron_router() && !dense())
+    throw ConfigError(fmt::format("--moe-expert-capacity-factor {} is Megatron-Core's router's (--moe-model-type "
+                                  "megatron_moe): DeepSpeed-MoE's gate takes --moe-train-capacity-factor",
+                                  moe_expert_capacity_factor));
+  if (moe_pad_expert_input_to_capacity && moe_expert_capacity_factor < 0 && !dense())
+    throw ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (Megatron's rule: it "
+                      "pads each expert's input to that capacity)");
   if ((moe_router_num_groups != 0) != (moe_router_group_topk != 0))
     throw ConfigError(fmt::format("--moe-router-num-groups {} and --moe-router-group-topk {}: group-limited routing "
                                   "needs both",
@@ -188,10 +199,14 @@ std::string LayerConfig::check_pipe_experts(int M) const {
   if (pipe_experts_multi_stream && !sp())
     throw ConfigError("--pipe-experts-multi-stream can only be used with --sequence-parallel and "
                       "--tensor-model-parallel-size > 1: it overlaps the pieces' tensor-parallel collectives");
-  if (dropless())
+  if (!fixed_capacity())
     throw ConfigError(fmt::format("--use-pipe-experts cannot be used with {}: pipe-experts slices a fixed expert "
-                                  "capacity, and a dropless capacity is known only after routing",
-                                  moe_no_drop ? "--moe-no-drop" : "--moe-model-type megatron_moe (dropless)"));
+                                  "capacity, and {} capacity is known only after routing",
+                                  moe_no_drop          ? "--moe-no-drop"
+                                  : megatron_capacity() ? "--moe-expert-capacity-factor without "
+                                                          "--moe-pad-expert-input-to-capacity"
+                                                        : "--moe-model-type megatron_moe (dropless)",
+                                  dropless() ? "a dropless" : "an unpadded"));
   if (M > 1) {
     if (N % M != 0)
       throw ConfigError(fmt::format("--pipe-experts-multi-data {} is not divisible by --ampipe-degree {}: with AMPipe "

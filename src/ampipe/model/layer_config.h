@@ -68,6 +68,14 @@ struct LayerConfig {
   ScoreFunction moe_router_score_function = ScoreFunction::softmax;
   int moe_router_num_groups = 0, moe_router_group_topk = 0;
   bool moe_router_enable_expert_bias = false;
+  // Megatron-Core's expert capacity (megatron_moe; model/gate.h): --moe-expert-capacity-factor f (< 0, Megatron's
+  // None: no capacity, the router is dropless), each chunk's S tokens giving every expert min(S, ceil(S k / E * f))
+  // slots; --moe-pad-expert-input-to-capacity (every expert's input padded to the capacity: a fixed capacity, as
+  // pipe-experts needs); --moe-token-drop-policy (probs: the lowest routing weights are dropped; position: the last
+  // tokens).
+  double moe_expert_capacity_factor = -1;
+  bool moe_pad_expert_input_to_capacity = false;
+  DropPolicy moe_token_drop_policy = DropPolicy::probs;
   double moe_router_bias_update_rate = 1e-3;
   double moe_z_loss_coeff = 0.0;  // --moe-z-loss-coeff (megatron_moe; model/gate.h GateConfig::z_loss_coeff)
   bool use_rts = true;  // random token selection, top-1 only
@@ -130,8 +138,15 @@ struct LayerConfig {
   // --ffn-hidden-size), the MoE-only options (pipe-experts) off.
   LayerConfig as_dense(int64_t ffn) const;
   bool megatron_router() const { return moe_router == Router::megatron; }
-  // No token is ever dropped: --moe-no-drop, or Megatron-Core's router (dropless here).
-  bool dropless() const { return moe_no_drop || megatron_router(); }
+  // Megatron-Core's router with a capacity (--moe-expert-capacity-factor >= 0).
+  bool megatron_capacity() const { return megatron_router() && moe_expert_capacity_factor >= 0; }
+  // No token is ever dropped: --moe-no-drop, or Megatron-Core's router without a capacity factor.
+  bool dropless() const { return moe_no_drop || (megatron_router() && !megatron_capacity()); }
+  // Every chunk's expert capacity is the planned one (DeepSpeed-MoE's capacity, or Megatron's padded to it); else it
+  // is known after routing, at most the planned one (dropless, or Megatron's capacity without padding).
+  bool fixed_capacity() const {
+    return !dropless() && !(megatron_capacity() && !moe_pad_expert_input_to_capacity);
+  }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   bool rope() const { return position_embedding == PositionEmbedding::rope; }

@@ -62,20 +62,22 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   }
   d.srcs = d.sp ? d.tp * d.ep : d.ep;
   d.overlap_tp = d.tp > 1 && (cfg.ampipe_tp_sp_comm_overlap || (cfg.pipe_experts_multi_stream && d.sp));
-  d.capacity_is_bound = cfg.dropless();
+  d.capacity_is_bound = !cfg.fixed_capacity();
   d.seq_aux = d.moe && cfg.megatron_router() && cfg.moe_router_load_balancing == Balancing::seq_aux_loss;
-  d.agree_capacity_tp = cfg.dropless() && d.moe && d.sp && d.tp > 1;
-  d.agree_capacity = (cfg.dropless() && d.ep > 1 && d.moe) || d.agree_capacity_tp;
+  d.agree_capacity_tp = d.capacity_is_bound && d.moe && d.sp && d.tp > 1;
+  d.agree_capacity = (d.capacity_is_bound && d.ep > 1 && d.moe) || d.agree_capacity_tp;
   d.C = !d.moe ? 0
-        : cfg.dropless() ? d.Scl
-                         : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
-  d.defer_expert_wgrad = !cfg.dropless();
+        : cfg.megatron_router()
+            ? megatron_expert_capacity(d.Scl, d.E, int(d.k), cfg.megatron_capacity() ? cfg.moe_expert_capacity_factor : -1)
+        : cfg.moe_no_drop ? d.Scl
+                          : gate_capacity(d.Scl, d.E, int(d.k), cfg.moe_train_capacity_factor, cfg.moe_min_capacity);
+  d.defer_expert_wgrad = cfg.fixed_capacity();
   d.jitter = cfg.noisy_gate_policy == NoisyGatePolicy::jitter;
   d.recompute = cfg.recompute;
   d.recompute_attention = cfg.recompute_attention;
   d.cd = cfg.compute_dtype();
   if (cfg.use_pipe_experts) {  // cfg.check_pipe_experts(M) has accepted it
-    AMPIPE_CHECK(!cfg.dropless() && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",
+    AMPIPE_CHECK(cfg.fixed_capacity() && cfg.pipe_experts_multi_data % M == 0, "pipe-experts N {} M {}",
                  cfg.pipe_experts_multi_data, M);
     d.slices = cfg.pipe_experts_multi_data / M;
     const int64_t slice = (d.C + d.slices - 1) / d.slices;

@@ -53,6 +53,9 @@ GateConfig MoeBlock::gate_config() const {
   gc.micro_batch = st_.dims.b;
   gc.token_base = st_.token_base;
   gc.z_loss_coeff = cfg.megatron_router() ? cfg.moe_z_loss_coeff : 0.0;
+  gc.expert_capacity_factor = cfg.megatron_capacity() ? cfg.moe_expert_capacity_factor : -1;
+  gc.pad_to_capacity = cfg.moe_pad_expert_input_to_capacity;
+  gc.drop_policy = cfg.moe_token_drop_policy;
   return gc;
 }
 
@@ -368,7 +371,12 @@ void MoeBlock::gate_backward(int c) {
   model::gate_backward(s.mem.get(Buf::d_weight, c), s.d_aux, total_, g, s.p.gate_w, d_logits, d_ln2, s.g.gate_w);
   if (s.g.expert_bias.defined()) {  // the expert bias's load statistics: counted once per trained token (here, in
     float* n = s.g.expert_bias.data<float>();  // the backward, so a recomputed forward does not count twice)
-    for (const int32_t e : g.routing.expert) n[e] += 1.0f;
+    const GateRouting& r = g.routing;            // the kept choices (Megatron's routing map after its drops;
+    if (g.cfg.expert_capacity_factor >= 0 && g.cfg.pad_to_capacity)  // padded, each expert's whole capacity)
+      for (int64_t e = 0; e < r.E; ++e) n[e] += float(r.C);
+    else
+      for (size_t ci = 0; ci < r.slot.size(); ++ci)
+        if (r.slot[ci] >= 0) n[r.expert[ci]] += 1.0f;
   }
 }
 

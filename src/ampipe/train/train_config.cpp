@@ -407,6 +407,14 @@ std::vector<ConfigKey> run_config_keys() {
       AMPIPE_FIELD(moe_router_group_topk, kL | kC | kA, kTaken, l.moe_router_group_topk),
       AMPIPE_FIELD(moe_router_enable_expert_bias, kL | kC | kA, kTaken, l.moe_router_enable_expert_bias),
       AMPIPE_FIELD(moe_router_bias_update_rate, kL | kC | kA, kTaken, l.moe_router_bias_update_rate),
+      AMPIPE_FIELD(moe_expert_capacity_factor, kL | kC | kA, kTaken, l.moe_expert_capacity_factor),
+      AMPIPE_FIELD(moe_pad_expert_input_to_capacity, kL | kC | kA, kTaken, l.moe_pad_expert_input_to_capacity),
+      ConfigKey{"moe_token_drop_policy", kL | kC | kA, kTaken,
+                [](const TrainConfig& c) -> nlohmann::json { return model::drop_policy_name(c.layer.moe_token_drop_policy); },
+                [](TrainConfig& c, const nlohmann::json& v) {
+                  c.layer.moe_token_drop_policy =
+                      v.get<std::string>() == "position" ? model::DropPolicy::position : model::DropPolicy::probs;
+                }},
       AMPIPE_FIELD(use_flash_attn, kC | kA, kNo, c.use_flash_attn),
       AMPIPE_FIELD(add_bias_linear, kC | kA, kNo, c.add_bias_linear),
       AMPIPE_FIELD(ampipe_degree, kC | kA, kNo, c.ampipe_degree),
