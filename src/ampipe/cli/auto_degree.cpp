@@ -63,7 +63,7 @@ DegreeChoice choose_degree(const model::LayerConfig& cfg, int num_layers, const 
     }
     std::vector<schedule::Plan> plans;
     for (int i = 0; i < num_layers; ++i) {
-      model::LayerConfig lc = c;
+      model::LayerConfig lc = sim::costed_layer(c);
       lc.layer_index = i;
       plans.push_back(schedule::build_layer_plan(lc, M));
     }

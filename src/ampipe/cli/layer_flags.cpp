@@ -153,6 +153,20 @@ void LayerFlags::finish_router() {
   if (moe_model_type != "deepspeed_moe" && moe_model_type != "megatron_moe")
     throw ConfigError(fmt::format("--moe-model-type {} is not one of deepspeed_moe, megatron_moe", moe_model_type));
   cfg.moe_router = moe_model_type == "megatron_moe" ? model::Router::megatron : model::Router::deepspeed;
+  if (cfg.megatron_router()) {  // DeepSpeed-MoE's gate options: inert with Megatron-Core's router, as in MindSpeed
+    std::vector<std::string> inert;
+    if (noisy_gate_policy != "None") inert.push_back("--noisy-gate-policy " + noisy_gate_policy);
+    if (cfg.moe_train_capacity_factor != 1.0) inert.push_back("--moe-train-capacity-factor");
+    if (cfg.moe_min_capacity != 4) inert.push_back("--moe-min-capacity");
+    if (cfg.moe_no_drop) inert.push_back("--moe-no-drop");
+    if (no_use_rts) inert.push_back("--no-use-rts");
+    if (!inert.empty())
+      notices.push_back(fmt::format("{} {} no effect with --moe-model-type megatron_moe (MindSpeed's default; as in "
+                                    "MindSpeed they belong to DeepSpeed-MoE's gate, --moe-model-type deepspeed_moe)",
+                                    fmt::join(inert, ", "), inert.size() == 1 ? "has" : "have"));
+    cfg.noisy_gate_policy = model::NoisyGatePolicy::none;
+    cfg.moe_no_drop = false;
+  }
   if (moe_router_load_balancing_type.size() != 1)
     throw ConfigError(fmt::format("--moe-router-load-balancing-type {}: one load-balancing type only here (aux_loss "
                                   "or none; Megatron's combinations of several are not implemented)",

@@ -26,7 +26,7 @@ struct LayerFlags {
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of rope
   bool no_position_embedding = false;           // deprecated in Megatron: accepted with rope only
   int64_t rotary_base = 10000;                  // --rotary-base (an integer in Megatron)
-  std::string moe_model_type = "deepspeed_moe";  // --moe-model-type (MindSpeed's AMPipe layer; see the note in finish)
+  std::string moe_model_type = "megatron_moe";  // --moe-model-type: MindSpeed's default (Megatron-Core's MoE layer)
   std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};  // Megatron's default (a list there)
   std::string moe_router_score_function = "softmax";                       // softmax or sigmoid
   std::string moe_token_drop_policy = "probs";                             // probs or position (Megatron's default)

@@ -137,9 +137,9 @@ bool outside_layers(const std::string& stage) {
 Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, const sim::Profile& prof) {
   const model::LayerConfig& l = cfg.layer;
   schedule::ModelShape shape;
-  shape.layer = l;
+  shape.layer = sim::costed_layer(l);
   shape.num_layers = cfg.num_layers;
-  shape.layers = cfg.layer_configs();
+  for (const model::LayerConfig& li : cfg.layer_configs()) shape.layers.push_back(sim::costed_layer(li));
   shape.vocab = cfg.padded_vocab_size;
   shape.untie_embeddings = cfg.untie_embeddings_and_output_weights;
   shape.position_embedding = l.position_embedding == model::PositionEmbedding::learned_absolute;
@@ -217,6 +217,9 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
              lay.dpcp > 1 ? (reduce_spans ? ", over dp x cp, across nodes" : ", over dp x cp, within a node")
                           : ", dp x cp = 1: none",
              inter_missing ? "; the profile has no links.inter: cross-node collectives use links.intra" : "");
+  if (!l.dense() && l.dropless())
+    fmt::print("  dropless router: its all-to-alls are costed at a balanced load, every expert ceil(S k / E) of a "
+               "chunk's S tokens (an imbalanced step moves more)\n");
   for (const std::string& sk : skipped) fmt::print("  skipped: {}\n", sk);
   fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>14} {:>16}\n", "degree", "iteration ms",
              "layers ms", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s engine",

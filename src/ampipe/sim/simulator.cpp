@@ -547,6 +547,19 @@ SimResult Simulation::results() {
 
 }  // namespace
 
+model::LayerConfig costed_layer(model::LayerConfig l) {
+  if (l.dense() || !l.dropless()) return l;
+  if (l.megatron_router()) {
+    l.moe_expert_capacity_factor = 1.0;
+    l.moe_pad_expert_input_to_capacity = true;
+  } else {  // DeepSpeed-MoE's gate with --moe-no-drop
+    l.moe_no_drop = false;
+    l.moe_train_capacity_factor = 1.0;
+    l.moe_min_capacity = 0;
+  }
+  return l;
+}
+
 SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const SimOptions& opts_in) {
   SimOptions opts = opts_in;
   if (step.num_layers() > 0) opts.ep_size = int(std::max<int64_t>(1, step.layer(0).dims.ep));

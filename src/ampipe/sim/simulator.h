@@ -95,6 +95,12 @@ int step_group_size(comm::GroupKind g, const SimOptions& opts);
 
 // Simulates the step Plan.
 SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const SimOptions& opts = {});
+
+// The layer as the simulator costs it. A dropless router's capacity is known only after routing, so its Plan is
+// built for the bound (every token of a chunk to one expert); the simulator costs it at a balanced load instead,
+// every expert ceil(S k / E) of a chunk's S tokens (a fixed capacity of factor 1, padded): the least a dropless
+// step moves. Other layers are returned as they are.
+model::LayerConfig costed_layer(model::LayerConfig l);
 // Simulates the layers alone (schedule::build_layers_step_plan: forward of every layer, then backward in reverse
 // order, opts.recompute's replays).
 SimResult simulate(const std::vector<schedule::Plan>& layers, const Profile& profile, const SimOptions& opts = {});
