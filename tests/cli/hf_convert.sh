@@ -3,7 +3,7 @@
 # `ampipe convert` (train/hf_checkpoint.h) on tiny Hugging Face models written by hand (tests/cli/hf_convert.py make):
 #   1. HF -> ampipe -> HF gives every tensor back bit for bit (dtype, shape, bytes) and config.json's keys;
 #   2. the converted checkpoint's logits in tools/torch_gpt_moe.py (ampipe's layout) equal tools/hf_moe.py's (a
-#      PyTorch forward of Hugging Face's Mixtral / Qwen3-MoE under its own names) to 1e-5;
+#      PyTorch forward of Hugging Face's Mixtral / Qwen2-MoE / Qwen3-MoE under its own names) to 1e-5;
 #   3. `ampipe train --load CKPT --use-checkpoint-args --finetune --skip-train` logs the validation loss that
 #      tools/torch_eval.py --hf (the Hugging Face model on the same validation sequences) computes, to 1e-5 relative.
 # Cases:
@@ -12,11 +12,19 @@
 #                   (padded to 256 for the round trip; --make-vocab-size-divisible-by 8 for the loss, so that no
 #                   padding column joins the softmax)
 #   qwen3_no_norm   norm_topk_prob false (--moe-router-pre-softmax); ampipe evaluates it at AMPipe degree 2
+#   qwen3_dense     a dense layer (mlp_only_layers [0]: --moe-layer-freq [0,1,1], its MLP of intermediate_size)
+#   qwen2           Qwen2-MoE: bf16, q/k/v biases (--add-qkv-bias), the gated shared expert
+#                   (--moe-shared-expert-intermediate-size, --moe-shared-expert-gate), grouped-query attention, a
+#                   dense middle layer (mlp_only_layers [1]), norm_topk_prob false, untied head; the loss at AMPipe
+#                   degree 1 and 2
+#   qwen2_sparse_step  fp32, decoder_sparse_step 2 (layers 1 and 3 with experts), norm_topk_prob true, tied head
 #   bad_inputs      each refusal: one line naming the file or config.json key, exit 2
-#   layouts         (MPIRUN given) a converted Qwen3-MoE evaluated on 2 ranks at tp 2, ep 2 and cp 2 logs the loss of
-#                   one rank (the checkpoint holds full tensors; each layout takes its shards)
-#   not_expressible ampipe checkpoints of models Hugging Face's two cannot express are refused naming the flag; one
-#                   trained from scratch with their architecture converts (config.json built from its flags)
+#   layouts         (MPIRUN given) a converted Qwen3-MoE evaluated on 2 ranks at tp 2, ep 2 and cp 2, and a converted
+#                   Qwen2-MoE (biases, gated shared expert, a dense layer) at tp 2 and ep 2, log the loss of one rank
+#                   (the checkpoint holds full tensors; each layout takes its shards)
+#   not_expressible ampipe checkpoints of models Hugging Face's three cannot express are refused naming the flag;
+#                   ones trained from scratch with Qwen3-MoE's or Qwen2-MoE's architecture convert (config.json built
+#                   from their flags)
 # Exit 77 (CTest's skip) when no python3 can import numpy and torch.
 set -u
 bin=$1
@@ -66,6 +74,12 @@ loss() {
 print(f'validation loss: ampipe {a:.8e}, Hugging Face model {b:.8e}, relative difference {r:.2e}', 'ok' if r <= 1e-5 else 'FAIL (> 1e-5)')
 sys.exit(r > 1e-5)" "$a" "$t" || fail "the validation losses differ"
 }
+# meta CKPT STRING...: the converted checkpoint's metadata.json holds each STRING (its flags)
+meta() {
+  local m=$1/iter_0000000/metadata.json
+  shift
+  for want in "$@"; do grep -qF -- "$want" "$m" || fail "$m does not hold $want"; done
+}
 # refused MESSAGE-REGEX CONVERT-ARGS...: exit 2 and one error line matching
 refused() {
   local re=$1
@@ -104,6 +118,24 @@ case $case_name in
       fail "norm_topk_prob false is not --moe-router-pre-softmax"
     loss qn "$dir/qn.ck" --ampipe-degree 2 --use-flash-attn
     ;;
+  qwen3_dense)
+    roundtrip q3d --arch qwen3 --layers 3 --config-key 'mlp_only_layers=[0]'
+    meta "$dir/q3d.ck" '"moe_layer_freq": "[0,1,1]"' '"ffn_hidden_size": 64' '"moe_ffn_hidden_size": 24'
+    loss q3d "$dir/q3d.ck"
+    ;;
+  qwen2)
+    roundtrip q2 --arch qwen2 --dtype bf16 --layers 3 --no-norm-topk-prob --config-key 'mlp_only_layers=[1]'
+    meta "$dir/q2.ck" '"add_qkv_bias": true' '"moe_shared_expert_gate": true' \
+      '"moe_shared_expert_intermediate_size": 48' '"moe_layer_freq": "[1,0,1]"' '"ffn_hidden_size": 40' \
+      '"moe_router_pre_softmax": true' '"num_query_groups": 2'
+    loss q2 "$dir/q2.ck"
+    loss q2 "$dir/q2.ck" --ampipe-degree 2 --use-flash-attn
+    ;;
+  qwen2_sparse_step)
+    roundtrip qs --arch qwen2 --layers 4 --tied --config-key 'decoder_sparse_step=2' --config-key 'qkv_bias=true'
+    meta "$dir/qs.ck" '"moe_layer_freq": "[0,1,0,1]"' '"moe_router_pre_softmax": false'
+    loss qs "$dir/qs.ck"
+    ;;
   bad_inputs)
     refused "--load-dir .*/nothing: the directory does not exist" --load-dir "$dir/nothing" --save-dir "$dir/o"
     mkdir "$dir/empty"
@@ -112,7 +144,7 @@ case $case_name in
     helper make "$dir/badjson" --arch mixtral
     echo "{" >"$dir/badjson/config.json"
     refused "badjson/config.json: not valid JSON" --load-dir "$dir/badjson" --save-dir "$dir/o"
-    bad llama "\"architectures\" is \[\"LlamaForCausalLM\"\]: ampipe convert reads MixtralForCausalLM and Qwen3MoeForCausalLM only" \
+    bad llama "\"architectures\" is \[\"LlamaForCausalLM\"\]: ampipe convert reads MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM only" \
       --arch mixtral --config-key 'architectures=["LlamaForCausalLM"]'
     bad sw "config.json: \"sliding_window\" is 4096: sliding-window attention is not implemented" \
       --arch mixtral --config-key 'sliding_window=4096'
@@ -127,6 +159,18 @@ case $case_name in
     bad lt "\"layer_types\" holds \"sliding_attention\": every layer here has full attention" \
       --arch qwen3 --config-key 'layer_types=["full_attention","sliding_attention"]'
     bad f16 "\"torch_dtype\" is \"float16\"" --arch mixtral --config-key 'torch_dtype="float16"'
+    # Qwen2-MoE: sliding-window attention, a layer index out of range, no layer with experts, a missing shared expert
+    bad q2sw "config.json: \"use_sliding_window\" is true: sliding-window attention is not implemented" \
+      --arch qwen2 --config-key 'use_sliding_window=true'
+    bad q2only "config.json: \"mlp_only_layers\" holds 2: a layer index in \[0, num_hidden_layers 2\)" \
+      --arch qwen2 --config-key 'mlp_only_layers=[2]'
+    bad q2none "\"decoder_sparse_step\" 3 and \"mlp_only_layers\" \[\] leave no layer with experts" \
+      --arch qwen2 --config-key 'decoder_sparse_step=3'
+    bad q2shared "tensor model.layers.1.mlp.shared_expert_gate.weight is missing" \
+      --arch qwen2 --drop-tensor model.layers.1.mlp.shared_expert_gate.weight
+    # (make writes the biases before --config-key: qkv_bias false leaves them without a place)
+    bad q2bias "tensor model.layers.0.self_attn.k_proj.bias has no place in the Qwen2MoeForCausalLM model" \
+      --arch qwen2 --config-key 'qkv_bias=false'
     helper make "$dir/ok" --arch mixtral
     rm "$dir/ok/model.safetensors"
     refused "neither model.safetensors nor model.safetensors.index.json is there" --load-dir "$dir/ok" --save-dir "$dir/o"
