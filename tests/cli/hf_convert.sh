@@ -177,28 +177,42 @@ case $case_name in
     ;;
   layouts)
     [ ${#launch[@]} -gt 0 ] || fail "layouts needs MPIRUN..."
+    helper tokens "$dir/tokens.bin" 256 2000
+    val() { grep -Eo "validation loss at iteration 0 \| lm loss value: [0-9.E+-]+" "$dir/train.out" | awk '{print $NF}'; }
+    # layouts NAME LAYOUT...: the converted NAME's loss on one rank, then on 2 ranks in each LAYOUT
+    layouts() {
+      local name=$1
+      shift
+      local data=(--load "$dir/$name.ck" --use-checkpoint-args --finetune --skip-train --data-path "$dir/tokens.bin"
+                  --split 50,50,0 --micro-batch-size 2 --global-batch-size 4 --eval-iters 2 --moe-model-type megatron_moe)
+      "$bin" train "${data[@]}" >"$dir/train.out" 2>&1 || fail "ampipe train (one rank) failed"
+      local one layout
+      one=$(val)
+      for layout in "$@"; do
+        # shellcheck disable=SC2086
+        "${launch[@]}" -np 2 "$bin" train "${data[@]}" $layout >"$dir/train.out" 2>&1 ||
+          fail "ampipe train $layout ($name) failed"
+        "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(a)
+print(f'validation loss, {sys.argv[3]}: {b:.6e} vs one rank {a:.6e}, relative difference {r:.1e}', 'ok' if r <= 1e-5 else 'FAIL')
+sys.exit(r > 1e-5)" "$one" "$(val)" "$name $layout" || fail "$layout differs ($name)"
+      done
+    }
     helper make "$dir/ql" --arch qwen3 || fail "could not write the model"
     convert --load-dir "$dir/ql" --save-dir "$dir/ql.ck" --seq-length 16
-    helper tokens "$dir/tokens.bin" 256 2000
-    data=(--load "$dir/ql.ck" --use-checkpoint-args --finetune --skip-train --data-path "$dir/tokens.bin"
-          --split 50,50,0 --micro-batch-size 2 --global-batch-size 4 --eval-iters 2 --moe-model-type megatron_moe)
-    val() { grep -Eo "validation loss at iteration 0 \| lm loss value: [0-9.E+-]+" "$dir/train.out" | awk '{print $NF}'; }
-    "$bin" train "${data[@]}" >"$dir/train.out" 2>&1 || fail "ampipe train (one rank) failed"
-    one=$(val)
-    for layout in "--tensor-model-parallel-size 2" "--expert-model-parallel-size 2" \
-                  "--context-parallel-size 2 --ampipe-degree 2 --use-flash-attn"; do
-      # shellcheck disable=SC2086
-      "${launch[@]}" -np 2 "$bin" train "${data[@]}" $layout >"$dir/train.out" 2>&1 || fail "ampipe train $layout failed"
-      "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(a)
-print(f'validation loss, {sys.argv[3]}: {b:.6e} vs one rank {a:.6e}, relative difference {r:.1e}', 'ok' if r <= 1e-5 else 'FAIL')
-sys.exit(r > 1e-5)" "$one" "$(val)" "$layout" || fail "$layout differs"
-    done
+    layouts ql "--tensor-model-parallel-size 2" "--expert-model-parallel-size 2" \
+      "--context-parallel-size 2 --ampipe-degree 2 --use-flash-attn"
+    # Qwen2-MoE: the q/k/v biases cut as the qkv rows, the shared expert's and the dense layer's MLP column/row
+    # parallel, the shared expert's gate whole on every rank
+    helper make "$dir/q2l" --arch qwen2 --layers 3 --no-norm-topk-prob --config-key 'mlp_only_layers=[1]' ||
+      fail "could not write the model"
+    convert --load-dir "$dir/q2l" --save-dir "$dir/q2l.ck" --seq-length 16
+    layouts q2l "--tensor-model-parallel-size 2 --sequence-parallel" "--expert-model-parallel-size 2"
     ;;
-  not_expressible)  # ampipe models Hugging Face's two cannot express: one line naming the flag
+  not_expressible)  # ampipe models Hugging Face's three cannot express: one line naming the flag
     small=(--num-layers 1 --seq-length 16 --hidden-size 32 --ffn-hidden-size 24 --num-attention-heads 4
            --num-experts 4 --train-iters 1 --eval-iters 0)
     "$bin" train "${small[@]}" --save "$dir/ln" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
-    refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM and Qwen3MoeForCausalLM cannot express it" \
+    refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM cannot express it" \
       --load-dir "$dir/ln" --save-dir "$dir/o"
     "$bin" train "${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope \
       --save "$dir/ds" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
@@ -210,6 +224,35 @@ sys.exit(r > 1e-5)" "$one" "$(val)" "$layout" || fail "$layout differs"
     convert --load-dir "$dir/q" --save-dir "$dir/q.hf"
     grep -q '"Qwen3MoeForCausalLM"' "$dir/q.hf/config.json" || fail "not written as Qwen3MoeForCausalLM"
     helper logits "$dir/q.hf" "$dir/q" || fail "the logits differ"
+    # Qwen2-MoE's pieces without the rest: each refused naming the flag
+    rms=("${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope --moe-model-type megatron_moe)
+    "$bin" train "${rms[@]}" --moe-shared-expert-intermediate-size 16 --save "$dir/sh" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    refused "a shared expert without --moe-shared-expert-gate \(Qwen2-MoE's shared expert is gated\)" \
+      --load-dir "$dir/sh" --save-dir "$dir/o"
+    "$bin" train "${rms[@]}" --add-qkv-bias --save "$dir/qb" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
+    refused "--add-qkv-bias without a gated shared expert" --load-dir "$dir/qb" --save-dir "$dir/o"
+    "$bin" train "${rms[@]}" --moe-router-pre-softmax --save "$dir/ps" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    refused "--moe-router-pre-softmax \(norm_topk_prob false\) without --qk-layernorm or a gated shared expert" \
+      --load-dir "$dir/ps" --save-dir "$dir/o"
+    # trained from scratch with Qwen2-MoE's pieces (q/k/v biases, a gated shared expert, a dense block of its own F,
+    # grouped-query attention): a Qwen2-MoE, its dense layer in mlp_only_layers
+    "$bin" train --num-layers 2 --seq-length 16 --hidden-size 32 --ffn-hidden-size 40 --moe-ffn-hidden-size 24 \
+      --num-attention-heads 4 --group-query-attention --num-query-groups 2 --num-experts 4 --train-iters 1 \
+      --eval-iters 0 --normalization RMSNorm --swiglu --position-embedding-type rope --moe-model-type megatron_moe \
+      --add-qkv-bias --moe-shared-expert-intermediate-size 16 --moe-shared-expert-gate --moe-router-pre-softmax \
+      --moe-layer-freq "[0,1]" --untie-embeddings-and-output-weights --save "$dir/q2" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    convert --load-dir "$dir/q2" --save-dir "$dir/q2.hf"
+    "$py" -c "import json, sys; c = json.load(open(sys.argv[1]))
+want = {'architectures': ['Qwen2MoeForCausalLM'], 'mlp_only_layers': [0], 'decoder_sparse_step': 1, 'qkv_bias': True,
+        'intermediate_size': 40, 'moe_intermediate_size': 24, 'shared_expert_intermediate_size': 16,
+        'norm_topk_prob': False, 'num_key_value_heads': 2}
+bad = {k: c.get(k) for k in want if c.get(k) != want[k]}
+print('config.json:', 'ok' if not bad else f'differs: {bad}'); sys.exit(bool(bad))" "$dir/q2.hf/config.json" ||
+      fail "the Qwen2-MoE config.json is not the model's"
+    helper logits "$dir/q2.hf" "$dir/q2" || fail "the logits differ"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac
