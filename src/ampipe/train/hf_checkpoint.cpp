@@ -33,7 +33,9 @@ constexpr const char* kMixtral = "MixtralForCausalLM";
 constexpr const char* kQwen2Moe = "Qwen2MoeForCausalLM";
 constexpr const char* kQwen3Moe = "Qwen3MoeForCausalLM";
 const char* arch_name(Arch a) { return a == Arch::mixtral ? kMixtral : a == Arch::qwen2_moe ? kQwen2Moe : kQwen3Moe; }
-const char* model_type(Arch a) { return a == Arch::mixtral ? "mixtral" : a == Arch::qwen2_moe ? "qwen2_moe" : "qwen3_moe"; }
+const char* model_type(Arch a) {
+  return a == Arch::mixtral ? "mixtral" : a == Arch::qwen2_moe ? "qwen2_moe" : "qwen3_moe";
+}
 // The three, for the error lines.
 const std::string kArchs = fmt::format("{}, {} and {}", kMixtral, kQwen2Moe, kQwen3Moe);
 
