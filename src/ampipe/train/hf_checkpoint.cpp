@@ -542,6 +542,8 @@ json hf_config_json(const TrainConfig& c, Arch arch, const json& stored, const s
     put("decoder_sparse_step", 1);
     put("mlp_only_layers", only);
   }
+  put_default("decoder_sparse_step", 1);  // (a config.json built from the flags says it too)
+  put_default("mlp_only_layers", json::array());
   const int64_t dense_F = c.dense_ffn_hidden_size > 0 ? c.dense_ffn_hidden_size : l.ffn_hidden_size;
   if (std::find(moe.begin(), moe.end(), false) != moe.end()) put("intermediate_size", dense_F);
   else put_default("intermediate_size", arch == Arch::qwen2_moe ? l.mlp_ffn_hidden_size : dense_F);
