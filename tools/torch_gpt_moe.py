@@ -4,7 +4,8 @@ What is here (each piece cites the section of the docs it follows):
   * read_safetensors: the safetensors format (docs/layer.md §10) without the `safetensors` package;
   * Philox-4x32-10 (docs/layer.md §3) in numpy uint64 arithmetic: the keys of random token selection and of the
     initialisation;
-  * GptMoE: token + learned position embedding (or rotary embeddings, or none), pre-LN MoE blocks (docs/layer.md §4-§7), final LayerNorm, LM head
+  * GptMoE: token + learned position embedding (or rotary embeddings, or none), pre-LN MoE blocks (docs/layer.md §4-§7;
+    a shared expert, gated or not, beside the routed experts, and dense blocks: §6.11), final LayerNorm, LM head
     (tied or untied), cross-entropy (docs/training.md "Model"). Its state_dict keys are the checkpoint's tensor
     names, so `model.load_state_dict(read_safetensors(".../model.safetensors")[0])` loads an `ampipe train` checkpoint;
   * the DeepSpeed-MoE gate of docs/layer.md §6 (top-1 / top-2, capacity per routing group, random token selection,
@@ -106,7 +107,15 @@ class ModelConfig:
     num_layers: int = 2
     seq_length: int = 128
     hidden_size: int = 128
-    ffn_hidden_size: int = 256
+    ffn_hidden_size: int = 256        # the experts' F (--moe-ffn-hidden-size; --ffn-hidden-size without it)
+    dense_ffn_hidden_size: int = 0    # a dense block's F_m (--ffn-hidden-size; 0: ffn_hidden_size)
+    # docs/layer.md §6.11: the shared expert's F_m (0: none) and its gate (mlp.gate.weight [1, h]); the dense blocks
+    # (--moe-layer-freq: an integer k, blocks 0, k, 2k, ... have experts, or a list of one 0/1 per block;
+    # --first-k-dense-replace K: the first K blocks dense; no experts at all: every block dense)
+    moe_shared_expert_intermediate_size: int = 0
+    moe_shared_expert_gate: bool = False
+    moe_layer_freq: str = "1"
+    first_k_dense_replace: int = 0
     num_attention_heads: int = 4
     num_experts: int = 4
     vocab_size: int = 256  # the model's V: the checkpoint's padded_vocab_size (its token embedding's rows)
@@ -144,9 +153,18 @@ class ModelConfig:
     def from_checkpoint(config: dict, vocab_size: int) -> "ModelConfig":
         c = ModelConfig(vocab_size=vocab_size)
         for k in ("num_layers", "seq_length", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_experts",
-                  "moe_router_topk", "moe_min_capacity", "seed", "ampipe_degree"):
+                  "moe_router_topk", "moe_min_capacity", "seed", "ampipe_degree",
+                  "moe_shared_expert_intermediate_size", "first_k_dense_replace"):
             if k in config:
                 setattr(c, k, int(config[k]))
+        # metadata.json: ffn_hidden_size is the dense blocks' F, moe_ffn_hidden_size the experts'
+        if config.get("moe_ffn_hidden_size"):
+            c.dense_ffn_hidden_size = c.ffn_hidden_size
+            c.ffn_hidden_size = int(config["moe_ffn_hidden_size"])
+        if "moe_layer_freq" in config:
+            c.moe_layer_freq = str(config["moe_layer_freq"])
+        if "moe_shared_expert_gate" in config:
+            c.moe_shared_expert_gate = bool(config["moe_shared_expert_gate"])
         for k in ("moe_train_capacity_factor", "init_method_std"):
             if k in config:
                 setattr(c, k, float(config[k]))
@@ -177,6 +195,44 @@ class ModelConfig:
         if config.get("rotary_seq_len_interpolation_factor"):
             c.rotary_seq_len_interpolation_factor = int(config["rotary_seq_len_interpolation_factor"])
         return c
+
+
+def _list_expr(text: str):
+    """A Megatron --moe-layer-freq list expression ("[1,0]*2", "([0]+[1]*3)"): lists of ints, + and * only."""
+    import ast
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.List):
+            return [ev(e) for e in n.elts]
+        if isinstance(n, ast.Constant) and type(n.value) is int:
+            return n.value
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Mult)):
+            a, b = ev(n.left), ev(n.right)
+            return a + b if isinstance(n.op, ast.Add) else a * b
+        raise ValueError(f"--moe-layer-freq {text!r}: not a list expression of [...], + and *")
+
+    v = ev(ast.parse(text, mode="eval"))
+    if not isinstance(v, list):
+        raise ValueError(f"--moe-layer-freq {text!r} is not a list")
+    return v
+
+
+def moe_layers(c: ModelConfig):
+    """One flag per block (True: experts), docs/training.md: --moe-layer-freq k (block i has experts iff i % k == 0)
+    or its 0/1 list, then the first --first-k-dense-replace blocks dense; no experts: every block dense."""
+    if c.num_experts == 0:
+        return [False] * c.num_layers
+    f = c.moe_layer_freq.strip()
+    if f.isdigit():
+        moe = [i % int(f) == 0 for i in range(c.num_layers)]
+    else:
+        v = _list_expr(f)
+        if len(v) != c.num_layers:
+            raise ValueError(f"--moe-layer-freq {f} has {len(v)} entries for {c.num_layers} layers")
+        moe = [x == 1 for x in v]
+    return [m and i >= c.first_k_dense_replace for i, m in enumerate(moe)]
 
 
 def capacity(S: int, E: int, k: int, cf: float, min_cap: int) -> int:
@@ -284,6 +340,34 @@ class Attention(nn.Module):
         p = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
         o = (p @ v).permute(2, 0, 1, 3).reshape(s, b, h)
         return self.proj(o)
+
+
+class DenseMLP(nn.Module):
+    """docs/layer.md §6.11: the block's dense MLP of F_m, mlp = act(x2 W1m^T) W2m^T on every row (act as the
+    experts': GeLU, or SwiGLU with fc1 rows [0, F_m) the SiLU branch, [F_m, 2F_m) the linear one); with the gate
+    (--moe-shared-expert-gate) its output times s_t = sigmoid(x2_t . g) in fp32, g = mlp.gate.weight [1, h]."""
+
+    def __init__(self, c: ModelConfig, Fm: int, gated: bool):
+        super().__init__()
+        h = c.hidden_size
+        self.swiglu = c.swiglu
+        self.fc1 = _Weight(2 * Fm if c.swiglu else Fm, h)
+        self.fc2 = _Weight(h, Fm)
+        self.gated = gated
+        if gated:
+            self.gate = _Weight(1, h)
+
+    def forward(self, x):  # x [T, h]
+        h1 = x @ self.fc1.weight.t()
+        if self.swiglu:
+            a, g = h1.chunk(2, dim=-1)
+            act = F.silu(a) * g
+        else:
+            act = F.gelu(h1)
+        out = act @ self.fc2.weight.t()
+        if self.gated:
+            out = torch.sigmoid((x.float() @ self.gate.weight.float().t())).to(out.dtype) * out
+        return out
 
 
 class Experts(nn.Module):
@@ -407,21 +491,31 @@ class MoE(nn.Module):
 
 class Block(nn.Module):
     """docs/layer.md §7 in evaluation mode (both dropouts are the identity):
-    ln_in = x + proj(attn(LN1(x))); y = ln_in + MoE(LN2(ln_in))."""
+    ln_in = x + proj(attn(LN1(x))); y = ln_in + MoE(LN2(ln_in)) (+ the shared expert's mlp(LN2(ln_in)), §6.11);
+    a dense block (§6.11): y = ln_in + mlp(LN2(ln_in)), the MLP of the dense F_m, no router, no shared expert."""
 
-    def __init__(self, c: ModelConfig, layer_index: int):
+    def __init__(self, c: ModelConfig, layer_index: int, has_experts: bool = True):
         super().__init__()
         h = c.hidden_size
         self.ln1 = make_norm(c, h)
         self.attn = Attention(c)
         self.ln2 = make_norm(c, h)
-        self.moe = MoE(c, layer_index)
+        self.has_experts = has_experts
+        if has_experts:
+            self.moe = MoE(c, layer_index)
+            if c.moe_shared_expert_intermediate_size > 0:
+                self.mlp = DenseMLP(c, c.moe_shared_expert_intermediate_size, c.moe_shared_expert_gate)
+        else:
+            self.mlp = DenseMLP(c, c.dense_ffn_hidden_size or c.ffn_hidden_size, False)
 
     def forward(self, x, groups, token_base, stats=None):  # x [s, b, h]
         s, b, h = x.shape
         ln_in = x + self.attn(self.ln1(x))
-        moe = self.moe(self.ln2(ln_in).reshape(s * b, h), groups, token_base, stats)
-        return ln_in + moe.reshape(s, b, h)
+        x2 = self.ln2(ln_in).reshape(s * b, h)
+        out = self.moe(x2, groups, token_base, stats) if self.has_experts else torch.zeros_like(x2)
+        if hasattr(self, "mlp"):
+            out = out + self.mlp(x2)
+        return ln_in + out.reshape(s, b, h)
 
 
 def routing_groups(c: ModelConfig, b: int):
@@ -478,7 +572,7 @@ class GptMoE(nn.Module):
         super().__init__()
         self.c = c
         self.embedding = Embedding(c)
-        self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_layers))
+        self.layers = nn.ModuleList(Block(c, i, m) for i, m in enumerate(moe_layers(c)))
         self.final_layernorm = make_norm(c, c.hidden_size)
         if c.untie_embeddings_and_output_weights:
             self.output_layer = _Weight(c.vocab_size, c.hidden_size)
@@ -521,8 +615,15 @@ class GptMoE(nn.Module):
             if "layernorm" in name or ".ln" in name:
                 p.fill_(1.0 if name.endswith("weight") else 0.0)
         for i, layer in enumerate(self.layers):
-            for pid, p in ((2, layer.attn.qkv.weight), (3, layer.attn.proj.weight), (6, layer.moe.gate.weight),
-                           (7, layer.moe.experts.fc1.weight), (8, layer.moe.experts.fc2.weight)):
+            params = [(2, layer.attn.qkv.weight), (3, layer.attn.proj.weight)]
+            if layer.has_experts:
+                params += [(6, layer.moe.gate.weight), (7, layer.moe.experts.fc1.weight),
+                           (8, layer.moe.experts.fc2.weight)]
+            if hasattr(layer, "mlp"):
+                params += [(9, layer.mlp.fc1.weight), (10, layer.mlp.fc2.weight)]
+                if layer.mlp.gated:
+                    params.append((16, layer.mlp.gate.weight))
+            for pid, p in params:
                 fill(p, i, pid, True)
         fill(self.embedding.word_embeddings.weight, MODEL_KEY_LAYER, 1, False)
         if self.embedding.learned:

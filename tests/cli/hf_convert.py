@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Helpers of tests/cli/hf_convert.sh (`ampipe convert`):
 
-  make DIR --arch mixtral|qwen3 [--dtype f32|bf16] [--shards N] [--vocab V] [--tied] [--no-norm-topk-prob]
-       [--config-key KEY=JSON ...] [--drop-tensor NAME] [--bad-shape NAME]
+  make DIR --arch mixtral|qwen2|qwen3 [--dtype f32|bf16] [--shards N] [--vocab V] [--layers L] [--tied]
+       [--no-norm-topk-prob] [--config-key KEY=JSON ...] [--drop-tensor NAME] [--bad-shape NAME]
       a tiny Hugging Face model directory written by hand (config.json, model.safetensors or N shards with
-      model.safetensors.index.json), random weights (numpy, seeded)
+      model.safetensors.index.json), random weights (numpy, seeded). Qwen2-MoE: q/k/v biases, the shared expert
+      (F 48) and its gate; Qwen: the dense layers that config.json's decoder_sparse_step / mlp_only_layers (set with
+      --config-key) make, their MLP of intermediate_size (40 for Qwen2-MoE, 64 for Qwen3-MoE)
   compare A B        every tensor of Hugging Face directory A is in B with the same dtype, shape and bytes, and B has
                      no other; config.json's keys of A have the same values in B
   logits HF CKPT     the logits of tools/hf_moe.py on HF against tools/torch_gpt_moe.py on the ampipe checkpoint CKPT
@@ -57,11 +59,12 @@ def read_dir(d):
 
 def make(a):
     rng = np.random.default_rng(a.seed)
-    mixtral = a.arch == "mixtral"
-    h, n, g, F, E, L, V = 32, 4, 2, 24, 4, 2, a.vocab
+    mixtral, qwen2 = a.arch == "mixtral", a.arch == "qwen2"
+    h, n, g, F, E, L, V = 32, 4, 2, 24, 4, a.layers, a.vocab
     d = h // n
-    cfg = {"architectures": ["MixtralForCausalLM" if mixtral else "Qwen3MoeForCausalLM"],
-           "model_type": "mixtral" if mixtral else "qwen3_moe", "vocab_size": V, "hidden_size": h,
+    arch = {"mixtral": ("MixtralForCausalLM", "mixtral"), "qwen2": ("Qwen2MoeForCausalLM", "qwen2_moe"),
+            "qwen3": ("Qwen3MoeForCausalLM", "qwen3_moe")}[a.arch]
+    cfg = {"architectures": [arch[0]], "model_type": arch[1], "vocab_size": V, "hidden_size": h,
            "num_hidden_layers": L, "num_attention_heads": n, "num_key_value_heads": g, "hidden_act": "silu",
            "max_position_embeddings": 64, "initializer_range": 0.02, "rms_norm_eps": 1e-6, "use_cache": True,
            "tie_word_embeddings": a.tied, "rope_theta": 1000000.0, "attention_dropout": 0.0,
@@ -70,11 +73,17 @@ def make(a):
     if mixtral:
         cfg.update({"intermediate_size": F, "num_local_experts": E, "sliding_window": None,
                     "router_jitter_noise": 0.0})
+    elif qwen2:  # as Qwen1.5-MoE's config.json: a sliding_window size that use_sliding_window false leaves unused
+        cfg.update({"intermediate_size": 40, "moe_intermediate_size": F, "shared_expert_intermediate_size": 48,
+                    "num_experts": E, "norm_topk_prob": not a.no_norm_topk_prob, "use_sliding_window": False,
+                    "sliding_window": 4096, "max_window_layers": L, "decoder_sparse_step": 1,
+                    "mlp_only_layers": [], "rope_scaling": None})
     else:
         cfg.update({"intermediate_size": 64, "moe_intermediate_size": F, "num_experts": E, "head_dim": d,
                     "norm_topk_prob": not a.no_norm_topk_prob, "attention_bias": False, "use_sliding_window": False,
                     "sliding_window": None, "max_window_layers": L, "decoder_sparse_step": 1, "mlp_only_layers": [],
                     "rope_scaling": None})
+    qkv_bias = qwen2  # decided before --config-key, so that qkv_bias false can be tested against stored biases
     for kv in a.config_key:
         k, v = kv.split("=", 1)
         cfg[k] = json.loads(v)
@@ -83,6 +92,15 @@ def make(a):
     t = {"model.embed_tokens.weight": w(V, h, std=1.0), "model.norm.weight": norm(h)}
     if not a.tied:
         t["lm_head.weight"] = w(V, h)
+    # Hugging Face's Qwen rule: layer i has experts unless listed in mlp_only_layers or (i + 1) % step != 0
+    step, only = cfg.get("decoder_sparse_step") or 1, set(cfg.get("mlp_only_layers") or [])
+    sparse = [mixtral or (i not in only and (i + 1) % step == 0) for i in range(L)]
+
+    def swiglu(pre, Fm):
+        t[pre + "gate_proj.weight"] = w(Fm, h)
+        t[pre + "up_proj.weight"] = w(Fm, h)
+        t[pre + "down_proj.weight"] = w(h, Fm)
+
     for i in range(L):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = norm(h)
@@ -91,10 +109,20 @@ def make(a):
         t[p + "self_attn.k_proj.weight"] = w(g * d, h)
         t[p + "self_attn.v_proj.weight"] = w(g * d, h)
         t[p + "self_attn.o_proj.weight"] = w(h, n * d)
-        if not mixtral:
+        if qkv_bias:
+            t[p + "self_attn.q_proj.bias"] = w(n * d)
+            t[p + "self_attn.k_proj.bias"] = w(g * d)
+            t[p + "self_attn.v_proj.bias"] = w(g * d)
+        if a.arch == "qwen3":
             t[p + "self_attn.q_norm.weight"] = norm(d)
             t[p + "self_attn.k_norm.weight"] = norm(d)
+        if not sparse[i]:
+            swiglu(p + "mlp.", cfg["intermediate_size"])
+            continue
         moe = p + ("block_sparse_moe." if mixtral else "mlp.")
+        if qwen2:
+            swiglu(moe + "shared_expert.", cfg["shared_expert_intermediate_size"])
+            t[moe + "shared_expert_gate.weight"] = w(1, h, std=1.0)
         t[moe + "gate.weight"] = w(E, h, std=1.0)
         for e in range(E):
             names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
@@ -189,7 +217,8 @@ def main(argv):
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("dir")
-    m.add_argument("--arch", choices=["mixtral", "qwen3"], required=True)
+    m.add_argument("--arch", choices=["mixtral", "qwen2", "qwen3"], required=True)
+    m.add_argument("--layers", type=int, default=2)
     m.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     m.add_argument("--shards", type=int, default=1)
     m.add_argument("--vocab", type=int, default=256)

@@ -3,7 +3,7 @@
 # `ampipe convert` (train/hf_checkpoint.h) on tiny Hugging Face models written by hand (tests/cli/hf_convert.py make):
 #   1. HF -> ampipe -> HF gives every tensor back bit for bit (dtype, shape, bytes) and config.json's keys;
 #   2. the converted checkpoint's logits in tools/torch_gpt_moe.py (ampipe's layout) equal tools/hf_moe.py's (a
-#      PyTorch forward of Hugging Face's Mixtral / Qwen3-MoE under its own names) to 1e-5;
+#      PyTorch forward of Hugging Face's Mixtral / Qwen2-MoE / Qwen3-MoE under its own names) to 1e-5;
 #   3. `ampipe train --load CKPT --use-checkpoint-args --finetune --skip-train` logs the validation loss that
 #      tools/torch_eval.py --hf (the Hugging Face model on the same validation sequences) computes, to 1e-5 relative.
 # Cases:
@@ -12,11 +12,19 @@
 #                   (padded to 256 for the round trip; --make-vocab-size-divisible-by 8 for the loss, so that no
 #                   padding column joins the softmax)
 #   qwen3_no_norm   norm_topk_prob false (--moe-router-pre-softmax); ampipe evaluates it at AMPipe degree 2
+#   qwen3_dense     a dense layer (mlp_only_layers [0]: --moe-layer-freq [0,1,1], its MLP of intermediate_size)
+#   qwen2           Qwen2-MoE: bf16, q/k/v biases (--add-qkv-bias), the gated shared expert
+#                   (--moe-shared-expert-intermediate-size, --moe-shared-expert-gate), grouped-query attention, a
+#                   dense middle layer (mlp_only_layers [1]), norm_topk_prob false, untied head; the loss at AMPipe
+#                   degree 1 and 2
+#   qwen2_sparse_step  fp32, decoder_sparse_step 2 (layers 1 and 3 with experts), norm_topk_prob true, tied head
 #   bad_inputs      each refusal: one line naming the file or config.json key, exit 2
-#   layouts         (MPIRUN given) a converted Qwen3-MoE evaluated on 2 ranks at tp 2, ep 2 and cp 2 logs the loss of
-#                   one rank (the checkpoint holds full tensors; each layout takes its shards)
-#   not_expressible ampipe checkpoints of models Hugging Face's two cannot express are refused naming the flag; one
-#                   trained from scratch with their architecture converts (config.json built from its flags)
+#   layouts         (MPIRUN given) a converted Qwen3-MoE evaluated on 2 ranks at tp 2, ep 2 and cp 2, and a converted
+#                   Qwen2-MoE (biases, gated shared expert, a dense layer) at tp 2 and ep 2, log the loss of one rank
+#                   (the checkpoint holds full tensors; each layout takes its shards)
+#   not_expressible ampipe checkpoints of models Hugging Face's three cannot express are refused naming the flag;
+#                   ones trained from scratch with Qwen3-MoE's or Qwen2-MoE's architecture convert (config.json built
+#                   from their flags)
 # Exit 77 (CTest's skip) when no python3 can import numpy and torch.
 set -u
 bin=$1
@@ -66,6 +74,12 @@ loss() {
 print(f'validation loss: ampipe {a:.8e}, Hugging Face model {b:.8e}, relative difference {r:.2e}', 'ok' if r <= 1e-5 else 'FAIL (> 1e-5)')
 sys.exit(r > 1e-5)" "$a" "$t" || fail "the validation losses differ"
 }
+# meta CKPT STRING...: the converted checkpoint's metadata.json holds each STRING (its flags)
+meta() {
+  local m=$1/iter_0000000/metadata.json
+  shift
+  for want in "$@"; do grep -qF -- "$want" "$m" || fail "$m does not hold $want"; done
+}
 # refused MESSAGE-REGEX CONVERT-ARGS...: exit 2 and one error line matching
 refused() {
   local re=$1
@@ -104,6 +118,24 @@ case $case_name in
       fail "norm_topk_prob false is not --moe-router-pre-softmax"
     loss qn "$dir/qn.ck" --ampipe-degree 2 --use-flash-attn
     ;;
+  qwen3_dense)
+    roundtrip q3d --arch qwen3 --layers 3 --config-key 'mlp_only_layers=[0]'
+    meta "$dir/q3d.ck" '"moe_layer_freq": "[0,1,1]"' '"ffn_hidden_size": 64' '"moe_ffn_hidden_size": 24'
+    loss q3d "$dir/q3d.ck"
+    ;;
+  qwen2)
+    roundtrip q2 --arch qwen2 --dtype bf16 --layers 3 --no-norm-topk-prob --config-key 'mlp_only_layers=[1]'
+    meta "$dir/q2.ck" '"add_qkv_bias": true' '"moe_shared_expert_gate": true' \
+      '"moe_shared_expert_intermediate_size": 48' '"moe_layer_freq": "[1,0,1]"' '"ffn_hidden_size": 40' \
+      '"moe_router_pre_softmax": true' '"num_query_groups": 2'
+    loss q2 "$dir/q2.ck"
+    loss q2 "$dir/q2.ck" --ampipe-degree 2 --use-flash-attn
+    ;;
+  qwen2_sparse_step)
+    roundtrip qs --arch qwen2 --layers 4 --tied --config-key 'decoder_sparse_step=2' --config-key 'qkv_bias=true'
+    meta "$dir/qs.ck" '"moe_layer_freq": "[0,1,0,1]"' '"moe_router_pre_softmax": false'
+    loss qs "$dir/qs.ck"
+    ;;
   bad_inputs)
     refused "--load-dir .*/nothing: the directory does not exist" --load-dir "$dir/nothing" --save-dir "$dir/o"
     mkdir "$dir/empty"
@@ -112,7 +144,7 @@ case $case_name in
     helper make "$dir/badjson" --arch mixtral
     echo "{" >"$dir/badjson/config.json"
     refused "badjson/config.json: not valid JSON" --load-dir "$dir/badjson" --save-dir "$dir/o"
-    bad llama "\"architectures\" is \[\"LlamaForCausalLM\"\]: ampipe convert reads MixtralForCausalLM and Qwen3MoeForCausalLM only" \
+    bad llama "\"architectures\" is \[\"LlamaForCausalLM\"\]: ampipe convert reads MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM only" \
       --arch mixtral --config-key 'architectures=["LlamaForCausalLM"]'
     bad sw "config.json: \"sliding_window\" is 4096: sliding-window attention is not implemented" \
       --arch mixtral --config-key 'sliding_window=4096'
@@ -127,34 +159,60 @@ case $case_name in
     bad lt "\"layer_types\" holds \"sliding_attention\": every layer here has full attention" \
       --arch qwen3 --config-key 'layer_types=["full_attention","sliding_attention"]'
     bad f16 "\"torch_dtype\" is \"float16\"" --arch mixtral --config-key 'torch_dtype="float16"'
+    # Qwen2-MoE: sliding-window attention, a layer index out of range, no layer with experts, a missing shared expert
+    bad q2sw "config.json: \"use_sliding_window\" is true: sliding-window attention is not implemented" \
+      --arch qwen2 --config-key 'use_sliding_window=true'
+    bad q2only "config.json: \"mlp_only_layers\" holds 2: a layer index in \[0, num_hidden_layers 2\)" \
+      --arch qwen2 --config-key 'mlp_only_layers=[2]'
+    bad q2none "\"decoder_sparse_step\" 3 and \"mlp_only_layers\" \[\] leave no layer with experts" \
+      --arch qwen2 --config-key 'decoder_sparse_step=3'
+    bad q2shared "tensor model.layers.1.mlp.shared_expert_gate.weight is missing" \
+      --arch qwen2 --drop-tensor model.layers.1.mlp.shared_expert_gate.weight
+    # (make writes the biases before --config-key: qkv_bias false leaves them without a place)
+    bad q2bias "tensor model.layers.0.self_attn.k_proj.bias has no place in the Qwen2MoeForCausalLM model" \
+      --arch qwen2 --config-key 'qkv_bias=false'
     helper make "$dir/ok" --arch mixtral
     rm "$dir/ok/model.safetensors"
     refused "neither model.safetensors nor model.safetensors.index.json is there" --load-dir "$dir/ok" --save-dir "$dir/o"
     ;;
   layouts)
     [ ${#launch[@]} -gt 0 ] || fail "layouts needs MPIRUN..."
+    helper tokens "$dir/tokens.bin" 256 2000
+    val() { grep -Eo "validation loss at iteration 0 \| lm loss value: [0-9.E+-]+" "$dir/train.out" | awk '{print $NF}'; }
+    # layouts NAME LAYOUT...: the converted NAME's loss on one rank, then on 2 ranks in each LAYOUT
+    layouts() {
+      local name=$1
+      shift
+      local data=(--load "$dir/$name.ck" --use-checkpoint-args --finetune --skip-train --data-path "$dir/tokens.bin"
+                  --split 50,50,0 --micro-batch-size 2 --global-batch-size 4 --eval-iters 2 --moe-model-type megatron_moe)
+      "$bin" train "${data[@]}" >"$dir/train.out" 2>&1 || fail "ampipe train (one rank) failed"
+      local one layout
+      one=$(val)
+      for layout in "$@"; do
+        # shellcheck disable=SC2086
+        "${launch[@]}" -np 2 "$bin" train "${data[@]}" $layout >"$dir/train.out" 2>&1 ||
+          fail "ampipe train $layout ($name) failed"
+        "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(a)
+print(f'validation loss, {sys.argv[3]}: {b:.6e} vs one rank {a:.6e}, relative difference {r:.1e}', 'ok' if r <= 1e-5 else 'FAIL')
+sys.exit(r > 1e-5)" "$one" "$(val)" "$name $layout" || fail "$layout differs ($name)"
+      done
+    }
     helper make "$dir/ql" --arch qwen3 || fail "could not write the model"
     convert --load-dir "$dir/ql" --save-dir "$dir/ql.ck" --seq-length 16
-    helper tokens "$dir/tokens.bin" 256 2000
-    data=(--load "$dir/ql.ck" --use-checkpoint-args --finetune --skip-train --data-path "$dir/tokens.bin"
-          --split 50,50,0 --micro-batch-size 2 --global-batch-size 4 --eval-iters 2 --moe-model-type megatron_moe)
-    val() { grep -Eo "validation loss at iteration 0 \| lm loss value: [0-9.E+-]+" "$dir/train.out" | awk '{print $NF}'; }
-    "$bin" train "${data[@]}" >"$dir/train.out" 2>&1 || fail "ampipe train (one rank) failed"
-    one=$(val)
-    for layout in "--tensor-model-parallel-size 2" "--expert-model-parallel-size 2" \
-                  "--context-parallel-size 2 --ampipe-degree 2 --use-flash-attn"; do
-      # shellcheck disable=SC2086
-      "${launch[@]}" -np 2 "$bin" train "${data[@]}" $layout >"$dir/train.out" 2>&1 || fail "ampipe train $layout failed"
-      "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); r = abs(a - b) / abs(a)
-print(f'validation loss, {sys.argv[3]}: {b:.6e} vs one rank {a:.6e}, relative difference {r:.1e}', 'ok' if r <= 1e-5 else 'FAIL')
-sys.exit(r > 1e-5)" "$one" "$(val)" "$layout" || fail "$layout differs"
-    done
+    layouts ql "--tensor-model-parallel-size 2" "--expert-model-parallel-size 2" \
+      "--context-parallel-size 2 --ampipe-degree 2 --use-flash-attn"
+    # Qwen2-MoE: the q/k/v biases cut as the qkv rows, the shared expert's and the dense layer's MLP column/row
+    # parallel, the shared expert's gate whole on every rank
+    helper make "$dir/q2l" --arch qwen2 --layers 3 --no-norm-topk-prob --config-key 'mlp_only_layers=[1]' ||
+      fail "could not write the model"
+    convert --load-dir "$dir/q2l" --save-dir "$dir/q2l.ck" --seq-length 16
+    layouts q2l "--tensor-model-parallel-size 2 --sequence-parallel" "--expert-model-parallel-size 2"
     ;;
-  not_expressible)  # ampipe models Hugging Face's two cannot express: one line naming the flag
+  not_expressible)  # ampipe models Hugging Face's three cannot express: one line naming the flag
     small=(--num-layers 1 --seq-length 16 --hidden-size 32 --ffn-hidden-size 24 --num-attention-heads 4
            --num-experts 4 --train-iters 1 --eval-iters 0)
     "$bin" train "${small[@]}" --save "$dir/ln" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
-    refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM and Qwen3MoeForCausalLM cannot express it" \
+    refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM cannot express it" \
       --load-dir "$dir/ln" --save-dir "$dir/o"
     "$bin" train "${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope \
       --save "$dir/ds" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
@@ -166,6 +224,35 @@ sys.exit(r > 1e-5)" "$one" "$(val)" "$layout" || fail "$layout differs"
     convert --load-dir "$dir/q" --save-dir "$dir/q.hf"
     grep -q '"Qwen3MoeForCausalLM"' "$dir/q.hf/config.json" || fail "not written as Qwen3MoeForCausalLM"
     helper logits "$dir/q.hf" "$dir/q" || fail "the logits differ"
+    # Qwen2-MoE's pieces without the rest: each refused naming the flag
+    rms=("${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope --moe-model-type megatron_moe)
+    "$bin" train "${rms[@]}" --moe-shared-expert-intermediate-size 16 --save "$dir/sh" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    refused "a shared expert without --moe-shared-expert-gate \(Qwen2-MoE's shared expert is gated\)" \
+      --load-dir "$dir/sh" --save-dir "$dir/o"
+    "$bin" train "${rms[@]}" --add-qkv-bias --save "$dir/qb" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
+    refused "--add-qkv-bias without a gated shared expert" --load-dir "$dir/qb" --save-dir "$dir/o"
+    "$bin" train "${rms[@]}" --moe-router-pre-softmax --save "$dir/ps" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    refused "--moe-router-pre-softmax \(norm_topk_prob false\) without --qk-layernorm or a gated shared expert" \
+      --load-dir "$dir/ps" --save-dir "$dir/o"
+    # trained from scratch with Qwen2-MoE's pieces (q/k/v biases, a gated shared expert, a dense block of its own F,
+    # grouped-query attention): a Qwen2-MoE, its dense layer in mlp_only_layers
+    "$bin" train --num-layers 2 --seq-length 16 --hidden-size 32 --ffn-hidden-size 40 --moe-ffn-hidden-size 24 \
+      --num-attention-heads 4 --group-query-attention --num-query-groups 2 --num-experts 4 --train-iters 1 \
+      --eval-iters 0 --normalization RMSNorm --swiglu --position-embedding-type rope --moe-model-type megatron_moe \
+      --add-qkv-bias --moe-shared-expert-intermediate-size 16 --moe-shared-expert-gate --moe-router-pre-softmax \
+      --moe-layer-freq "[0,1]" --untie-embeddings-and-output-weights --save "$dir/q2" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    convert --load-dir "$dir/q2" --save-dir "$dir/q2.hf"
+    "$py" -c "import json, sys; c = json.load(open(sys.argv[1]))
+want = {'architectures': ['Qwen2MoeForCausalLM'], 'mlp_only_layers': [0], 'decoder_sparse_step': 1, 'qkv_bias': True,
+        'intermediate_size': 40, 'moe_intermediate_size': 24, 'shared_expert_intermediate_size': 16,
+        'norm_topk_prob': False, 'num_key_value_heads': 2}
+bad = {k: c.get(k) for k in want if c.get(k) != want[k]}
+print('config.json:', 'ok' if not bad else f'differs: {bad}'); sys.exit(bool(bad))" "$dir/q2.hf/config.json" ||
+      fail "the Qwen2-MoE config.json is not the model's"
+    helper logits "$dir/q2.hf" "$dir/q2" || fail "the logits differ"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

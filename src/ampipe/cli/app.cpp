@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   pp.add_to(*pp_cmd);
   ConvertArgs cv;
   CLI::App* cv_cmd = app.add_subcommand(
-      "convert", "a Hugging Face Mixtral or Qwen3-MoE checkpoint into an ampipe train checkpoint, or back");
+      "convert", "a Hugging Face Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint into an ampipe train checkpoint, or back");
   cv.add_to(*cv_cmd);
 
   // Every flag, its help group and whether it is a path (an empty one is refused) come from flag_registry.cpp.

@@ -1,8 +1,8 @@
 // `ampipe convert --load-dir DIR --save-dir OUT` (Megatron's tools/checkpoint/convert.py spelling): a Hugging Face
-// Mixtral or Qwen3-MoE directory (config.json + safetensors) into an ampipe train checkpoint (for `ampipe train
-// --load OUT --use-checkpoint-args` or `--finetune`), or an ampipe checkpoint back into a Hugging Face directory.
-// The direction follows from what --load-dir holds (config.json: Hugging Face). One rank. The mapping and its rules
-// are train/hf_checkpoint.h's; docs/training.md, "Converting Hugging Face checkpoints".
+// Mixtral, Qwen2-MoE or Qwen3-MoE directory (config.json + safetensors) into an ampipe train checkpoint (for
+// `ampipe train --load OUT --use-checkpoint-args` or `--finetune`), or an ampipe checkpoint back into a Hugging Face
+// directory. The direction follows from what --load-dir holds (config.json: Hugging Face). One rank. The mapping and
+// its rules are train/hf_checkpoint.h's; docs/training.md, "Converting Hugging Face checkpoints".
 #pragma once
 
 #include <CLI/CLI.hpp>

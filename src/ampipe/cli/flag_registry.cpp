@@ -183,8 +183,8 @@ constexpr const char* kSaveOptim =
     "the checkpoints always hold the optimizer state here (a resume continues the run exactly); --no-load-optim loads "
     "without it";
 constexpr const char* kNoHf =
-    "training reads and writes ampipe checkpoints (--save, --load); ampipe convert turns a Hugging Face Mixtral or "
-    "Qwen3-MoE into one and back";
+    "training reads and writes ampipe checkpoints (--save, --load); ampipe convert turns a Hugging Face Mixtral, "
+    "Qwen2-MoE or Qwen3-MoE into one and back";
 constexpr const char* kNoModelOpt = "ModelOpt distillation and export are not implemented";
 constexpr const char* kNoSft =
     "fine-tuning datasets (instruction prompts, packing, padding) are not read here: training reads a token stream "
@@ -1230,8 +1230,8 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
   add_preprocess_json_flags(v);
   const unsigned V = kConvert;
   v.push_back(flag("--load-dir", V, kGroupCheckpoint, G::text,
-                   "a Hugging Face Mixtral or Qwen3-MoE directory (config.json, model.safetensors or its shards) to "
-                   "convert into an ampipe checkpoint, or an ampipe checkpoint directory to convert into one",
+                   "a Hugging Face Mixtral, Qwen2-MoE or Qwen3-MoE directory (config.json, model.safetensors or its "
+                   "shards) to convert into an ampipe checkpoint, or an ampipe checkpoint directory to convert into one",
                    AT(convert->load_dir), kPath | kRequired));
   v.push_back(flag("--save-dir", V, kGroupCheckpoint, G::text, "the directory to write the converted checkpoint to",
                    AT(convert->save_dir), kPath | kRequired));

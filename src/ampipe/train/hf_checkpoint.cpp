@@ -28,10 +28,16 @@ using nlohmann::json;
 
 namespace {
 
-enum class Arch { mixtral, qwen3_moe };
+enum class Arch { mixtral, qwen2_moe, qwen3_moe };
 constexpr const char* kMixtral = "MixtralForCausalLM";
+constexpr const char* kQwen2Moe = "Qwen2MoeForCausalLM";
 constexpr const char* kQwen3Moe = "Qwen3MoeForCausalLM";
-const char* arch_name(Arch a) { return a == Arch::mixtral ? kMixtral : kQwen3Moe; }
+const char* arch_name(Arch a) { return a == Arch::mixtral ? kMixtral : a == Arch::qwen2_moe ? kQwen2Moe : kQwen3Moe; }
+const char* model_type(Arch a) {
+  return a == Arch::mixtral ? "mixtral" : a == Arch::qwen2_moe ? "qwen2_moe" : "qwen3_moe";
+}
+// The three, for the error lines.
+const std::string kArchs = fmt::format("{}, {} and {}", kMixtral, kQwen2Moe, kQwen3Moe);
 
 std::string read_file(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
@@ -90,26 +96,61 @@ struct HfConfig {
 Arch arch_of(const HfConfig& hc) {
   const json& a = hc.need("architectures");
   if (!a.is_array() || a.size() != 1 || !a[0].is_string())
-    throw ConfigError(fmt::format("{}: \"architectures\" is {}: it must name one model ({} or {})", hc.path, a.dump(),
-                                  kMixtral, kQwen3Moe));
+    throw ConfigError(fmt::format("{}: \"architectures\" is {}: it must name one model ({})", hc.path, a.dump(),
+                                  kArchs));
   const std::string name = a[0].get<std::string>();
   if (name == kMixtral) return Arch::mixtral;
+  if (name == kQwen2Moe) return Arch::qwen2_moe;
   if (name == kQwen3Moe) return Arch::qwen3_moe;
-  throw ConfigError(fmt::format("{}: \"architectures\" is [\"{}\"]: ampipe convert reads {} and {} only", hc.path, name,
-                                kMixtral, kQwen3Moe));
+  throw ConfigError(
+      fmt::format("{}: \"architectures\" is [\"{}\"]: ampipe convert reads {} only", hc.path, name, kArchs));
+}
+
+// Which layers of a Qwen2-MoE / Qwen3-MoE have experts (one flag per layer): layer i does unless it is in
+// mlp_only_layers or (i + 1) % decoder_sparse_step != 0 (Hugging Face's rule; the others are dense, their MLP of
+// intermediate_size). Mixtral's layers all have experts.
+std::vector<bool> qwen_moe_layers(const HfConfig& hc, int num_layers) {
+  const int64_t step = hc.j.contains("decoder_sparse_step") && !hc.j["decoder_sparse_step"].is_null()
+                           ? hc.integer("decoder_sparse_step")
+                           : 1;
+  std::vector<bool> moe(size_t(num_layers), true);
+  for (int i = 0; i < num_layers; ++i) moe[size_t(i)] = (i + 1) % step == 0;
+  if (hc.j.contains("mlp_only_layers") && !hc.j["mlp_only_layers"].is_null()) {
+    const json& only = hc.j["mlp_only_layers"];
+    if (!only.is_array())
+      throw ConfigError(fmt::format("{}: \"mlp_only_layers\" is {}: it must be a list of layer indices", hc.path,
+                                    only.dump()));
+    for (const json& v : only) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= num_layers)
+        throw ConfigError(fmt::format("{}: \"mlp_only_layers\" holds {}: a layer index in [0, num_hidden_layers {})",
+                                      hc.path, v.dump(), num_layers));
+      moe[size_t(v.get<int64_t>())] = false;
+    }
+  }
+  if (std::find(moe.begin(), moe.end(), true) == moe.end())
+    throw ConfigError(fmt::format("{}: \"decoder_sparse_step\" {} and \"mlp_only_layers\" {} leave no layer with "
+                                  "experts: ampipe convert reads MoE models",
+                                  hc.path, step, hc.j.value("mlp_only_layers", json::array()).dump()));
+  return moe;
 }
 
 // The values of config.json that ampipe's model cannot express: one line each, naming the key and the value.
-void refuse_unsupported(const HfConfig& hc) {
+void refuse_unsupported(const HfConfig& hc, Arch arch) {
   hc.require("hidden_act", "silu", "the experts here are SwiGLU (SiLU gate), so it must be \"silu\"");
   hc.require("rope_scaling", json(), "RoPE scaling of Hugging Face's kinds is not converted (it must be null)");
-  hc.require("sliding_window", json(), "sliding-window attention is not implemented (it must be null)");
+  // Qwen's models read sliding_window only with use_sliding_window (their configs often hold a size with false)
+  if (arch == Arch::mixtral)
+    hc.require("sliding_window", json(), "sliding-window attention is not implemented (it must be null)");
   hc.require("use_sliding_window", false, "sliding-window attention is not implemented (it must be false)");
-  hc.require("attention_bias", false, "the attention here has no biases (it must be false)");
+  // Qwen2-MoE's q/k/v biases are its own key (qkv_bias, config_from_hf); attention_bias is not one of its keys
+  if (arch != Arch::qwen2_moe)
+    hc.require("attention_bias", false, "the attention here has no biases (it must be false)");
   hc.require("mlp_bias", false, "the experts here have no biases (it must be false)");
   hc.require("router_jitter_noise", 0.0, "Megatron-Core's router here has no jitter (it must be 0)");
-  hc.require("decoder_sparse_step", 1, "every layer here is an MoE layer (it must be 1)");
-  hc.require("mlp_only_layers", json::array(), "every layer here is an MoE layer (it must be [])");
+  if (arch == Arch::mixtral) {  // Qwen's dense layers: qwen_moe_layers
+    hc.require("decoder_sparse_step", 1, "every layer of a Mixtral here is an MoE layer (it must be 1)");
+    hc.require("mlp_only_layers", json::array(), "every layer of a Mixtral here is an MoE layer (it must be [])");
+  }
   for (const char* key : {"torch_dtype", "dtype"})  // transformers 5 writes "dtype"
     if (hc.j.contains(key) && hc.j[key] == "float16")
       throw ConfigError(
@@ -152,9 +193,27 @@ TrainConfig config_from_hf(const HfConfig& hc, Arch arch, const HfConvertOptions
   l.num_experts = hc.integer(arch == Arch::mixtral ? "num_local_experts" : "num_experts");
   l.moe_router_topk = int(hc.integer("num_experts_per_tok"));
   l.moe_router = model::Router::megatron;
-  // Mixtral renormalises the top-k softmax weights; Qwen3-MoE only with norm_topk_prob (else the probabilities
-  // themselves: Megatron's pre-softmax). Megatron's softmax over the chosen logits is that renormalisation.
-  l.moe_router_pre_softmax = arch == Arch::qwen3_moe && !hc.flag("norm_topk_prob", false);
+  // Mixtral renormalises the top-k softmax weights; Qwen2-MoE and Qwen3-MoE only with norm_topk_prob (else the
+  // probabilities themselves: Megatron's pre-softmax). Megatron's softmax over the chosen logits is that
+  // renormalisation.
+  l.moe_router_pre_softmax = arch != Arch::mixtral && !hc.flag("norm_topk_prob", false);
+  if (arch == Arch::qwen2_moe) {
+    // Qwen2-MoE's shared expert (SwiGLU of shared_expert_intermediate_size, every token) is always gated:
+    // sigmoid(x . shared_expert_gate) times its output, added to the routed experts' (docs/layer.md §6.11).
+    l.mlp_ffn_hidden_size = hc.integer("shared_expert_intermediate_size");
+    l.moe_shared_expert_gate = true;
+    // q/k/v_proj have biases (o_proj none); newer transformers name it qkv_bias, older ones always have them
+    l.add_qkv_bias = hc.flag("qkv_bias", true);
+  }
+  if (arch != Arch::mixtral) {  // dense layers (intermediate_size) where Hugging Face's rule puts them
+    const std::vector<bool> moe = qwen_moe_layers(hc, c.num_layers);
+    if (std::find(moe.begin(), moe.end(), false) != moe.end()) {
+      std::string freq = "[";  // --moe-layer-freq as a list: Megatron's integer form counts from layer 0
+      for (size_t i = 0; i < moe.size(); ++i) freq += fmt::format("{}{}", i ? "," : "", moe[i] ? 1 : 0);
+      c.moe_layer_freq = freq + "]";
+      c.dense_ffn_hidden_size = hc.integer("intermediate_size");
+    }
+  }
   l.expert = model::ExpertKind::swiglu;
   l.normalization = model::Normalization::rmsnorm;
   l.layernorm_epsilon = float(hc.number("rms_norm_eps", 1e-6));
@@ -186,10 +245,18 @@ TrainConfig config_from_hf(const HfConfig& hc, Arch arch, const HfConvertOptions
 // The Hugging Face names of layer i's tensors.
 struct HfLayerNames {
   std::string ln1, q, k, v, o, q_norm, k_norm, ln2, gate;
-  std::string expert(int64_t e, int which) const {  // which: 1 the SiLU branch, 3 the linear one, 2 the down-projection
+  std::string q_bias, k_bias, v_bias;             // Qwen2-MoE
+  std::string dense, shared_expert, shared_gate;  // the dense layer's MLP, Qwen2-MoE's shared expert and its gate
+  // which: 1 the SiLU branch, 3 the linear one, 2 the down-projection
+  std::string expert(int64_t e, int which) const {
     static const char* const kMixtral[] = {"", "w1", "w2", "w3"};
+    return mixtral ? fmt::format("{}.experts.{}.{}.weight", moe, e, kMixtral[which])
+                   : mlp(fmt::format("{}.experts.{}", moe, e), which);
+  }
+  // A Qwen SwiGLU MLP's tensors under `prefix` (an expert, the shared expert, a dense layer's MLP).
+  static std::string mlp(const std::string& prefix, int which) {
     static const char* const kQwen[] = {"", "gate_proj", "down_proj", "up_proj"};
-    return fmt::format("{}.experts.{}.{}.weight", moe, e, (mixtral ? kMixtral : kQwen)[which]);
+    return fmt::format("{}.{}.weight", prefix, kQwen[which]);
   }
   std::string moe;
   bool mixtral = true;
@@ -205,9 +272,15 @@ HfLayerNames hf_layer_names(Arch arch, int i) {
   n.o = p + "self_attn.o_proj.weight";
   n.q_norm = p + "self_attn.q_norm.weight";
   n.k_norm = p + "self_attn.k_norm.weight";
+  n.q_bias = p + "self_attn.q_proj.bias";
+  n.k_bias = p + "self_attn.k_proj.bias";
+  n.v_bias = p + "self_attn.v_proj.bias";
   n.ln2 = p + "post_attention_layernorm.weight";
   n.moe = p + (n.mixtral ? "block_sparse_moe" : "mlp");
   n.gate = n.moe + ".gate.weight";
+  n.dense = p + "mlp";
+  n.shared_expert = n.moe + ".shared_expert";
+  n.shared_gate = n.moe + ".shared_expert_gate.weight";
   return n;
 }
 
@@ -271,7 +344,7 @@ HfTensors read_hf_tensors(const std::string& dir) {
 
 // One layer's ampipe tensors from the Hugging Face ones (full tensors, fp32).
 void layer_from_hf(const TrainConfig& c, Arch arch, int i, HfTensors& hf, std::map<std::string, Tensor>& out) {
-  const model::LayerConfig& l = c.layer;
+  const model::LayerConfig l = c.layer_config(i);  // a dense layer's, or the MoE layers'
   const int64_t h = l.hidden_size, d = l.head_dim(), n = l.num_attention_heads, g = l.query_groups(),
                 F = l.ffn_hidden_size, E = l.num_experts;
   const HfLayerNames nm = hf_layer_names(arch, i);
@@ -282,12 +355,37 @@ void layer_from_hf(const TrainConfig& c, Arch arch, int i, HfTensors& hf, std::m
   qkv.rows(n * d, (n + g) * d).copy_from(hf.take(nm.k, {g * d, h}));
   qkv.rows((n + g) * d, (n + 2 * g) * d).copy_from(hf.take(nm.v, {g * d, h}));
   out[p + "attn.qkv.weight"] = qkv;
+  if (l.add_qkv_bias) {  // the bias's rows as the weight's
+    Tensor b = Tensor::empty({(n + 2 * g) * d});
+    b.rows(0, n * d).copy_from(hf.take(nm.q_bias, {n * d}));
+    b.rows(n * d, (n + g) * d).copy_from(hf.take(nm.k_bias, {g * d}));
+    b.rows((n + g) * d, (n + 2 * g) * d).copy_from(hf.take(nm.v_bias, {g * d}));
+    out[p + "attn.qkv.bias"] = b;
+  }
   if (l.qk_layernorm) {
     out[p + "attn.q_layernorm.weight"] = hf.take(nm.q_norm, {d});
     out[p + "attn.k_layernorm.weight"] = hf.take(nm.k_norm, {d});
   }
   out[p + "attn.proj.weight"] = hf.take(nm.o, {h, n * d});
   out[p + "ln2.weight"] = hf.take(nm.ln2, {h});
+  // The dense MLP (a dense layer's, or the shared expert): fc1 rows [gate_proj (SiLU branch) | up_proj], as the
+  // experts' (docs/layer.md §6.11)
+  auto dense_mlp = [&](const std::string& prefix) {
+    const int64_t Fm = l.mlp_ffn_hidden_size;
+    Tensor fc1 = Tensor::empty({2 * Fm, h});
+    fc1.rows(0, Fm).copy_from(hf.take(HfLayerNames::mlp(prefix, 1), {Fm, h}));
+    fc1.rows(Fm, 2 * Fm).copy_from(hf.take(HfLayerNames::mlp(prefix, 3), {Fm, h}));
+    out[p + "mlp.fc1.weight"] = fc1;
+    out[p + "mlp.fc2.weight"] = hf.take(HfLayerNames::mlp(prefix, 2), {h, Fm});
+  };
+  if (l.dense()) {
+    dense_mlp(nm.dense);
+    return;
+  }
+  if (l.has_mlp()) {
+    dense_mlp(nm.shared_expert);
+    out[p + "mlp.gate.weight"] = hf.take(nm.shared_gate, {1, h});
+  }
   out[p + "moe.gate.weight"] = hf.take(nm.gate, {E, h});
   Tensor fc1 = Tensor::empty({E, 2 * F, h}), fc2 = Tensor::empty({E, h, F});
   for (int64_t e = 0; e < E; ++e) {
@@ -332,13 +430,13 @@ std::map<std::string, Tensor> ampipe_tensors(const TrainConfig& c, Arch arch, Hf
 
 // ------------------------------------------------------------------------------------------ ampipe -> HF
 
-// The architecture a checkpoint's model is, or one line saying which flag Hugging Face's two cannot express.
+// The architecture a checkpoint's model is, or one line saying which flag Hugging Face's three cannot express.
 Arch hf_arch_of(const TrainConfig& c, const std::string& where) {
   const model::LayerConfig& l = c.layer;
   auto refuse = [&](const std::string& what) {
-    throw ConfigError(
-        fmt::format("{}: {}: Hugging Face's {} and {} cannot express it", where, what, kMixtral, kQwen3Moe));
+    throw ConfigError(fmt::format("{}: {}: Hugging Face's {} cannot express it", where, what, kArchs));
   };
+  if (c.dense || l.dense()) refuse("a dense GPT (no --num-experts; they are MoE models)");
   if (!l.rmsnorm()) refuse("--normalization LayerNorm (they use RMSNorm)");
   if (l.expert != model::ExpertKind::swiglu) refuse("GeLU experts (they use SwiGLU: --swiglu)");
   if (!l.rope())
@@ -351,13 +449,39 @@ Arch hf_arch_of(const TrainConfig& c, const std::string& where) {
   if (l.moe_router_score_function != model::ScoreFunction::softmax) refuse("--moe-router-score-function sigmoid");
   if (l.moe_router_num_groups > 0) refuse("group-limited routing (--moe-router-num-groups)");
   if (l.moe_router_enable_expert_bias) refuse("--moe-router-enable-expert-bias");
-  if (l.add_qkv_bias) refuse("--add-qkv-bias (their attention projections have no biases)");
-  if (l.moe_shared_expert_gate) refuse("--moe-shared-expert-gate (their experts have no gated shared expert)");
   if (l.moe_router_topk_scaling_factor != 0 && l.moe_router_topk_scaling_factor != 1)
     refuse(fmt::format("--moe-router-topk-scaling-factor {}", l.moe_router_topk_scaling_factor));
+  const std::vector<bool> moe = c.moe_layers();
+  const bool dense_layers = std::find(moe.begin(), moe.end(), false) != moe.end();
+  // Qwen2-MoE: a shared expert, always gated, q/k/v biases (or none: qkv_bias false), no q/k norms
+  if (l.has_mlp()) {
+    if (!l.moe_shared_expert_gate)
+      refuse("a shared expert without --moe-shared-expert-gate (Qwen2-MoE's shared expert is gated)");
+    if (l.qk_layernorm) refuse("--qk-layernorm with a shared expert (Qwen2-MoE has no q/k norms, Qwen3-MoE no shared "
+                               "expert)");
+    return Arch::qwen2_moe;
+  }
+  if (l.add_qkv_bias)
+    refuse("--add-qkv-bias without a gated shared expert (Qwen2-MoE has both, the others' q/k/v have no biases)");
+  // Qwen3-MoE: q/k norms (it always has them)
   if (l.qk_layernorm) return Arch::qwen3_moe;
-  if (l.moe_router_pre_softmax) return Arch::qwen3_moe;  // norm_topk_prob false
+  // Mixtral: every layer MoE, the top-k weights renormalised
+  if (dense_layers)
+    refuse("dense blocks (--moe-layer-freq, --first-k-dense-replace) without --qk-layernorm or a gated shared expert "
+           "(Mixtral has none; Qwen3-MoE has q/k norms, Qwen2-MoE a shared expert)");
+  if (l.moe_router_pre_softmax)
+    refuse("--moe-router-pre-softmax (norm_topk_prob false) without --qk-layernorm or a gated shared expert "
+           "(Mixtral renormalises; Qwen3-MoE has q/k norms, Qwen2-MoE a shared expert)");
   return Arch::mixtral;
+}
+
+// Whether a stored config.json's decoder_sparse_step and mlp_only_layers give these layers experts.
+bool same_moe_layers(const json& j, const std::vector<bool>& moe) {
+  try {
+    return qwen_moe_layers(HfConfig{j, "config.json"}, int(moe.size())) == moe;
+  } catch (const ConfigError&) {
+    return false;
+  }
 }
 
 // config.json: the stored one (a converted model) or a new one, with the model's keys set from `c`.
@@ -369,7 +493,7 @@ json hf_config_json(const TrainConfig& c, Arch arch, const json& stored, const s
     if (!j.contains(key)) j[key] = v;
   };
   put("architectures", json::array({arch_name(arch)}));
-  put("model_type", arch == Arch::mixtral ? "mixtral" : "qwen3_moe");
+  put("model_type", model_type(arch));
   put("hidden_size", l.hidden_size);
   put("num_hidden_layers", c.num_layers);
   put("num_attention_heads", l.num_attention_heads);
@@ -397,16 +521,32 @@ json hf_config_json(const TrainConfig& c, Arch arch, const json& stored, const s
   put_default("torch_dtype", dtype == "BF16" ? "bfloat16" : "float32");
   if (arch == Arch::mixtral) {
     put_default("router_jitter_noise", 0.0);
-  } else {
-    put("head_dim", l.head_dim());
-    put("norm_topk_prob", !l.moe_router_pre_softmax);
-    put_default("intermediate_size", l.ffn_hidden_size);
-    put_default("attention_bias", false);
-    put_default("use_sliding_window", false);
-    put_default("max_window_layers", c.num_layers);
-    put_default("decoder_sparse_step", 1);
-    put_default("mlp_only_layers", json::array());
+    return j;
   }
+  put("norm_topk_prob", !l.moe_router_pre_softmax);
+  if (arch == Arch::qwen3_moe) {
+    put("head_dim", l.head_dim());
+    put_default("attention_bias", false);
+  } else {
+    put("shared_expert_intermediate_size", l.mlp_ffn_hidden_size);
+    put("qkv_bias", l.add_qkv_bias);
+  }
+  put_default("use_sliding_window", false);
+  put_default("max_window_layers", c.num_layers);
+  // The dense layers: the stored keys when they give the same layers, else mlp_only_layers lists them
+  const std::vector<bool> moe = c.moe_layers();
+  if (!same_moe_layers(j, moe)) {
+    json only = json::array();
+    for (size_t i = 0; i < moe.size(); ++i)
+      if (!moe[i]) only.push_back(i);
+    put("decoder_sparse_step", 1);
+    put("mlp_only_layers", only);
+  }
+  put_default("decoder_sparse_step", 1);  // (a config.json built from the flags says it too)
+  put_default("mlp_only_layers", json::array());
+  const int64_t dense_F = c.dense_ffn_hidden_size > 0 ? c.dense_ffn_hidden_size : l.ffn_hidden_size;
+  if (std::find(moe.begin(), moe.end(), false) != moe.end()) put("intermediate_size", dense_F);
+  else put_default("intermediate_size", arch == Arch::qwen2_moe ? l.mlp_ffn_hidden_size : dense_F);
   return j;
 }
 
@@ -419,6 +559,7 @@ core::TensorMap hf_tensors(const TrainConfig& c, Arch arch, std::map<std::string
   auto put = [&](const std::string& name, const Tensor& t) { out[name] = t.to(dtype); };
   put("model.embed_tokens.weight", p["embedding.word_embeddings.weight"].rows(0, V));
   for (int i = 0; i < c.num_layers; ++i) {
+    const model::LayerConfig li = c.layer_config(i);
     const HfLayerNames nm = hf_layer_names(arch, i);
     const std::string q = fmt::format("layers.{}.", i);
     const Tensor qkv = p[q + "attn.qkv.weight"];
@@ -426,12 +567,33 @@ core::TensorMap hf_tensors(const TrainConfig& c, Arch arch, std::map<std::string
     put(nm.q, qkv.rows(0, n * d));
     put(nm.k, qkv.rows(n * d, (n + g) * d));
     put(nm.v, qkv.rows((n + g) * d, (n + 2 * g) * d));
+    if (l.add_qkv_bias) {
+      const Tensor b = p[q + "attn.qkv.bias"];
+      put(nm.q_bias, b.rows(0, n * d));
+      put(nm.k_bias, b.rows(n * d, (n + g) * d));
+      put(nm.v_bias, b.rows((n + g) * d, (n + 2 * g) * d));
+    }
     if (l.qk_layernorm) {
       put(nm.q_norm, p[q + "attn.q_layernorm.weight"]);
       put(nm.k_norm, p[q + "attn.k_layernorm.weight"]);
     }
     put(nm.o, p[q + "attn.proj.weight"]);
     put(nm.ln2, p[q + "ln2.weight"]);
+    auto dense_mlp = [&](const std::string& prefix) {  // fc1 rows [gate_proj | up_proj]
+      const int64_t Fm = li.mlp_ffn_hidden_size;
+      const Tensor fc1 = p[q + "mlp.fc1.weight"];
+      put(HfLayerNames::mlp(prefix, 1), fc1.rows(0, Fm));
+      put(HfLayerNames::mlp(prefix, 3), fc1.rows(Fm, 2 * Fm));
+      put(HfLayerNames::mlp(prefix, 2), p[q + "mlp.fc2.weight"]);
+    };
+    if (li.dense()) {
+      dense_mlp(nm.dense);
+      continue;
+    }
+    if (li.has_mlp()) {
+      dense_mlp(nm.shared_expert);
+      put(nm.shared_gate, p[q + "mlp.gate.weight"]);
+    }
     put(nm.gate, p[q + "moe.gate.weight"]);
     const Tensor fc1 = p[q + "moe.experts.fc1.weight"], fc2 = p[q + "moe.experts.fc2.weight"];
     for (int64_t e = 0; e < l.num_experts; ++e) {
@@ -471,7 +633,7 @@ std::string hf_to_ampipe(const std::string& hf_dir, const std::string& out_dir, 
                          const comm::Groups& groups) {
   HfConfig hc{read_json_file(hf_dir + "/config.json"), hf_dir + "/config.json"};
   const Arch arch = arch_of(hc);
-  refuse_unsupported(hc);
+  refuse_unsupported(hc, arch);
   TrainConfig c = config_from_hf(hc, arch, opts);
   try {
     c.validate(groups.world.size());
