@@ -13,9 +13,10 @@
 #   3. the link rates r_f = bytes*8 / (f * C) / EFF for f in FACTORS (comm alone = f x compute; EFF = the share of
 #      the tbf rate MPI gets, default 0.9: TCP/IP headers, and btl_tcp_links 2 so both directions flow);
 #   4. one bench-layer run per rate -> OUTDIR/<config>/rate_<f>x.json; at f = 1 also a Chrome trace.
-# The "judged" configuration (h 1024, s 4096, E 4, top-2, F 4096) is slow on 2 shared cores (tens of seconds per
-# step), so by default it runs only the f = 1 point, with its compute estimated from the reduced configuration's
-# measured FLOP rate (JUDGED_FACTORS, JUDGED_UNSHAPED=1 to run more). Environment knobs:
+# The "judged" configuration (h 1024, s 4096, E 4, top-2, F 4096) and "mixtral" (h 1024, s 4096, E 8, top-2, dropless,
+# SwiGLU F 3584) are slow on 2 shared cores (tens of seconds per step), so by default they run only the f = 1 point,
+# with their compute estimated from the reduced configuration's measured FLOP rate, or given as COMPUTE_MS_<config>
+# (JUDGED_FACTORS, JUDGED_UNSHAPED=1 to run more). Environment knobs:
 #   BUILD=build-bench DEGREES=1,2,4,8 FACTORS="0.25 0.5 1 2" WARMUP=1 ITERS=3 EFF=0.9 POLL_US= (engine poll interval)
 #   JUDGED_FACTORS="1" JUDGED_DEGREES=1,2,4 JUDGED_WARMUP=0 JUDGED_ITERS=1 RATES_<config>="a b c d" (explicit rates)
 #   BENCH_EXTRA="..." (more bench-layer flags for every run, word-split, e.g. "--pipe-experts-sweep 0,1,2,4,8")
@@ -48,12 +49,21 @@ shape_flags() {
   case "$1" in
     judged)  echo "$COMMON --seq-length 4096 --ffn-hidden-size 4096" ;;
     reduced) echo "$COMMON --seq-length 1024 --ffn-hidden-size 1024" ;;
+    # Mixtral-like (issue 23's judged layer): Megatron-Core's router, dropless alltoall, RMSNorm, RoPE, GQA, SwiGLU,
+    # no biases, 8 experts top-2, the local experts as one grouped GEMM.
+    mixtral) echo "--micro-batch-size 1 --hidden-size 1024 --num-attention-heads 8 --group-query-attention
+                   --num-query-groups 2 --normalization RMSNorm --position-embedding-type rope --swiglu
+                   --disable-bias-linear --moe-model-type megatron_moe --moe-token-dispatcher-type alltoall
+                   --moe-grouped-gemm --num-experts 8 --moe-router-topk 2 --bf16 --expert-model-parallel-size 2
+                   --seq-length 4096 --ffn-hidden-size 3584" ;;
     *) echo "unknown configuration $1" >&2; exit 2 ;;
   esac
 }
 
 # Bytes each rank sends per step, and an analytic FLOP estimate, from the flags (mirrors model/gate's capacity rule:
 # Cap = max(min_capacity, ceil(k * tokens * factor / E)) per chunk; the chunks' capacities sum to the M = 1 one).
+# A dropless megatron_moe router sends what it routes: k * tokens rows, costed at a balanced load (as `ampipe
+# simulate` does), so E * Cap = k * tokens. SwiGLU experts have three h x F matrices; GQA shrinks the K/V GEMMs.
 layer_numbers() {  # flags... -> "bytes flops"
   $PY - "$@" <<'PYEOF'
 import math, sys
@@ -64,10 +74,17 @@ s, b, h, F = g('--seq-length', 64), g('--micro-batch-size', 1), g('--hidden-size
 E, k, ep = g('--num-experts', 4), g('--moe-router-topk', 2), g('--expert-model-parallel-size', 1)
 cf, mincap = g('--moe-train-capacity-factor', 1.0), g('--moe-min-capacity', 4)
 T = s * b
-cap = max(mincap, math.ceil(k * T * cf / E))
+heads, G = g('--num-attention-heads', 8), g('--num-query-groups', 0)
+megatron = '--moe-model-type' in a and a[a.index('--moe-model-type') + 1] == 'megatron_moe'
+if megatron and '--moe-expert-capacity-factor' not in a:
+    cap = k * T / E
+else:
+    cap = max(mincap, math.ceil(k * T * cf / E))
 elem = 2 if '--bf16' in a else 4
 bytes_ = 4 * (ep - 1) / ep * E * cap * h * elem
-fwd = 2*T*h*3*h + 2*2*s*s*h*b/2 + 2*T*h*h + 2*T*h*E + 2*2*E*cap*h*F
+qkv = h * (h + 2 * h * G / heads) if '--group-query-attention' in a else 3 * h * h
+mats = 3 if '--swiglu' in a else 2
+fwd = 2*T*qkv + 2*2*s*s*h*b/2 + 2*T*h*h + 2*T*h*E + mats*2*E*cap*h*F
 print(int(bytes_), 3 * fwd)
 PYEOF
 }
@@ -96,7 +113,7 @@ REDUCED_GFLOPS=""
 for CFG in $CONFIGS; do
   mkdir -p "$OUT/$CFG"
   read -r BYTES FLOPS < <(layer_numbers $(shape_flags "$CFG"))
-  if [ "$CFG" = judged ]; then
+  if [ "$CFG" = judged ] || [ "$CFG" = mixtral ]; then
     degs=$JUDGED_DEGREES wu=$JUDGED_WARMUP it=$JUDGED_ITERS factors=$JUDGED_FACTORS unshaped=$JUDGED_UNSHAPED
   else
     degs=$DEGREES wu=$WARMUP it=$ITERS factors=$FACTORS unshaped=1
@@ -109,7 +126,11 @@ for CFG in $CONFIGS; do
     [ "$CFG" = reduced ] && REDUCED_GFLOPS=$($PY -c "print($FLOPS / ($COMP_MS * 1e6))")
   fi
   if [ -z "$COMP_MS" ]; then
-    if [ -n "$REDUCED_GFLOPS" ]; then
+    cvar=COMPUTE_MS_$CFG
+    if [ -n "${!cvar:-}" ]; then
+      COMP_MS=${!cvar}
+      echo "ampipe_sweep.sh: $CFG compute taken as $COMP_MS ms ($cvar)"
+    elif [ -n "$REDUCED_GFLOPS" ]; then
       COMP_MS=$($PY -c "print($FLOPS / ($REDUCED_GFLOPS * 1e6))")
       echo "ampipe_sweep.sh: $CFG compute estimated from the reduced run's $REDUCED_GFLOPS GFLOP/s: $COMP_MS ms"
     else

@@ -17,7 +17,7 @@ SCENARIO = ("--world-size 16 --nodes 2 --use-flash-attn --seq-length 131072 --hi
             "--num-attention-heads 96 --ffn-hidden-size 49152 --num-experts 4 --moe-router-topk 2 "
             "--expert-model-parallel-size 2 --tensor-model-parallel-size 8 --context-parallel-size 2 "
             "--sequence-parallel --bf16 --num-layers 2 --recompute-granularity full --recompute-method block "
-            "--recompute-num-layers 2 --moe-train-capacity-factor 1.1 --micro-batch-size 1 --global-batch-size 1 "
+            "--recompute-num-layers 2 --moe-model-type deepspeed_moe --moe-train-capacity-factor 1.1 --micro-batch-size 1 --global-batch-size 1 "
             "--vocab-size 50257 --position-embedding-type rope").split()
 # (name, MindSpeed's flags, its measured TFLOP/s)
 ROWS = [

@@ -214,7 +214,7 @@ sys.exit(r > 1e-5)" "$one" "$(val)" "$name $layout" || fail "$layout differs ($n
     "$bin" train "${small[@]}" --save "$dir/ln" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
     refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM cannot express it" \
       --load-dir "$dir/ln" --save-dir "$dir/o"
-    "$bin" train "${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope \
+    "$bin" train "${small[@]}" --moe-model-type deepspeed_moe --normalization RMSNorm --swiglu --position-embedding-type rope \
       --save "$dir/ds" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
     refused "--moe-model-type deepspeed_moe" --load-dir "$dir/ds" --save-dir "$dir/o"
     # trained from scratch with Megatron-Core's router and qk norms: a Qwen3-MoE with a config.json built from the flags

@@ -13,7 +13,8 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 # the main job's model (scripts/run.sh), with hidden dropout on: it is keyed by position, so degrees agree with it
 job=(train --num-layers 2 --hidden-size 128 --ffn-hidden-size 256 --num-attention-heads 4 --seq-length 128
-     --micro-batch-size 4 --num-experts 4 --moe-train-capacity-factor 1.25 --moe-aux-loss-coeff 0.01
+     --micro-batch-size 4 --num-experts 4 --moe-model-type deepspeed_moe --moe-train-capacity-factor 1.25
+     --moe-aux-loss-coeff 0.01
      --use-flash-attn --expert-model-parallel-size 2 --train-iters 4 --log-interval 1 --eval-interval 0)
 for M in 1 2; do
   "${mpirun[@]}" -np 2 "$bin" "${job[@]}" --ampipe-degree "$M" --moe-no-drop >"$dir/m$M" 2>&1 ||

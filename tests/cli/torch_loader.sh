@@ -85,7 +85,7 @@ drops_seen() {
 
 case $case_name in
   top2_degree2_drops)
-    train --micro-batch-size 2 --global-batch-size 4 --moe-router-topk 2 --moe-train-capacity-factor 0.75 \
+    train --moe-model-type deepspeed_moe --micro-batch-size 2 --global-batch-size 4 --moe-router-topk 2 --moe-train-capacity-factor 0.75 \
           --ampipe-degree 2 --use-flash-attn --hidden-dropout 0.1 --noisy-gate-policy Jitter --init-method-std 0.2 \
           --train-iters 6 --eval-interval 3 --save-interval 3 --save "$dir/ck"
     a3=$(logged validation 3); a6=$(logged validation 6)
@@ -108,7 +108,7 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)))
     f.write(struct.pack(f"<{len(ids)}H", *ids))
 EOF
-    train --micro-batch-size 4 --global-batch-size 8 --moe-router-topk 1 --moe-train-capacity-factor 0.6 \
+    train --moe-model-type deepspeed_moe --micro-batch-size 4 --global-batch-size 8 --moe-router-topk 1 --moe-train-capacity-factor 0.6 \
           --moe-min-capacity 1 --ampipe-degree 4 --use-flash-attn --swiglu --untie-embeddings-and-output-weights \
           --noisy-gate-policy RSample --init-method-std 0.2 --data-path "$dir/tokens.bin" --split 90,5,5 --train-iters 8 \
           --eval-interval 4 --save-interval 4 --save "$dir/ck"
@@ -125,7 +125,8 @@ EOF
     differ "iteration 8 with random token selection (ampipe) vs token order (loader --no-use-rts)" "$a8" "$norts"
     ;;
   initial_weights)
-    flags=(--micro-batch-size 2 --global-batch-size 4 --moe-router-topk 1 --moe-train-capacity-factor 0.75
+    flags=(--moe-model-type deepspeed_moe --micro-batch-size 2 --global-batch-size 4 --moe-router-topk 1
+           --moe-train-capacity-factor 0.75
            --swiglu --untie-embeddings-and-output-weights --seed 77)
     train "${flags[@]}" --skip-train
     a0=$(logged validation 0)
@@ -161,7 +162,7 @@ EOF
   sp2_drops)
     [ ${#launch[@]} -gt 0 ] || fail "sp2_drops needs MPIRUN... --"
     launch+=(-np 2)
-    train --micro-batch-size 2 --moe-train-capacity-factor 0.75 --ampipe-degree 2 --use-flash-attn \
+    train --moe-model-type deepspeed_moe --micro-batch-size 2 --moe-train-capacity-factor 0.75 --ampipe-degree 2 --use-flash-attn \
           --tensor-model-parallel-size 2 --sequence-parallel --train-iters 6 --eval-interval 6 --save "$dir/ck"
     a6=$(logged validation 6)
     t6=$(loader sp2 --load "$dir/ck" --tensor-model-parallel-size 2 --sequence-parallel)

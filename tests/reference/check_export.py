@@ -46,7 +46,7 @@ def parse(argv):
     ap.add_argument("--qk-layernorm", action="store_true")
     ap.add_argument("--add-qkv-bias", action="store_true")
     ap.add_argument("--moe-shared-expert-gate", action="store_true")
-    ap.add_argument("--moe-model-type", default="deepspeed_moe", choices=["deepspeed_moe", "megatron_moe"])
+    ap.add_argument("--moe-model-type", default="megatron_moe", choices=["deepspeed_moe", "megatron_moe"])  # MindSpeed's default
     ap.add_argument("--moe-router-pre-softmax", action="store_true")
     ap.add_argument("--moe-router-topk-scaling-factor", type=float, default=0.0)
     ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "seq_aux_loss", "none"])

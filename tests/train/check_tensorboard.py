@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tfevents  # noqa: E402
 
-SMALL = ["--num-experts", "4", "--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "64", "--num-attention-heads", "2",
+SMALL = ["--num-experts", "4", "--moe-model-type", "deepspeed_moe", "--num-layers", "2", "--hidden-size", "32", "--ffn-hidden-size", "64", "--num-attention-heads", "2",
          "--seq-length", "32", "--micro-batch-size", "2", "--lr-warmup-iters", "1"]
 failures = []
 

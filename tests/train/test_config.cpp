@@ -234,7 +234,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "moe_model_type", "moe_router_pre_softmax",
       "moe_router_topk_scaling_factor", "moe_router_load_balancing_type", "moe_router_score_function",
       "moe_router_num_groups", "moe_router_group_topk", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
-      "ampipe_degree",
+      "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy", "ampipe_degree",
       "recompute_granularity", "recompute_method", "recompute_num_layers", "global_batch_size", "train_iters", "lr",
       "min_lr", "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "apply_wd_to_qk_layernorm",
       "adam_beta1", "adam_beta2",
