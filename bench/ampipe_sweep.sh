@@ -53,7 +53,7 @@ shape_flags() {
     # no biases, 8 experts top-2, the local experts as one grouped GEMM.
     mixtral) echo "--micro-batch-size 1 --hidden-size 1024 --num-attention-heads 8 --group-query-attention
                    --num-query-groups 2 --normalization RMSNorm --position-embedding-type rope --swiglu
-                   --disable-bias-linear --moe-model-type megatron_moe --moe-token-dispatcher-type alltoall
+                   --moe-model-type megatron_moe
                    --moe-grouped-gemm --num-experts 8 --moe-router-topk 2 --bf16 --expert-model-parallel-size 2
                    --seq-length 4096 --ffn-hidden-size 3584" ;;
     *) echo "unknown configuration $1" >&2; exit 2 ;;
