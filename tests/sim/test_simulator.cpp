@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
+#include "ampipe/model/layer_dims.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/schedule/step_plan.h"
 #include "ampipe/sim/profile.h"
@@ -700,4 +701,23 @@ TEST(Profile, ShippedProfilePredictsAnAMPipeGain) {
       EXPECT_LT(r.step_s, step1) << "degree " << M;
     }
   }
+}
+
+// A dropless router is costed at a balanced load: every expert ceil(S_c k / E) of a chunk's S_c tokens, by hand
+// s 64, b 1, degree 2 -> S_c 32, k 2, E 4 -> 16 per expert (the Plan's own bound is every token: 32). DeepSpeed's
+// gate with --moe-no-drop gets the same; a layer with a capacity is costed as it is.
+TEST(Simulator, DroplessRoutersAreCostedAtABalancedLoad) {
+  model::LayerConfig mega = small_config(2);
+  mega.moe_router = model::Router::megatron;
+  ASSERT_TRUE(mega.dropless());
+  EXPECT_EQ(model::LayerDims::make(mega, 2).C, 32);
+  EXPECT_EQ(model::LayerDims::make(costed_layer(mega), 2).C, 16);
+
+  model::LayerConfig ds = small_config(2);
+  ds.moe_no_drop = true;
+  EXPECT_EQ(model::LayerDims::make(costed_layer(ds), 2).C, 16);
+
+  model::LayerConfig capped = small_config(2);  // DeepSpeed's gate, factor 2: ceil(32 * 2 * 2 / 4) = 32, kept
+  capped.moe_train_capacity_factor = 2.0;
+  EXPECT_EQ(model::LayerDims::make(costed_layer(capped), 2).C, 32);
 }
