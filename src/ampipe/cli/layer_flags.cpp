@@ -84,7 +84,7 @@ model::LayerConfig LayerFlags::finish() {
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
   if (add_bias_linear && disable_bias_linear)
     throw ConfigError("--add-bias-linear and --disable-bias-linear contradict each other: give one");
-  cfg.add_bias_linear = add_bias_linear;
+  cfg.add_bias_linear = !disable_bias_linear;  // Megatron's default: biases on (--add-bias-linear says it too)
   finish_attention();
   if (!cfg.dense()) finish_router();
   cfg.validate();
