@@ -43,7 +43,7 @@ netns_require_root
 [ -x $PY ] || netns_skip "$PY is missing"
 
 # Layer shapes: common flags, then per configuration.
-COMMON="--micro-batch-size 1 --hidden-size 1024 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2
+COMMON="--micro-batch-size 1 --disable-bias-linear --hidden-size 1024 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2
         --bf16 --expert-model-parallel-size 2"
 shape_flags() {
   case "$1" in
@@ -51,7 +51,7 @@ shape_flags() {
     reduced) echo "$COMMON --seq-length 1024 --ffn-hidden-size 1024" ;;
     # Mixtral-like (issue 23's judged layer): Megatron-Core's router, dropless alltoall, RMSNorm, RoPE, GQA, SwiGLU,
     # no biases, 8 experts top-2, the local experts as one grouped GEMM.
-    mixtral) echo "--micro-batch-size 1 --hidden-size 1024 --num-attention-heads 8 --group-query-attention
+    mixtral) echo "--micro-batch-size 1 --disable-bias-linear --hidden-size 1024 --num-attention-heads 8 --group-query-attention
                    --num-query-groups 2 --normalization RMSNorm --position-embedding-type rope --swiglu
                    --moe-model-type megatron_moe
                    --moe-grouped-gemm --num-experts 8 --moe-router-topk 2 --bf16 --expert-model-parallel-size 2

@@ -23,7 +23,7 @@ mkdir -p "$OUT" && OUT=$(readlink -f "$OUT")
 BUILD=${BUILD:-build-bench}
 AMPIPE=$(readlink -f "$ROOT/$BUILD/ampipe" 2>/dev/null || true)
 PROBE_RATE=${PROBE_RATE:-1000} WARMUP=${WARMUP:-1} ITERS=${ITERS:-3} DEGREES=${DEGREES:-1,2,4,8}
-LAYER=${LAYER:-"--seq-length 8192 --micro-batch-size 1 --hidden-size 1024 --ffn-hidden-size 2048
+LAYER=${LAYER:-"--seq-length 8192 --micro-batch-size 1 --disable-bias-linear --hidden-size 1024 --ffn-hidden-size 2048
   --num-attention-heads 16 --num-experts 4 --moe-router-topk 2 --bf16"}
 PY=/usr/bin/python3
 

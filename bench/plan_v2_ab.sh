@@ -8,7 +8,7 @@
 # and 8 (h 1024, s 4096, F 4096, E 4, top-2, bf16).
 set -euo pipefail
 A=${1:?before binary}; B=${2:?after binary}; ROUNDS=${3:-3}
-LAYER="--hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2 --bf16"
+LAYER="--disable-bias-linear --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2 --bf16"
 MPI="mpirun --oversubscribe --bind-to none --mca btl self,vader -np 2"
 [ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
 echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $(date -u +%F)"

@@ -49,7 +49,7 @@ netns_require_root
 [ -x $PY ] || netns_skip "$PY is missing"
 
 # The judged layer: bench-layer's flags, and simulate's (train's flags: one layer, one micro-batch per rank).
-LAYER=(--hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2
+LAYER=(--disable-bias-linear --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2
        --moe-train-capacity-factor 1 --bf16 --seq-length 4096 --micro-batch-size 1 --expert-model-parallel-size 2)
 SIM=(--num-layers 1 --use-flash-attn --global-batch-size 2 --world-size 2)
 

@@ -7,7 +7,7 @@
 # Prints per round and binary the mean ms per iteration over iterations 2-4 and the single rank's peak RSS.
 set -euo pipefail
 A=${1:?before binary}; B=${2:?after binary}; ROUNDS=${3:-2}
-ARGS="train --bf16 --use-flash-attn --hidden-size 1024 --seq-length 4096 --max-position-embeddings 4096
+ARGS="train --bf16 --use-flash-attn --disable-bias-linear --hidden-size 1024 --seq-length 4096 --max-position-embeddings 4096
       --ffn-hidden-size 4096 --num-attention-heads 8 --num-experts 4 --moe-router-topk 2 --micro-batch-size 1
       --num-layers 1 --train-iters 4 --log-interval 1 --eval-interval 0"
 MPI="mpirun --bind-to none -np 2"

@@ -23,7 +23,7 @@ BUILD=${BUILD:-build-bench}
 AMPIPE=$(readlink -f "$ROOT/$BUILD/ampipe" 2>/dev/null || true)
 PROBE_RATE=${PROBE_RATE:-1000} WARMUP=${WARMUP:-1} ITERS=${ITERS:-3}
 PLACEMENTS=${PLACEMENTS:-"tp-across-link tp-in-node"}
-LAYER=${LAYER:-"--seq-length 4096 --micro-batch-size 1 --hidden-size 1024 --ffn-hidden-size 2048
+LAYER=${LAYER:-"--seq-length 4096 --micro-batch-size 1 --disable-bias-linear --hidden-size 1024 --ffn-hidden-size 2048
   --num-attention-heads 16 --num-experts 4 --moe-router-topk 2 --bf16"}
 PY=/usr/bin/python3
 

@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The checkpoint and the loss curves (PNG: training loss blue, validation orange) go to out/main-job/.
 # Every setting of the run is spelled out (flags left out take Megatron's defaults).
 exec mpirun -np 2 --bind-to none --mca btl self,vader ./build/ampipe train \
-  --num-layers 2 --hidden-size 128 --ffn-hidden-size 256 --num-attention-heads 4 --seq-length 128 \
+  --num-layers 2 --disable-bias-linear --hidden-size 128 --ffn-hidden-size 256 --num-attention-heads 4 --seq-length 128 \
   --micro-batch-size 4 --num-experts 4 --moe-router-topk 2 --moe-train-capacity-factor 1.25 --moe-aux-loss-coeff 0.01 \
   --hidden-dropout 0 --attention-dropout 0 \
   --train-iters 300 --lr 1.5e-3 --min-lr 1.5e-4 --lr-warmup-iters 30 --lr-decay-style cosine --weight-decay 0.1 \

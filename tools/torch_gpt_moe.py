@@ -133,6 +133,7 @@ class ModelConfig:
     num_query_groups: int = 0         # grouped-query attention: K, V heads (0: num_attention_heads)
     qk_layernorm: bool = False        # --qk-layernorm: q, k of every head normalised over d (before RoPE)
     add_qkv_bias: bool = False        # --add-qkv-bias: the QKV projection's bias (state_dict attn.qkv.bias)
+    add_bias_linear: bool = False     # --add-bias-linear: QKV, proj, the experts' and dense MLPs' fc1/fc2 biases
     moe_model_type: str = "deepspeed_moe"  # or megatron_moe: Megatron-Core's dropless top-k router
     moe_router_pre_softmax: bool = False
     moe_router_topk_scaling_factor: float = 0.0
@@ -168,7 +169,8 @@ class ModelConfig:
         for k in ("moe_train_capacity_factor", "init_method_std"):
             if k in config:
                 setattr(c, k, float(config[k]))
-        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights", "qk_layernorm", "add_qkv_bias"):
+        for k in ("moe_no_drop", "swiglu", "untie_embeddings_and_output_weights", "qk_layernorm", "add_qkv_bias",
+                  "add_bias_linear"):
             if k in config:
                 setattr(c, k, bool(config[k]))
         if "no_use_rts" in config:
@@ -264,11 +266,20 @@ def make_norm(c: "ModelConfig", h: int) -> nn.Module:
 
 
 class _Weight(nn.Module):
-    """One named weight (so that the state_dict key ends in ".weight", as the checkpoint's names do)."""
+    """One named weight (so that the state_dict key ends in ".weight", as the checkpoint's names do), and a bias
+    of `bias_shape` (".bias") when given."""
 
-    def __init__(self, *shape):
+    def __init__(self, *shape, bias_shape=None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(*shape))
+        if bias_shape is not None:
+            self.bias = nn.Parameter(torch.zeros(*bias_shape))
+
+    def add_bias(self, y, e=None):
+        """y plus the bias (expert e's row of it), or y without one."""
+        if not hasattr(self, "bias"):
+            return y
+        return y + (self.bias if e is None else self.bias[e])
 
 
 def rope_cos_sin(c: ModelConfig, s: int):
@@ -317,11 +328,11 @@ class Attention(nn.Module):
         self.c = c
         self.n = c.num_attention_heads
         self.g = c.num_query_groups or self.n
-        self.qkv = nn.Linear(h, h + 2 * self.g * (h // self.n), bias=c.add_qkv_bias)
+        self.qkv = nn.Linear(h, h + 2 * self.g * (h // self.n), bias=c.add_qkv_bias or c.add_bias_linear)
         if c.qk_layernorm:  # docs/layer.md §4.5: [d] weights shared by the heads (state_dict attn.q_layernorm.*)
             self.q_layernorm = make_norm(c, h // self.n)
             self.k_layernorm = make_norm(c, h // self.n)
-        self.proj = nn.Linear(h, h, bias=False)
+        self.proj = nn.Linear(h, h, bias=c.add_bias_linear)
 
     def forward(self, x):  # x [s, b, h]
         s, b, h = x.shape
@@ -351,20 +362,21 @@ class DenseMLP(nn.Module):
         super().__init__()
         h = c.hidden_size
         self.swiglu = c.swiglu
-        self.fc1 = _Weight(2 * Fm if c.swiglu else Fm, h)
-        self.fc2 = _Weight(h, Fm)
+        F1m = 2 * Fm if c.swiglu else Fm
+        self.fc1 = _Weight(F1m, h, bias_shape=(F1m,) if c.add_bias_linear else None)
+        self.fc2 = _Weight(h, Fm, bias_shape=(h,) if c.add_bias_linear else None)
         self.gated = gated
         if gated:
             self.gate = _Weight(1, h)
 
     def forward(self, x):  # x [T, h]
-        h1 = x @ self.fc1.weight.t()
+        h1 = self.fc1.add_bias(x @ self.fc1.weight.t())
         if self.swiglu:
             a, g = h1.chunk(2, dim=-1)
             act = F.silu(a) * g
         else:
             act = F.gelu(h1)
-        out = act @ self.fc2.weight.t()
+        out = self.fc2.add_bias(act @ self.fc2.weight.t())
         if self.gated:
             out = torch.sigmoid((x.float() @ self.gate.weight.float().t())).to(out.dtype) * out
         return out
@@ -378,17 +390,18 @@ class Experts(nn.Module):
         super().__init__()
         E, h, Fh = c.num_experts, c.hidden_size, c.ffn_hidden_size
         self.swiglu = c.swiglu
-        self.fc1 = _Weight(E, 2 * Fh if c.swiglu else Fh, h)
-        self.fc2 = _Weight(E, h, Fh)
+        F1 = 2 * Fh if c.swiglu else Fh
+        self.fc1 = _Weight(E, F1, h, bias_shape=(E, F1) if c.add_bias_linear else None)
+        self.fc2 = _Weight(E, h, Fh, bias_shape=(E, h) if c.add_bias_linear else None)
 
     def forward(self, e: int, rows):
-        h1 = rows @ self.fc1.weight[e].t()
+        h1 = self.fc1.add_bias(rows @ self.fc1.weight[e].t(), e)
         if self.swiglu:
             a, g = h1.chunk(2, dim=-1)
             act = F.silu(a) * g
         else:
             act = F.gelu(h1)
-        return act @ self.fc2.weight[e].t()
+        return self.fc2.add_bias(act @ self.fc2.weight[e].t(), e)
 
 
 @dataclass
@@ -612,8 +625,10 @@ class GptMoE(nn.Module):
             t.copy_(torch.from_numpy(w.reshape(tuple(t.shape))).to(t.dtype))
 
         for name, p in self.named_parameters():
-            if "layernorm" in name or ".ln" in name:
-                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            if name.endswith(".bias"):  # every bias: the norms' and the linear layers'
+                p.fill_(0.0)
+            elif "layernorm" in name or ".ln" in name:
+                p.fill_(1.0)
         for i, layer in enumerate(self.layers):
             params = [(2, layer.attn.qkv.weight), (3, layer.attn.proj.weight)]
             if layer.has_experts:

@@ -210,7 +210,7 @@ sys.exit(r > 1e-5)" "$one" "$(val)" "$name $layout" || fail "$layout differs ($n
     ;;
   not_expressible)  # ampipe models Hugging Face's three cannot express: one line naming the flag
     small=(--num-layers 1 --seq-length 16 --hidden-size 32 --ffn-hidden-size 24 --num-attention-heads 4
-           --num-experts 4 --train-iters 1 --eval-iters 0)
+           --num-experts 4 --train-iters 1 --eval-iters 0 --disable-bias-linear)
     "$bin" train "${small[@]}" --save "$dir/ln" >"$dir/train.out" 2>&1 || fail "ampipe train --save failed"
     refused "--load-dir .*/ln: --normalization LayerNorm \(they use RMSNorm\): Hugging Face's MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM cannot express it" \
       --load-dir "$dir/ln" --save-dir "$dir/o"
@@ -226,6 +226,9 @@ sys.exit(r > 1e-5)" "$one" "$(val)" "$name $layout" || fail "$layout differs ($n
     helper logits "$dir/q.hf" "$dir/q" || fail "the logits differ"
     # Qwen2-MoE's pieces without the rest: each refused naming the flag
     rms=("${small[@]}" --normalization RMSNorm --swiglu --position-embedding-type rope --moe-model-type megatron_moe)
+    "$bin" train "${rms[@]/--disable-bias-linear/--add-bias-linear}" --qk-layernorm --save "$dir/bl" >"$dir/train.out" 2>&1 ||
+      fail "ampipe train --save failed"
+    refused "--add-bias-linear \(their linear layers have no biases but Qwen2-MoE's q/k/v\)" --load-dir "$dir/bl" --save-dir "$dir/o"
     "$bin" train "${rms[@]}" --moe-shared-expert-intermediate-size 16 --save "$dir/sh" >"$dir/train.out" 2>&1 ||
       fail "ampipe train --save failed"
     refused "a shared expert without --moe-shared-expert-gate \(Qwen2-MoE's shared expert is gated\)" \
@@ -241,7 +244,8 @@ sys.exit(r > 1e-5)" "$one" "$(val)" "$name $layout" || fail "$layout differs ($n
     "$bin" train --num-layers 2 --seq-length 16 --hidden-size 32 --ffn-hidden-size 40 --moe-ffn-hidden-size 24 \
       --num-attention-heads 4 --group-query-attention --num-query-groups 2 --num-experts 4 --train-iters 1 \
       --eval-iters 0 --normalization RMSNorm --swiglu --position-embedding-type rope --moe-model-type megatron_moe \
-      --add-qkv-bias --moe-shared-expert-intermediate-size 16 --moe-shared-expert-gate --moe-router-pre-softmax \
+      --add-qkv-bias --disable-bias-linear --moe-shared-expert-intermediate-size 16 --moe-shared-expert-gate \
+      --moe-router-pre-softmax \
       --moe-layer-freq "[0,1]" --untie-embeddings-and-output-weights --save "$dir/q2" >"$dir/train.out" 2>&1 ||
       fail "ampipe train --save failed"
     convert --load-dir "$dir/q2" --save-dir "$dir/q2.hf"

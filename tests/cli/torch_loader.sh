@@ -146,6 +146,14 @@ EOF
     t6=$(loader it6 --load "$dir/ck")
     same "validation loss, iteration 6" "$a6" "$t6"
     ;;
+  bias_linear)  # --add-bias-linear (every bias trained away from its zero init): block 0 dense, GeLU, LayerNorm
+    train --micro-batch-size 2 --global-batch-size 4 --moe-model-type megatron_moe --moe-router-topk 2 \
+          --add-bias-linear --first-k-dense-replace 1 --moe-grouped-gemm --ampipe-degree 2 --use-flash-attn \
+          --init-method-std 0.2 --lr 0.03 --train-iters 6 --eval-interval 6 --save "$dir/ck"
+    a6=$(logged validation 6)
+    t6=$(loader it6 --load "$dir/ck")
+    same "validation loss, iteration 6" "$a6" "$t6"
+    ;;
   mixtral_like)
     train --micro-batch-size 2 --global-batch-size 4 --moe-model-type megatron_moe \
           --moe-router-topk 3 --moe-aux-loss-coeff 0.01 --ampipe-degree 2 \

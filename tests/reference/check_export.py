@@ -45,6 +45,8 @@ def parse(argv):
     ap.add_argument("--rotary-interleaved", action="store_true")
     ap.add_argument("--qk-layernorm", action="store_true")
     ap.add_argument("--add-qkv-bias", action="store_true")
+    ap.add_argument("--add-bias-linear", action="store_true")
+    ap.add_argument("--disable-bias-linear", action="store_true")
     ap.add_argument("--moe-shared-expert-gate", action="store_true")
     ap.add_argument("--moe-model-type", default="megatron_moe", choices=["deepspeed_moe", "megatron_moe"])  # MindSpeed's default
     ap.add_argument("--moe-router-pre-softmax", action="store_true")
@@ -93,7 +95,7 @@ def main(argv):
                 noisy=a.noisy_gate_policy, swiglu=a.swiglu, p=a.hidden_dropout, pa=a.attention_dropout, norm=a.normalization, eps=a.norm_epsilon,
                 seed=a.seed, g=a.num_query_groups if a.group_query_attention else 0,
                 rope=a.position_embedding_type == "rope", rotary_base=a.rotary_base, rotary_percent=a.rotary_percent,
-                rotary_interleaved=a.rotary_interleaved, qk_norm=a.qk_layernorm, qkv_bias=a.add_qkv_bias, shared_gate=a.moe_shared_expert_gate, router=a.moe_model_type, pre_softmax=a.moe_router_pre_softmax,
+                rotary_interleaved=a.rotary_interleaved, qk_norm=a.qk_layernorm, qkv_bias=a.add_qkv_bias, bias_linear=not a.disable_bias_linear, shared_gate=a.moe_shared_expert_gate, router=a.moe_model_type, pre_softmax=a.moe_router_pre_softmax,
                 topk_scale=a.moe_router_topk_scaling_factor, aux_type=a.moe_router_load_balancing_type,
                 score=a.moe_router_score_function, router_groups=a.moe_router_num_groups, group_topk=a.moe_router_group_topk,
                 coeff=a.moe_aux_loss_coeff, M=a.ampipe_degree, std=a.init_method_std, zc=a.moe_z_loss_coeff, ecf=a.moe_expert_capacity_factor,

@@ -114,6 +114,7 @@ class Cfg:
     rope: bool = False  # --position-embedding-type rope
     qk_norm: bool = False  # --qk-layernorm: q, k normalised per head over d channels (before RoPE)
     qkv_bias: bool = False  # --add-qkv-bias: qkv = xn Wqkv^T + b (b [(n + 2g)d], id 15)
+    bias_linear: bool = False  # --add-bias-linear: proj, the experts' and the dense MLP's fc1/fc2 (ids 17..21), QKV
     shared_gate: bool = False  # --moe-shared-expert-gate: mlp * sigmoid(ln2 . g), g = mlp.gate.weight [1, h] (id 16)
     rotary_base: float = 10000.0
     rotary_percent: float = 1.0
@@ -161,17 +162,24 @@ PARAM_NAMES = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", 
                "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight", "mlp.fc1.weight",
                "mlp.fc2.weight",
                "attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight", "attn.k_layernorm.bias",
-               "attn.qkv.bias", "mlp.gate.weight"]
+               "attn.qkv.bias", "mlp.gate.weight",
+               "attn.proj.bias", "moe.experts.fc1.bias", "moe.experts.fc2.bias", "mlp.fc1.bias", "mlp.fc2.bias"]
 QK_NORMS = PARAM_NAMES[11:15]
+LINEAR_BIASES = PARAM_NAMES[17:22]
 
 
 def param_names(c: Cfg):
     """The block's parameters: RMSNorm has no biases; the q, k norms (ids 11..14) only with --qk-layernorm, listed
     after attn.qkv.weight; a dense layer (E = 0) no router and experts, a block without the dense MLP (Fm = 0) no
     mlp.*. The ids (init tokens) stay their PARAM_NAMES index."""
-    names = PARAM_NAMES[:3] + (["attn.qkv.bias"] if c.qkv_bias else []) + (QK_NORMS if c.qk_norm else []) + \
-        PARAM_NAMES[3:11] + (["mlp.gate.weight"] if c.shared_gate and c.E > 0 and c.Fm > 0 else [])
-    return [n for n in names if not (c.norm == "RMSNorm" and n.endswith(".bias") and n != "attn.qkv.bias")
+    names = PARAM_NAMES[:3] + (["attn.qkv.bias"] if c.qkv_bias or c.bias_linear else []) + \
+        (QK_NORMS if c.qk_norm else []) + PARAM_NAMES[3:11] + \
+        (["mlp.gate.weight"] if c.shared_gate and c.E > 0 and c.Fm > 0 else [])
+    if c.bias_linear:  # each right after its weight
+        for b in LINEAR_BIASES:
+            names.insert(names.index(b[:-4] + "weight") + 1, b)
+    return [n for n in names if not (c.norm == "RMSNorm" and n.endswith(".bias") and n != "attn.qkv.bias"
+                                     and n not in LINEAR_BIASES)
             and not (c.E == 0 and n.startswith("moe.")) and not (c.Fm == 0 and n.startswith("mlp."))]
 
 
@@ -182,7 +190,9 @@ def param_shapes(c: Cfg):
             "ln2.weight": (h,), "ln2.bias": (h,), "moe.gate.weight": (c.E, h),
             "moe.experts.fc1.weight": (c.E, c.F1, h), "moe.experts.fc2.weight": (c.E, h, c.F),
             "mlp.fc1.weight": (c.F1m, h), "mlp.fc2.weight": (h, c.Fm),
-            "attn.qkv.bias": (h + 2 * kv,), "mlp.gate.weight": (1, h), **{name: (c.d,) for name in QK_NORMS}}
+            "attn.qkv.bias": (h + 2 * kv,), "mlp.gate.weight": (1, h), "attn.proj.bias": (h,),
+            "moe.experts.fc1.bias": (c.E, c.F1), "moe.experts.fc2.bias": (c.E, h), "mlp.fc1.bias": (c.F1m,),
+            "mlp.fc2.bias": (h,), **{name: (c.d,) for name in QK_NORMS}}
 
 
 def init_params(c: Cfg):
@@ -191,10 +201,10 @@ def init_params(c: Cfg):
     for name in param_names(c):
         pid = PARAM_NAMES.index(name)
         shape = param_shapes(c)[name]
-        if name.endswith(".weight") and len(shape) == 1:  # the norms' gains
-            out[name] = np.ones(shape)
-        elif name.endswith(".bias"):
+        if name.endswith(".bias"):  # every bias
             out[name] = np.zeros(shape)
+        elif len(shape) == 1:  # the norms' gains
+            out[name] = np.ones(shape)
         else:
             z = philox_normal_f32(c.seed, c.layer, PURPOSE["init"], pid, np.arange(int(np.prod(shape))))
             out[name] = (np.float32(c.std) * z).astype(np.float32).astype(np.float64).reshape(shape)
@@ -577,16 +587,19 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     X = x.reshape(T, h)
     # attention block
     xn, ln1c = norm_fwd(c, X, W, "ln1")
-    qkv_lin = xn @ W["attn.qkv.weight"].T + (W["attn.qkv.bias"] if c.qkv_bias else 0.0)
+    B = lambda name: W[name] if name in W else 0.0  # a bias, or none
+    qkv_lin = xn @ W["attn.qkv.weight"].T + B("attn.qkv.bias")
     qkv, qkc = qk_norm_fwd(c, qkv_lin, W)
     attn, actx = attention_fwd(c, qkv, token_base)
-    proj = attn @ W["attn.proj.weight"].T
+    proj = attn @ W["attn.proj.weight"].T + B("attn.proj.bias")
     m1 = dropout_mask(c, "attn_dropout", token_base, T, h)
     ln_in = X + proj * m1
     ln2, ln2c = norm_fwd(c, ln_in, W, "ln2")
     # MoE, chunk by chunk
     Sc = T // c.M
     W1, W2 = (W["moe.experts.fc1.weight"], W["moe.experts.fc2.weight"]) if E > 0 else (None, None)
+    b1 = W.get("moe.experts.fc1.bias", np.zeros((max(E, 1), c.F1)))
+    b2 = W.get("moe.experts.fc2.bias", np.zeros((max(E, 1), h)))
     moe = np.zeros((T, h))
     gates, Sp, Sm = [], np.zeros(E), np.zeros(E)
     SpB, SmB = np.zeros((c.b, E)), np.zeros((c.b, E))  # seq_aux_loss: per sequence of the micro-batch
@@ -602,9 +615,9 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
                     continue
                 e = g["choice"][t, i]
                 xr = ln2[r0 + t]
-                h1 = W1[e] @ xr
+                h1 = W1[e] @ xr + b1[e]
                 a = act_fwd(c, h1[None, :])[0]
-                f = W2[e] @ a
+                f = W2[e] @ a + b2[e]
                 g["h1"][(t, i)], g["act"][(t, i)], g["fout"][(t, i)] = h1, a, f
                 moe[r0 + t] += g["w"][t, i] * f
         Sp += g["P"].sum(axis=0)
@@ -624,9 +637,9 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     if seq_aux:  # each sequence's aux loss over its s tokens, averaged over the b sequences
         l_aux = E * np.sum((SpB / c.s) * (SmB / c.s)) / c.b
     if c.Fm > 0:  # §6.11: the dense MLP on every token, added to the experts' output before dropout and residual
-        mh1 = ln2 @ W["mlp.fc1.weight"].T
+        mh1 = ln2 @ W["mlp.fc1.weight"].T + B("mlp.fc1.bias")
         mact = act_fwd(c, mh1)
-        mlp_y = mact @ W["mlp.fc2.weight"].T
+        mlp_y = mact @ W["mlp.fc2.weight"].T + B("mlp.fc2.bias")
         gated = c.shared_gate and c.E > 0
         sg = 1.0 / (1.0 + np.exp(-(ln2 @ W["mlp.gate.weight"].T))) if gated else np.ones((T, 1))  # [T, 1]
         moe = moe + sg * mlp_y
@@ -648,6 +661,9 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
         grads["mlp.fc2.weight"] += d_mlp.T @ mact
         dmh1 = act_bwd(c, mh1, d_mlp @ W["mlp.fc2.weight"])
         grads["mlp.fc1.weight"] += dmh1.T @ ln2
+        if c.bias_linear:
+            grads["mlp.fc2.bias"] += d_mlp.sum(axis=0)
+            grads["mlp.fc1.bias"] += dmh1.sum(axis=0)
         d_ln2 += dmh1 @ W["mlp.fc1.weight"]
     daux = c.coeff * E * Sm / (N * N)  # d(coeff*l_aux)/d probs[t, e], every token
     for g in gates:
@@ -662,6 +678,9 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
             dact = W2[e].T @ df
             dh1 = act_bwd(c, g["h1"][(t, i)][None, :], dact[None, :])[0]
             grads["moe.experts.fc1.weight"][e] += np.outer(dh1, ln2[r0 + t])
+            if c.bias_linear:
+                grads["moe.experts.fc2.bias"][e] += df
+                grads["moe.experts.fc1.bias"][e] += dh1
             d_ln2[r0 + t] += W1[e].T @ dh1
         P = g["P"]
         dP = np.tile(daux, (S, 1))
@@ -725,10 +744,12 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
     dX = d_ln_in.copy()
     d_proj = d_ln_in * m1
     grads["attn.proj.weight"] += d_proj.T @ attn
+    if c.bias_linear:
+        grads["attn.proj.bias"] += d_proj.sum(axis=0)
     d_attn = d_proj @ W["attn.proj.weight"]
     dqkv = qk_norm_bwd(c, attention_bwd(c, d_attn, actx), W, qkc, grads)
     grads["attn.qkv.weight"] += dqkv.T @ xn
-    if c.qkv_bias:
+    if c.qkv_bias or c.bias_linear:
         grads["attn.qkv.bias"] += dqkv.sum(axis=0)
     dxn = dqkv @ W["attn.qkv.weight"]
     dx1 = norm_bwd(c, dxn, W, "ln1", ln1c, grads)

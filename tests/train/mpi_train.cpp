@@ -158,6 +158,37 @@ TEST(MpiTrainer, DeepSeekLikeTrainsAsOneRank) {
   expect_tp_layouts_train_as_one_rank(deepseek);
 }
 
+// --add-bias-linear (Megatron's default biases: QKV, the out-projection, the experts' and a dense layer's fc1 and fc2;
+// block 0 dense, block 1 MoE with Megatron-Core's dropless top-2 router and grouped GEMM) over 20 iterations, the
+// biases trained away from their zero start: tp 2 + SP with the tp overlap (x ep 2 on 4 ranks) at degree 2, and tp 2
+// without sequence parallelism (the out-projection's and fc2's biases after the all-reduce), train as one rank.
+TEST(MpiTrainer, LinearBiasesTrainAsOneRank) {
+  auto biased = [](int tp, int ep, int M) {
+    train::TrainConfig c = tp_config(tp, ep, M, 20);
+    model::LayerConfig& l = c.layer;
+    l.add_bias_linear = true;
+    l.moe_router = model::Router::megatron;
+    l.moe_grouped_gemm = true;
+    c.dense_ffn_hidden_size = 24;
+    c.num_layers = 2;
+    c.first_k_dense_replace = 1;
+    c.moe_aux_loss_coeff = 0.01;
+    // The k rows of the QKV bias have a zero gradient in exact arithmetic (a query's softmax does not change when
+    // every key moves by the same vector), so AdamW would scale their rounding noise up to full steps, different on
+    // every layout; a larger epsilon keeps a zero-gradient parameter where it is.
+    c.adam_eps = 1e-4;
+    return c;
+  };
+  expect_tp_layouts_train_as_one_rank(biased);
+  if (comm::Runtime::current().size() == 2) {
+    SCOPED_TRACE("tp 2 without sequence parallelism, degree 2");
+    train::TrainConfig c = biased(2, 1, 2);
+    c.layer.sequence_parallel = false;
+    c.layer.ampipe_tp_sp_comm_overlap = false;
+    expect_same_run(run_training(c, groups_for(1, 2)), run_training(biased(1, 1, 1), groups_for(1)), 1e-5);
+  }
+}
+
 // Qwen3-MoE-like (q and k norms per head, shared over the heads): tp 2 without sequence parallelism gives each rank
 // half the heads, so the norms' gradients are summed over tp (Megatron-Core's finalize_model_grads); it trains as
 // one rank over 20 iterations.

@@ -254,6 +254,7 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
                                       "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_layer_freq",
                                       "first_k_dense_replace", "num_attention_heads", "num_experts", "swiglu", "normalization",
                                       "num_query_groups", "position_embedding_type", "qk_layernorm", "add_qkv_bias",
+                                      "add_bias_linear",
                                       "moe_shared_expert_gate", "untie_embeddings_and_output_weights",
                                       "padded_vocab_size"}));
   // Every key the ranks compare includes every recorded one, and each key is written once.

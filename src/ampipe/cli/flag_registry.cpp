@@ -88,7 +88,7 @@ constexpr const char* kDeterministic =
 constexpr const char* kRouterFp32 = "the router runs in fp32 here";
 constexpr const char* kFp32Weights = "every weight is fp32 here";
 constexpr const char* kFp32Grads = "gradients accumulate and are all-reduced in fp32 here";
-constexpr const char* kNoBias = "the linear layers have no biases here";
+constexpr const char* kNoBias = "a linear layer's bias is added in the layer itself here (the same sums)";
 constexpr const char* kInputJitter = "the router input has no jitter here unless --noisy-gate-policy Jitter";
 constexpr const char* kDdpAverage = "where the data-parallel mean is taken; the same mean";
 constexpr const char* kRankOrder = "rank order in the process groups; the result is the same";
@@ -221,7 +221,6 @@ void add_noop_flags(std::vector<FlagSpec>& v) {
   v.push_back(noop("--use-mcore-models", G::on_off, "Megatron's model implementation choice"));
   v.push_back(noop("--use-legacy-models", G::on_off, "Megatron's model implementation choice"));
   v.push_back(noop("--attention-softmax-in-fp32", G::on_off, "the attention softmax is always fp32 here"));
-  v.push_back(noop("--disable-bias-linear", G::on_off, "the linear layers have no biases here"));
   v.push_back(noop("--no-async-tensor-model-parallel-allreduce", G::on_off, "deprecated; Megatron ignores it too"));
   v.push_back(noop("--use-cpu-initialization", G::on_off,
                    "weights are always initialised on the CPU, whole, then sharded over tp"));
@@ -769,6 +768,13 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    "a bias in the QKV projection only (Qwen2's; Megatron's --add-qkv-bias), in the [q | k | v] layout "
                    "and tp cut of its rows; initialised to 0",
                    AT(layer->cfg.add_qkv_bias)));
+  v.push_back(flag("--add-bias-linear", L, kGroupModel, G::on_off,
+                   "biases in the linear layers: QKV, the out-projection, the experts' and a dense layer's fc1 and "
+                   "fc2 (Megatron's add_bias_linear; not with a shared expert, which has none); initialised to 0",
+                   AT(layer->add_bias_linear)));
+  v.push_back(flag("--disable-bias-linear", L, kGroupModel, G::on_off,
+                   "no biases in the linear layers (Megatron's spelling of add_bias_linear off)",
+                   AT(layer->disable_bias_linear)));
   v.push_back(flag("--qk-layernorm", L, kGroupModel, G::on_off,
                    "q and k of every head normalised over the head dim (the --normalization type, weights shared by "
                    "the heads) after the QKV projection, before RoPE",
@@ -917,8 +923,6 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--use-flash-attn", T, kGroupModel, G::on_off,
                    "flash attention (this engine's only attention kernel; required with --ampipe-degree > 1)",
                    AT(train->cfg.use_flash_attn)));
-  v.push_back(flag("--add-bias-linear", T, kGroupNotRun, G::on_off, "biases in linear layers (not supported)",
-                   AT(train->cfg.add_bias_linear)));
   v.push_back(flag("--max-position-embeddings", T, kGroupModel, G::integer,
                    "Megatron's position-embedding size: must be >= --seq-length (the embedding has --seq-length "
                    "rows, the only positions a sequence uses)",

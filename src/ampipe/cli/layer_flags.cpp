@@ -82,6 +82,9 @@ model::LayerConfig LayerFlags::finish() {
     throw ConfigError(fmt::format("--norm-epsilon {} is invalid: it must be in (0, 1]", norm_epsilon));
   cfg.layernorm_epsilon = float(norm_epsilon);
   cfg.expert = swiglu ? model::ExpertKind::swiglu : model::ExpertKind::gelu;
+  if (add_bias_linear && disable_bias_linear)
+    throw ConfigError("--add-bias-linear and --disable-bias-linear contradict each other: give one");
+  cfg.add_bias_linear = !disable_bias_linear;  // Megatron's default: biases on (--add-bias-linear says it too)
   finish_attention();
   if (!cfg.dense()) finish_router();
   cfg.validate();

@@ -18,6 +18,8 @@ struct LayerFlags {
   std::string noisy_gate_policy = "None";
   bool no_use_rts = false;
   bool swiglu = false;
+  bool add_bias_linear = false;      // --add-bias-linear
+  bool disable_bias_linear = false;  // --disable-bias-linear (Megatron's flag: add_bias_linear off)
   std::string normalization = "LayerNorm";  // --normalization: LayerNorm or RMSNorm (Megatron's spelling)
   double norm_epsilon = 1e-5;               // --norm-epsilon (Megatron's default)
   bool group_query_attention = false;       // --group-query-attention: --num-query-groups K, V heads

@@ -244,6 +244,7 @@ void AttentionBlock::residual_ln2(int c) {
   if (s.dims.sp && s.bf16()) s.rows(Buf::proj, c).copy_from(s.rows(Buf::proj_recv, c));  // the reduced rows
   Tensor ln_in = s.rows(Buf::ln_in, c), ln2 = s.rows(Buf::ln2_out, c);
   const Tensor proj = s.rows(Buf::proj, c), x = s.rows(s.x, c);
+  if (s.p.proj_b.defined()) add_bias(proj, s.p.proj_b);  // --add-bias-linear: after the reduce, before the dropout
   s.chunk_tokens(c).for_each_run(x.size(0), [&](int64_t first, int64_t n, uint64_t token0) {
     Tensor out = ln_in.rows(first, first + n);
     kernels::dropout_add_forward(proj.rows(first, first + n), x.rows(first, first + n), s.cfg.dropout_p(),
@@ -284,6 +285,7 @@ void AttentionBlock::residual_ln2_backward(int c) {
     Tensor out = d_proj.rows(first, first + n);
     kernels::dropout_backward(d_ln_in.rows(first, first + n), s.cfg.dropout_p(), dropout_key(s.cfg), token0, out);
   });
+  if (s.g.proj_b.defined()) add_column_sums(d_proj, s.g.proj_b);  // this rank's rows (sequence parallel: summed over tp)
   // The out-projection's backward reads every row of the chunk in the compute dtype: all-gathered next (sequence
   // parallel, from d_proj or its bf16 copy d_proj_send), or converted here.
   if (s.bf16()) (s.dims.sp ? s.mem.get(Buf::d_proj_send) : s.full_rows(Buf::d_proj_bf16, c)).copy_from(d_proj);

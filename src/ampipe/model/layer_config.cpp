@@ -57,6 +57,11 @@ void LayerConfig::validate() const {
   if (moe_shared_expert_gate && (dense() || mlp_ffn_hidden_size <= 0))
     throw ConfigError("--moe-shared-expert-gate needs a shared expert (--moe-shared-expert-intermediate-size): it "
                       "gates the shared expert's output");
+  if (add_bias_linear && has_mlp() && !dense())
+    throw ConfigError(fmt::format("biases in the linear layers (--add-bias-linear, Megatron's default) with "
+                                  "--moe-shared-expert-intermediate-size {}: Megatron-Core's shared expert has no "
+                                  "biases (its rule): pass --disable-bias-linear",
+                                  mlp_ffn_hidden_size));
   if (mlp_ffn_hidden_size < 0)
     throw ConfigError(fmt::format("--moe-shared-expert-intermediate-size {} is invalid: it must be a positive integer",
                                   mlp_ffn_hidden_size));

@@ -92,6 +92,10 @@ struct LayerConfig {
   // shared by the heads) after the QKV projection, before RoPE (Megatron-Core's q_layernorm / k_layernorm).
   bool qk_layernorm = false;
   bool add_qkv_bias = false;
+  // --add-bias-linear (Megatron's add_bias_linear; --disable-bias-linear turns it off): biases in the out-projection,
+  // the experts' fc1 and fc2 and a dense layer's MLP (docs/layer.md §2, §6, §7), and in QKV (add_qkv_bias is set
+  // with it, as Megatron's QKV bias is add_bias_linear or add_qkv_bias). Megatron-Core's shared expert has none.
+  bool add_bias_linear = false;
   // --moe-shared-expert-gate: the shared expert's output scaled per token by sigmoid(x2 . g), g = mlp.gate.weight
   // [1, h] (Megatron-Core's SharedExpertMLP gate, Qwen2-MoE's shared_expert_gate); MoE blocks with a shared expert
   bool moe_shared_expert_gate = false;  // --add-qkv-bias: the QKV projection has a bias (Qwen2's); the other linears none
@@ -132,6 +136,7 @@ struct LayerConfig {
   bool recompute_attention = false;
 
   bool rmsnorm() const { return normalization == Normalization::rmsnorm; }
+  bool qkv_bias() const { return add_qkv_bias || add_bias_linear; }  // Megatron's: add_bias_linear or add_qkv_bias
   bool dense() const { return num_experts == 0; }
   bool has_mlp() const { return mlp_ffn_hidden_size > 0; }
   // This block as a dense layer of the same model: no experts, the dense MLP of F_m = ffn (the model's

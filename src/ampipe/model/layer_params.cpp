@@ -13,9 +13,11 @@ std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
       {"ln1.weight", ln1_w},       {"ln1.bias", ln1_b},   {"attn.qkv.weight", qkv_w}, {"attn.qkv.bias", qkv_b},
       {"attn.q_layernorm.weight", qn_w}, {"attn.q_layernorm.bias", qn_b},
       {"attn.k_layernorm.weight", kn_w}, {"attn.k_layernorm.bias", kn_b},
-      {"attn.proj.weight", proj_w}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
-      {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc2.weight", fc2_w},
-      {"mlp.fc1.weight", mlp_fc1_w}, {"mlp.fc2.weight", mlp_fc2_w}, {"mlp.gate.weight", mlp_gate_w}};
+      {"attn.proj.weight", proj_w}, {"attn.proj.bias", proj_b}, {"ln2.weight", ln2_w}, {"ln2.bias", ln2_b},
+      {"moe.gate.weight", gate_w},  {"moe.experts.fc1.weight", fc1_w}, {"moe.experts.fc1.bias", fc1_b},
+      {"moe.experts.fc2.weight", fc2_w}, {"moe.experts.fc2.bias", fc2_b},
+      {"mlp.fc1.weight", mlp_fc1_w}, {"mlp.fc1.bias", mlp_fc1_b}, {"mlp.fc2.weight", mlp_fc2_w},
+      {"mlp.fc2.bias", mlp_fc2_b}, {"mlp.gate.weight", mlp_gate_w}};
   // RMSNorm: no biases; no qk norms; a dense layer: no router and experts; no dense MLP beside the experts
   std::erase_if(all, [](const auto& p) { return !p.second.defined(); });
   return all;
@@ -24,16 +26,32 @@ std::vector<std::pair<std::string, Tensor>> LayerParams::named() {
 namespace {
 constexpr const char* kQkNorms[] = {"attn.q_layernorm.weight", "attn.q_layernorm.bias", "attn.k_layernorm.weight",
                                     "attn.k_layernorm.bias"};
+// --add-bias-linear's biases (ids 17..21), each right after its weight in named() and param_names()
+constexpr const char* kLinearBiases[] = {"attn.proj.bias", "moe.experts.fc1.bias", "moe.experts.fc2.bias",
+                                         "mlp.fc1.bias", "mlp.fc2.bias"};
+// The norms' biases (LayerNorm only), not the linear layers'.
+bool is_norm_bias(const std::string& n) {
+  return n == "ln1.bias" || n == "ln2.bias" || n == "attn.q_layernorm.bias" || n == "attn.k_layernorm.bias";
+}
 }  // namespace
+
+bool LayerParams::is_linear_bias(const std::string& name) {
+  return std::find(std::begin(kLinearBiases), std::end(kLinearBiases), name) != std::end(kLinearBiases);
+}
 
 std::vector<std::string> param_names(const LayerConfig& cfg) {
   std::vector<std::string> names = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.proj.weight", "ln2.weight",
                                     "ln2.bias", "moe.gate.weight", "moe.experts.fc1.weight", "moe.experts.fc2.weight",
                                     "mlp.fc1.weight", "mlp.fc2.weight"};
   if (cfg.qk_layernorm) names.insert(names.begin() + 3, std::begin(kQkNorms), std::end(kQkNorms));
-  if (cfg.add_qkv_bias) names.insert(names.begin() + 3, "attn.qkv.bias");
+  if (cfg.qkv_bias()) names.insert(names.begin() + 3, "attn.qkv.bias");
+  if (cfg.add_bias_linear)
+    for (const char* b : kLinearBiases) {  // after its weight
+      const std::string w = std::string(b).substr(0, std::strlen(b) - 4) + "weight";
+      names.insert(std::find(names.begin(), names.end(), w) + 1, b);
+    }
   if (cfg.rmsnorm())  // RMSNorm: the norms have no biases (the linear layers' own biases stay)
-    std::erase_if(names, [](const std::string& n) { return n.ends_with(".bias") && n != "attn.qkv.bias"; });
+    std::erase_if(names, is_norm_bias);
   if (cfg.dense()) std::erase_if(names, [](const std::string& n) { return n.starts_with("moe."); });
   if (!cfg.has_mlp()) std::erase_if(names, [](const std::string& n) { return n.starts_with("mlp."); });
   if (cfg.has_mlp() && !cfg.dense() && cfg.moe_shared_expert_gate) names.push_back("mlp.gate.weight");
@@ -50,6 +68,8 @@ int LayerParams::id(const std::string& name) {
     if (name == kQkNorms[i]) return int(std::size(kNames)) + i;
   if (name == "attn.qkv.bias") return 15;  // (initialised to 0: its id keys nothing yet)
   if (name == "mlp.gate.weight") return 16;
+  for (int i = 0; i < int(std::size(kLinearBiases)); ++i)  // (initialised to 0 as well)
+    if (name == kLinearBiases[i]) return 17 + i;
   AMPIPE_CHECK(false, "unknown parameter {}", name);
 }
 
@@ -57,7 +77,7 @@ bool LayerParams::is_expert(const std::string& name) { return name.rfind("moe.ex
 
 bool LayerParams::is_sequence_parallel(const std::string& name) {
   return name == "ln1.weight" || name == "ln1.bias" || name == "ln2.weight" || name == "ln2.bias" ||
-         name == "moe.gate.weight" || name == "mlp.gate.weight";
+         name == "moe.gate.weight" || name == "mlp.gate.weight" || name == "attn.proj.bias" || name == "mlp.fc2.bias";
 }
 
 bool LayerParams::is_qk_norm(const std::string& name) {
@@ -78,8 +98,11 @@ TpSplit tp_split(const LayerConfig& cfg, const std::string& name) {
   if (name == "moe.experts.fc1.weight")
     return cfg.expert == ExpertKind::swiglu ? TpSplit{{L, 2, F, h}, 2, {}} : TpSplit{{L, F, h}, 1, {}};
   if (name == "moe.experts.fc2.weight") return {{L, h, F}, 2, {}};
+  if (name == "moe.experts.fc1.bias")
+    return cfg.expert == ExpertKind::swiglu ? TpSplit{{L, 2, F}, 2, {}} : TpSplit{{L, F}, 1, {}};
   const int64_t Fm = cfg.mlp_ffn_hidden_size;
   if (name == "mlp.fc1.weight") return cfg.expert == ExpertKind::swiglu ? TpSplit{{2, Fm, h}, 1, {}} : TpSplit{{Fm, h}, 0, {}};
+  if (name == "mlp.fc1.bias") return cfg.expert == ExpertKind::swiglu ? TpSplit{{2, Fm}, 1, {}} : TpSplit{{Fm}, 0, {}};
   if (name == "mlp.fc2.weight") return {{h, Fm}, 1, {}};
   return {};
 }
@@ -103,8 +126,8 @@ Shape local_shape(const LayerConfig& cfg, const std::string& name) {
   if (LayerParams::is_expert(name)) s[0] = cfg.local_experts();
   const int64_t t = cfg.tp();
   if (t > 1 && tp_split(cfg, name).dim >= 0) {
-    if (name == "attn.qkv.bias")
-      s[0] /= t;
+    if (name == "attn.qkv.bias" || name == "moe.experts.fc1.bias" || name == "mlp.fc1.bias")
+      s.back() /= t;  // the rows of the weight's shard
     else if (name == "attn.qkv.weight" || name == "moe.experts.fc1.weight" || name == "mlp.fc1.weight")
       s[s.size() - 2] /= t;  // output rows
     else s.back() /= t;  // input columns (row-parallel)
@@ -174,6 +197,10 @@ Shape full_shape(const LayerConfig& cfg, const std::string& name) {
   if (name == "attn.qkv.bias") return {h + 2 * cfg.query_groups() * cfg.head_dim()};
   if (LayerParams::is_qk_norm(name)) return {cfg.head_dim()};
   if (name == "attn.proj.weight") return {h, h};
+  if (name == "attn.proj.bias" || name == "mlp.fc2.bias") return {h};
+  if (name == "moe.experts.fc1.bias") return {E, fc1_rows};
+  if (name == "moe.experts.fc2.bias") return {E, h};
+  if (name == "mlp.fc1.bias") return {cfg.expert == ExpertKind::swiglu ? 2 * cfg.mlp_ffn_hidden_size : cfg.mlp_ffn_hidden_size};
   if (name == "moe.gate.weight") return {E, h};
   if (name == "moe.experts.fc1.weight") return {E, fc1_rows, h};
   if (name == "moe.experts.fc2.weight") return {E, h, F};
@@ -190,7 +217,7 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
   p.ln1_w = local("ln1.weight");
   if (!cfg.rmsnorm()) p.ln1_b = local("ln1.bias");
   p.qkv_w = local("attn.qkv.weight");
-  if (cfg.add_qkv_bias) p.qkv_b = local("attn.qkv.bias");
+  if (cfg.qkv_bias()) p.qkv_b = local("attn.qkv.bias");
   if (cfg.qk_layernorm) {
     p.qn_w = local("attn.q_layernorm.weight");
     p.kn_w = local("attn.k_layernorm.weight");
@@ -200,17 +227,26 @@ LayerParams zeros_like_params(const LayerConfig& cfg) {
     }
   }
   p.proj_w = local("attn.proj.weight");
+  if (cfg.add_bias_linear) p.proj_b = local("attn.proj.bias");
   p.ln2_w = local("ln2.weight");
   if (!cfg.rmsnorm()) p.ln2_b = local("ln2.bias");
   if (!cfg.dense()) {
     p.gate_w = local("moe.gate.weight");
     p.fc1_w = local("moe.experts.fc1.weight");
     p.fc2_w = local("moe.experts.fc2.weight");
+    if (cfg.add_bias_linear) {
+      p.fc1_b = local("moe.experts.fc1.bias");
+      p.fc2_b = local("moe.experts.fc2.bias");
+    }
     if (cfg.moe_router_enable_expert_bias) p.expert_bias = Tensor::zeros({cfg.num_experts});  // Megatron's init: 0
   }
   if (cfg.has_mlp()) {
     p.mlp_fc1_w = local("mlp.fc1.weight");
     p.mlp_fc2_w = local("mlp.fc2.weight");
+    if (cfg.add_bias_linear) {  // (LayerConfig::validate: a shared expert has none)
+      p.mlp_fc1_b = local("mlp.fc1.bias");
+      p.mlp_fc2_b = local("mlp.fc2.bias");
+    }
     if (!cfg.dense() && cfg.moe_shared_expert_gate) p.mlp_gate_w = local("mlp.gate.weight");
   }
   return p;
@@ -234,13 +270,18 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
     p.kn_w = whole.kn_w;
     p.kn_b = whole.kn_b;
     p.proj_w = take("attn.proj.weight", whole.proj_w);
+    p.proj_b = whole.proj_b;
     p.ln2_w = whole.ln2_w;
     p.ln2_b = whole.ln2_b;
     p.gate_w = whole.gate_w;
     p.fc1_w = take("moe.experts.fc1.weight", whole.fc1_w);
     p.fc2_w = take("moe.experts.fc2.weight", whole.fc2_w);
+    p.fc1_b = take("moe.experts.fc1.bias", whole.fc1_b);
+    p.fc2_b = whole.fc2_b;
     p.mlp_fc1_w = take("mlp.fc1.weight", whole.mlp_fc1_w);
     p.mlp_fc2_w = take("mlp.fc2.weight", whole.mlp_fc2_w);
+    p.mlp_fc1_b = take("mlp.fc1.bias", whole.mlp_fc1_b);
+    p.mlp_fc2_b = whole.mlp_fc2_b;
     p.mlp_gate_w = whole.mlp_gate_w;
     p.expert_bias = whole.expert_bias;
     return p;
@@ -249,10 +290,10 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
   const core::PhiloxKey key{cfg.seed, uint32_t(cfg.layer_index), core::RngPurpose::init};
   for (auto& [name, t] : p.named()) {
     const uint64_t id = uint64_t(LayerParams::id(name));  // fixed per name (docs/layer.md §8), with or without biases
-    if (t.dim() == 1 && name.ends_with(".weight")) {  // the norms' gains
-      t.fill(1.0f);
-    } else if (t.dim() == 1) {  // their biases
+    if (name.ends_with(".bias")) {  // every bias (the norms', the linear layers')
       t.fill(0.0f);
+    } else if (t.dim() == 1) {  // the norms' gains
+      t.fill(1.0f);
     } else {
       // Element i of the local shard is element base + i of the full tensor.
       const int64_t base = LayerParams::is_expert(name) ? int64_t(ep_rank) * t.numel() : 0;

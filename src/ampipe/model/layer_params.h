@@ -10,12 +10,16 @@
 //   attn.q_layernorm.weight [d]  attn.q_layernorm.bias [d]  (--qk-layernorm; bias with LayerNorm only)
 //   attn.k_layernorm.weight [d]  attn.k_layernorm.bias [d]  (shared by all heads: every tp rank holds them whole)
 //   attn.proj.weight [h, h]
+//   attn.proj.bias [h]         (--add-bias-linear, as every bias below) added after the tp reduction, before dropout
 //   ln2.weight [h]  ln2.bias [h]
 //   moe.gate.weight  [E, h]    fp32 logits = x W^T
 //   moe.experts.fc1.weight [E, F, h] (GeLU) or [E, 2F, h] (SwiGLU: rows [0, F) gate branch a, [F, 2F) value g)
 //   moe.experts.fc2.weight [E, h, F]
+//   moe.experts.fc1.bias [E, F] or [E, 2F]   moe.experts.fc2.bias [E, h]   (biases initialised to 0, as Megatron's)
 //   mlp.fc1.weight [F_m, h] or [2F_m, h] (SwiGLU, as the experts')   the dense MLP (a shared expert, or a dense
 //   mlp.fc2.weight [h, F_m]                                          layer's FFN; LayerConfig::mlp_ffn_hidden_size)
+//   mlp.fc1.bias [F_m] or [2F_m]   mlp.fc2.bias [h]                    (a dense layer's MLP only: Megatron-Core's
+//                                                                    shared expert has no biases)
 //   mlp.gate.weight [1, h]     --moe-shared-expert-gate: the shared expert's output times sigmoid(x2 g^T)
 // A dense layer (LayerConfig::dense) has no moe.* tensors.
 #pragma once
@@ -36,12 +40,17 @@ struct LayerParams {
   Tensor qn_w, qn_b;    // [d] --qk-layernorm: the norm of q (bias with LayerNorm only)
   Tensor kn_w, kn_b;    // [d] the norm of k
   Tensor proj_w;        // [h, h]
+  Tensor proj_b;        // [h] --add-bias-linear (undefined without; so are the four biases below)
   Tensor ln2_w, ln2_b;  // [h]
   Tensor gate_w;        // [E, h]
   Tensor fc1_w;         // [L, F or 2F, h]: this rank's experts
   Tensor fc2_w;         // [L, h, F]
+  Tensor fc1_b;         // [L, F or 2F]: this rank's experts' fc1 biases (tp: the rows of its fc1 shard)
+  Tensor fc2_b;         // [L, h] (every tp rank holds it whole; tp rank 0 adds it before the partial sums' reduce)
   Tensor mlp_fc1_w;     // [F1_m, h]: the dense MLP (undefined without one)
   Tensor mlp_fc2_w;     // [h, F_m]
+  Tensor mlp_fc1_b;     // [F1_m] (tp: the rows of the fc1 shard)
+  Tensor mlp_fc2_b;     // [h] added after the tp reduction
   Tensor mlp_gate_w;    // [1, h] --moe-shared-expert-gate: the shared expert's gate (every tp rank holds it whole)
   // --moe-router-enable-expert-bias (model/gate.h): router state that is not trained and not in named(). In the
   // parameters: the bias [E] fp32 (moe.gate.expert_bias in checkpoints, every rank the same); in the gradients:
@@ -61,6 +70,8 @@ struct LayerParams {
   // True for the q and k norms (--qk-layernorm): every tp rank holds them whole but sees only its heads, so their
   // gradients are summed over the tp group whenever tp > 1 (Megatron-Core's finalize_model_grads).
   static bool is_qk_norm(const std::string& name);
+  // True for --add-bias-linear's biases (attn.proj, the experts' and the dense MLP's fc1 and fc2).
+  static bool is_linear_bias(const std::string& name);
   // The gradient of `name` on a tp rank is a partial sum over the tp group (sequence-parallel rows or local heads).
   static bool tp_partial_grad(const LayerConfig& cfg, const std::string& name);
 };
@@ -73,6 +84,8 @@ struct LayerParams {
 //   moe.experts.fc1.weight [L, F, h], dim 1 (SwiGLU [L, 2, F, h], dim 2: the same F/t rows of both branches)
 //   moe.experts.fc2.weight [L, h, F], dim 2 (row-parallel)
 //   mlp.fc1.weight [F_m, h], dim 0 (SwiGLU [2, F_m, h], dim 1); mlp.fc2.weight [h, F_m], dim 1
+//   the fc1 biases as their weights' rows: moe.experts.fc1.bias [L, F] dim 1 (SwiGLU [L, 2, F] dim 2),
+//   mlp.fc1.bias [F_m] dim 0 (SwiGLU [2, F_m] dim 1); the row-parallel layers' biases are not sharded
 struct TpSplit {
   Shape view;
   int dim = -1;

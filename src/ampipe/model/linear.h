@@ -19,6 +19,11 @@ inline void linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw_acc
   kernels::gemm(dy, kernels::Trans::t, x, kernels::Trans::n, dw_accum, /*accumulate=*/true);
 }
 
+// Linear biases (--add-bias-linear): y[r, :] += b for every row of y (fp32, [rows, k], rows may be strided), and
+// db += the column sums of dy (fp32 or bf16; the bias gradient, accumulated in fp32).
+void add_bias(Tensor y, const Tensor& b);
+void add_column_sums(const Tensor& dy, Tensor& db);
+
 // The same three forms for a batch of `n` experts at once (--moe-grouped-gemm): x, w, y are expert 0's matrices and
 // expert i's start sx, sw, sy elements after expert i-1's, in the same buffers.
 inline void grouped_linear_forward(const Tensor& x, int64_t sx, const Tensor& w, int64_t sw, Tensor& y, int64_t sy,

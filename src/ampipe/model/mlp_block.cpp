@@ -95,6 +95,7 @@ void MlpBlock::forward(int c) {
   const Tensor in = s.full_rows(input_all(), c);
   Tensor h1 = s.full_rows(Buf::mlp_fc1, c);
   linear_forward(in, s.w.mlp_fc1, h1);  // [S_c, h] -> [S_c, F1_m/t]
+  if (s.p.mlp_fc1_b.defined()) add_bias(h1, s.p.mlp_fc1_b);  // --add-bias-linear (fc2's: MoeBlock::weighted_sum)
   // bf16: the fp32 activation is one chunk's staging, its bf16 copy is kept; fp32: the activation is kept
   Tensor a = s.bf16() ? s.mem.get(Buf::mlp_act) : s.full_rows(Buf::mlp_act, c);
   if (s.cfg.expert == ExpertKind::swiglu)
@@ -126,6 +127,7 @@ void MlpBlock::backward(int c) {
     kernels::swiglu_backward(d_act, h1, d_h1);
   else
     kernels::gelu_backward(d_act, h1, d_h1);
+  if (s.g.mlp_fc1_b.defined()) add_column_sums(d_h1, s.g.mlp_fc1_b);
   Tensor d_h1_cd = d_h1;
   if (s.bf16()) {
     d_h1_cd = s.full_rows(Buf::d_mlp_fc1_bf16, c);

@@ -203,6 +203,7 @@ void MoeBlock::experts(int c, int p) {
     // bf16: the fp32 activation is one expert's staging, the bf16 copy is kept; fp32: the activation is kept
     Tensor a = s.bf16() ? s.mem.get(Buf::act, c).rows(0, n) : act_rows(l);
     if (!grouped) linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1);
+    if (s.p.fc1_b.defined()) add_bias(h1, s.p.fc1_b.rows(l, l + 1));  // --add-bias-linear (tp: this shard's rows)
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_forward(h1, a);
     else
@@ -216,6 +217,9 @@ void MoeBlock::experts(int c, int p) {
     grouped_linear_forward(act_rows(l0), expert_stride(kept_act), s.w.fc2.rows(l0 * h, (l0 + 1) * h), h * s.dims.Fl,
                            o, out.size(1) * out.size(2), pc.experts);  // [L, R_c, h]: this chunk's capacity
   }
+  // --add-bias-linear: fc2's bias once in the sum over tp's partial outputs (on tp rank 0, before the reduce)
+  if (s.p.fc2_b.defined() && s.tp_rank == 0)
+    for (int64_t l = l0; l < l1; ++l) add_bias(out_rows(l), s.p.fc2_b.rows(l, l + 1));
   // tp > 1: partial sums over the local F columns, reduced next (Stage::tp_expert_out): reduce-scattered from
   // combine_partial into combine_send (sequence parallel), or all-reduced in place
   Tensor send = s.mem.get(s.dims.sp ? Buf::combine_partial : Buf::combine_send, c, p);
@@ -238,6 +242,7 @@ void MoeBlock::weighted_sum(int c) {
   } else {
     if (s.recomputing) return;
     moe.copy_from(mlp_output_rows(s, c));  // a dense layer: the MLP's output alone
+    if (s.p.mlp_fc2_b.defined()) add_bias(moe, s.p.mlp_fc2_b);  // --add-bias-linear: after the tp reduction
   }
   Tensor y = s.rows(s.mem.get(Buf::y).view({s.dims.Tl, s.dims.h}), c);
   const Tensor ln_in = s.rows(Buf::ln_in, c);
@@ -280,6 +285,7 @@ void MoeBlock::weighted_sum_backward(int c) {
     kernels::dropout_backward(dy.rows(first, first + n), s.cfg.dropout_p(), dropout_key(s.cfg), token0, out);
   });
   if (s.dims.mlp) shared_expert_output_grad(s, c, d_moe, s.rows(Buf::d_mlp, c));  // the dense MLP's output gradient
+  if (s.g.mlp_fc2_b.defined()) add_column_sums(s.rows(Buf::d_mlp, c), s.g.mlp_fc2_b);  // this rank's rows
   if (!s.dims.moe) return;
   Tensor send = s.mem.get(Buf::combine_bwd_send, c);  // EP rank j gets the grads of its experts
   const bool staged = s.bf16() || s.dims.pieced();
@@ -304,6 +310,10 @@ void MoeBlock::experts_backward(int c, int p) {
   for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
     const Tensor d_out = s.mem.expert_rows(Buf::d_expert_out, l, c).rows(r0, r0 + n);
     linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act);  // fc2
+    if (s.g.fc2_b.defined()) {  // --add-bias-linear: every tp rank the same (the slots' whole output gradient)
+      Tensor db = s.g.fc2_b.rows(l, l + 1);
+      add_column_sums(d_out, db);
+    }
     if (wgrad_now) {
       Tensor gw2_l = gw2.rows(l * h, (l + 1) * h);
       linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_bf16 : Buf::act, l, c).rows(r0, r0 + n),
@@ -316,6 +326,10 @@ void MoeBlock::experts_backward(int c, int p) {
       kernels::swiglu_backward(d_act, h1, d_h1);
     else
       kernels::gelu_backward(d_act, h1, d_h1);
+    if (s.g.fc1_b.defined()) {  // (empty slots have a zero output gradient, so they add nothing)
+      Tensor db = s.g.fc1_b.rows(l, l + 1);
+      add_column_sums(d_h1, db);
+    }
     Tensor d_h1_bf16 = d_h1;
     if (s.bf16()) {
       d_h1_bf16 = s.mem.expert_rows(Buf::d_fc1_bf16, l, c).rows(r0, r0 + n);

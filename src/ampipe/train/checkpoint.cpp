@@ -173,7 +173,11 @@ std::vector<std::string> shaping_keys(const std::string& name) {
   if (p.starts_with("mlp."))
     return {"ffn_hidden_size", "moe_shared_expert_intermediate_size", "swiglu", "hidden_size", "moe_layer_freq",
             "first_k_dense_replace"};
-  if (p == "attn.qkv.bias") return {"add_qkv_bias", "hidden_size", "num_attention_heads", "num_query_groups"};
+  if (p == "attn.qkv.bias")
+    return {"add_qkv_bias", "add_bias_linear", "hidden_size", "num_attention_heads", "num_query_groups"};
+  if (p == "moe.experts.fc1.bias") return {"add_bias_linear", "num_experts", "moe_ffn_hidden_size", "swiglu"};
+  if (p == "mlp.fc1.bias") return {"add_bias_linear", "ffn_hidden_size", "swiglu", "moe_layer_freq"};
+  if (model::LayerParams::is_linear_bias(p)) return {"add_bias_linear", "hidden_size", "num_experts"};
   if (p.ends_with(".bias")) return {"normalization", "hidden_size"};
   return {"hidden_size"};
 }

@@ -73,7 +73,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
     for (size_t k = 0; k < p.size(); ++k)
       params_.push_back({fmt::format("layers.{}.{}", i, p[k].first), p[k].second, g[k].second,
                          model::LayerParams::is_expert(p[k].first),
-                         p[k].second.dim() >= 2 ||
+                         (p[k].second.dim() >= 2 && !p[k].first.ends_with(".bias")) ||  // the experts' [L, *] biases
                              (cfg.apply_wd_to_qk_layernorm && model::LayerParams::is_qk_norm(p[k].first)),
                          p[k].first, &stack_.config(i)});
   }

@@ -449,6 +449,7 @@ Arch hf_arch_of(const TrainConfig& c, const std::string& where) {
   if (l.moe_router_score_function != model::ScoreFunction::softmax) refuse("--moe-router-score-function sigmoid");
   if (l.moe_router_num_groups > 0) refuse("group-limited routing (--moe-router-num-groups)");
   if (l.moe_router_enable_expert_bias) refuse("--moe-router-enable-expert-bias");
+  if (l.add_bias_linear) refuse("--add-bias-linear (their linear layers have no biases but Qwen2-MoE's q/k/v)");
   if (l.moe_router_topk_scaling_factor != 0 && l.moe_router_topk_scaling_factor != 1)
     refuse(fmt::format("--moe-router-topk-scaling-factor {}", l.moe_router_topk_scaling_factor));
   const std::vector<bool> moe = c.moe_layers();

@@ -41,7 +41,6 @@ std::vector<Incompatible> incompatible_features(const TrainConfig& c) {
        "adaptive recomputation swaps and recomputes whole layers, not AMPipe chunks"},
       {"--adaptive-memory-optimization", c.adaptive_memory_optimization,
        "adaptive memory optimization is not compatible with ampipe"},
-      {"--add-bias-linear", c.add_bias_linear, "ampipe does not support bias linear layers"},
   };
 }
 
@@ -348,6 +347,7 @@ std::vector<ConfigKey> layer_config_keys() {
                 [](TrainConfig& c, const nlohmann::json& v) { c.layer.rotary_base = v.get<double>(); }},
       AMPIPE_FIELD(qk_layernorm, kL | kC | kA, kShape, l.qk_layernorm),
       AMPIPE_FIELD(add_qkv_bias, kL | kC | kA, kShape, l.add_qkv_bias),
+      AMPIPE_FIELD(add_bias_linear, kL | kC | kA, kShape, l.add_bias_linear),
       AMPIPE_FIELD(moe_shared_expert_gate, kL | kC | kA, kShape, l.moe_shared_expert_gate),
       AMPIPE_FIELD(rotary_percent, kL | kC | kA, kTaken, l.rotary_percent),
       AMPIPE_FIELD(rotary_interleaved, kL | kC | kA, kTaken, l.rotary_interleaved),
@@ -416,7 +416,6 @@ std::vector<ConfigKey> run_config_keys() {
                       v.get<std::string>() == "position" ? model::DropPolicy::position : model::DropPolicy::probs;
                 }},
       AMPIPE_FIELD(use_flash_attn, kC | kA, kNo, c.use_flash_attn),
-      AMPIPE_FIELD(add_bias_linear, kC | kA, kNo, c.add_bias_linear),
       AMPIPE_FIELD(ampipe_degree, kC | kA, kNo, c.ampipe_degree),
       AMPIPE_FIELD(use_ascend_mc2, kA, kNo, c.use_ascend_mc2),
       AMPIPE_FIELD(overlap_grad_reduce, kA, kNo, c.overlap_grad_reduce),

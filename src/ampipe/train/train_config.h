@@ -26,7 +26,6 @@ struct TrainConfig {
   bool untie_embeddings_and_output_weights = false;
   double moe_aux_loss_coeff = 0.0;  // Megatron's default: no load-balancing loss
   bool use_flash_attn = false;                   // see docs/training.md: the chunked causal attention kernel
-  bool add_bias_linear = false;                  // linear layers with bias: not in this engine's block
   // No --num-experts (or 0): Megatron's dense GPT, every block's FFN a dense MLP (layer.dense()).
   bool dense = false;
   // Dense blocks in an MoE model (Megatron's --moe-layer-freq: an integer k, every k-th block from block 0 has

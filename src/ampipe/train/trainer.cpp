@@ -195,7 +195,8 @@ void Trainer::reduce_gradients() {
   const float inv = 1.0f / float(G_ / b_);
   auto& ps = model_.params();
   const model::LayerConfig& lc = cfg_.layer;
-  double tp_sharded_sq = 0;  // dense tp shards: a different part of the tensor on every tp rank
+  double tp_sharded_sq = 0;    // dense tp shards: a different part of the tensor on every tp rank
+  double expert_whole_sq = 0;  // expert tensors that are not cut over tp: the same on every tp rank
   auto unpack = [&](const std::vector<size_t>& idx, const Tensor& buf, const comm::Group& grp) {
     double sq = 0;
     for (size_t i : idx) {
@@ -207,17 +208,20 @@ void Trainer::reduce_gradients() {
       // gradient (the data-parallel sum above commutes with it).
       if (ps[i].tp_partial_grad(lc)) comm::all_reduce_sync(g_.tp, ps[i].grad, comm::Reduce::sum, "grad.tp." + ps[i].name);
       const double s = sum_squares(g, n);
-      (ps[i].tp_sharded(lc) && !ps[i].expert ? tp_sharded_sq : sq) += s;
+      const bool sharded = ps[i].tp_sharded(lc);
+      (ps[i].expert ? (sharded || g_.tp.size() == 1 ? sq : expert_whole_sq) : (sharded ? tp_sharded_sq : sq)) += s;
     }
     return sq;
   };
   dense_sumsq_ = unpack(dense_idx_, dense_buf_, g_.dp_cp);
   expert_sumsq_ = unpack(expert_idx_, expert_buf_, g_.edp);
   tp_sharded_sumsq_ = tp_sharded_sq;
+  expert_whole_sumsq_ = expert_whole_sq;
 }
 
 // Each parameter once: dense gradients are identical on every rank after the reduction (tp shards: summed over the
-// tp group); expert shards are summed over the EP group and, cut over tp, over the tp group too.
+// tp group); expert shards are summed over the EP group and, cut over tp, over the tp group too (those every tp rank
+// holds whole, once).
 double Trainer::grad_norm() {
   double expert = expert_sumsq_, sharded = tp_sharded_sumsq_;
   if (g_.tp.size() > 1) {
@@ -228,6 +232,7 @@ double Trainer::grad_norm() {
     expert = t.get(0);
     sharded = t.get(1);
   }
+  expert += expert_whole_sumsq_;
   if (g_.ep.size() > 1) {
     Tensor t = scalars_.rows(0, 1);
     t.fill(float(expert));

@@ -166,6 +166,7 @@ class Trainer {
   schedule::StepPlan step_;
   uint64_t step_generation_ = 0;  // the stack's generation step_ was built for (0: not yet)
   double dense_sumsq_ = 0, expert_sumsq_ = 0, tp_sharded_sumsq_ = 0;
+  double expert_whole_sumsq_ = 0;  // expert tensors every tp rank holds whole (the experts' fc2 bias)
   // Per layer: E kept counts, then dropped, then choices (E + 2 per layer), over the current logging window.
   std::vector<int64_t> moe_counts_;
   Tensor moe_buf_;  // their all-reduce, allocated once: [2 x size] as low and high 12-bit-shifted parts
