@@ -842,3 +842,89 @@ TEST(GateMegatron, CapacityDropsByProbsAndPositionByHand) {
   EXPECT_EQ(r.expert_count, (std::vector<int32_t>{3, 1}));
   EXPECT_EQ(r.slot_token, (std::vector<int32_t>{0, 1, 2, -1, 3, -1, -1, -1}));
 }
+
+// Sinkhorn balancing (--moe-router-load-balancing-type sinkhorn), by hand. Two tokens, two experts, the logits
+// [[1, 0], [1, 0.5]] (x = the logits, Wg the identity): both prefer expert 0. Sinkhorn scales the rows and columns
+// of A = exp(logits) until every row sums to 1/2 and every column to 1/2; a 2 x 2 matrix with those sums is
+// [[u, 1/2 - u], [1/2 - u, u]], and scaling keeps the cross ratio a00 a11 / (a01 a10) = e^0.5, so
+// u / (1/2 - u) = e^0.25: u = e^0.25 / (2 (1 + e^0.25)) = 0.28112 > 1/4. Token 0 goes to expert 0 and token 1 to
+// expert 1 (plain top-1: both to expert 0). Top-1 weights are the sigmoid of the chosen logit; top-2 weights the full
+// softmax's probabilities, ordered by the normalised matrix (token 1: expert 1 first), unscaled.
+TEST(GateMegatron, SinkhornBalancesByHand) {
+  const Tensor X = tensor_of({1, 0, 1, 0.5}, {2, 2});
+  const Tensor I = tensor_of({1, 0, 0, 1}, {2, 2});
+  const std::vector<double> d1 = sinkhorn_columns(X.data<float>(), 2, 2);
+  ASSERT_EQ(d1.size(), 2u);
+  std::vector<double> d0(2), norm(4);
+  for (int t = 0; t < 2; ++t)  // d0 as the last sweep computes it from d1
+    d0[size_t(t)] = 0.5 / (std::exp(double(X.get(t * 2))) * d1[0] + std::exp(double(X.get(t * 2 + 1))) * d1[1] + 1e-8);
+  for (int t = 0; t < 2; ++t)
+    for (int e = 0; e < 2; ++e) norm[size_t(t * 2 + e)] = d0[size_t(t)] * std::exp(double(X.get(t * 2 + e))) * d1[size_t(e)];
+  const double u = std::exp(0.25) / (2 * (1 + std::exp(0.25)));
+  EXPECT_NEAR(norm[0], u, 2e-4);
+  EXPECT_NEAR(norm[3], u, 2e-4);
+  EXPECT_NEAR(norm[1], 0.5 - u, 2e-4);
+  EXPECT_NEAR(norm[0] + norm[2], 0.5, 2e-4);  // the columns too
+
+  auto sig = [](double z) { return 1 / (1 + std::exp(-z)); };
+  GateConfig cfg = megatron_cfg(2, 1, /*pre_softmax=*/false, /*scale=*/3.0);  // the scale has no effect
+  cfg.balancing = Balancing::sinkhorn;
+  use_sinkhorn_scores(cfg);
+  EXPECT_EQ(cfg.score_function, ScoreFunction::sigmoid);
+  EXPECT_EQ(cfg.topk_scaling_factor, 1.0);
+  GateCtx ctx;
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(ctx.routing.weight[0], sig(1), 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[1], sig(0.5), 1e-6);
+  EXPECT_EQ(ctx.stats.sum_mask1, (std::vector<double>{0, 0}));  // no aux loss
+  cfg.training = false;  // evaluation: the top-1 of the scores
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{0, 0}));
+  EXPECT_NEAR(ctx.routing.weight[1], sig(1), 1e-6);
+
+  cfg = megatron_cfg(2, 2, /*pre_softmax=*/false, /*scale=*/3.0);
+  cfg.balancing = Balancing::sinkhorn;
+  use_sinkhorn_scores(cfg);
+  EXPECT_TRUE(cfg.pre_softmax);
+  gate_forward(X, I, cfg, 0, ctx);
+  EXPECT_EQ(ctx.routing.expert, (std::vector<int32_t>{0, 1, 1, 0}));
+  const double p0 = sig(1), p1 = sig(0.5);  // softmax(a, b)[0] = sigmoid(a - b)
+  EXPECT_NEAR(ctx.routing.weight[0], p0, 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[1], 1 - p0, 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[2], 1 - p1, 1e-6);
+  EXPECT_NEAR(ctx.routing.weight[3], p1, 1e-6);
+}
+
+// Sinkhorn's choices carry no gradient: the backward is the chosen scores' (sigmoid for top-1, the full softmax
+// otherwise). Top-1, S = 2 tokens as above, upstream dw = (0.3, -0.7): d logit[t, chosen] = dw s (1 - s), the other
+// logit none; top-2: d logits = softmax backward of dP, dP[t, e] = dw of the choice of e.
+TEST(GateMegatron, SinkhornBackwardByHand) {
+  const Tensor X = tensor_of({1, 0, 1, 0.5}, {2, 2});
+  const Tensor I = tensor_of({1, 0, 0, 1}, {2, 2});
+  auto sig = [](double z) { return 1 / (1 + std::exp(-z)); };
+  for (const int k : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "k=" << k);
+    GateConfig cfg = megatron_cfg(2, k);
+    cfg.balancing = Balancing::sinkhorn;
+    use_sinkhorn_scores(cfg);
+    GateCtx ctx;
+    gate_forward(X, I, cfg, 0, ctx);
+    const std::vector<double> dw = k == 1 ? std::vector<double>{0.3, -0.7} : std::vector<double>{0.3, -0.7, 0.2, 0.9};
+    Tensor dx = Tensor::zeros({2, 2}), dW = Tensor::zeros({2, 2}), dl = Tensor::zeros({2, 2});
+    gate_backward(tensor_of(dw, {2, static_cast<int64_t>(k)}), 0.0f, ctx.stats, ctx, I, dl, dx, dW);
+    double want[4];
+    if (k == 1) {  // token 0 chose expert 0 (logit 1), token 1 expert 1 (logit 0.5)
+      want[0] = 0.3 * sig(1) * (1 - sig(1)), want[1] = 0;
+      want[2] = 0, want[3] = -0.7 * sig(0.5) * (1 - sig(0.5));
+    } else {  // choices (0, 1) and (1, 0); with two experts d logit_0 = p0 p1 (dP_0 - dP_1) = -d logit_1
+      const double q0 = sig(1), q1 = sig(0.5);
+      want[0] = q0 * (1 - q0) * (0.3 - (-0.7)), want[1] = -want[0];
+      want[2] = q1 * (1 - q1) * (0.9 - 0.2), want[3] = -want[2];
+    }
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(dl.get(i), want[i], 1e-6) << "dlogits " << i;
+      EXPECT_NEAR(dx.get(i), want[i], 1e-6) << "dx " << i;  // Wg = I
+    }
+  }
+}

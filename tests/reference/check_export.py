@@ -51,7 +51,7 @@ def parse(argv):
     ap.add_argument("--moe-model-type", default="megatron_moe", choices=["deepspeed_moe", "megatron_moe"])  # MindSpeed's default
     ap.add_argument("--moe-router-pre-softmax", action="store_true")
     ap.add_argument("--moe-router-topk-scaling-factor", type=float, default=0.0)
-    ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "seq_aux_loss", "none"])
+    ap.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss", "seq_aux_loss", "sinkhorn", "none"])
     ap.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"])
     ap.add_argument("--moe-router-num-groups", type=int, default=0)
     ap.add_argument("--moe-router-group-topk", type=int, default=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -122,7 +122,7 @@ class Cfg:
     router: str = "deepspeed_moe"  # --moe-model-type: deepspeed_moe or megatron_moe (Megatron-Core's dropless top-k)
     pre_softmax: bool = False  # --moe-router-pre-softmax
     topk_scale: float = 0.0  # --moe-router-topk-scaling-factor (0: none)
-    aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss, seq_aux_loss or none
+    aux_type: str = "aux_loss"  # --moe-router-load-balancing-type: aux_loss, seq_aux_loss, sinkhorn or none
     score: str = "softmax"  # --moe-router-score-function: softmax or sigmoid
     router_groups: int = 0  # --moe-router-num-groups (0: no group-limited routing)
     group_topk: int = 0  # --moe-router-group-topk
@@ -350,6 +350,21 @@ def routing_top_k(c: Cfg, scores):
     return top_k_rows(masked, c.k)
 
 
+def sinkhorn_top_k(logits, k):
+    """§6.10, sinkhorn balancing: Megatron's sinkhorn (tolerance 1e-4) over the router call's tokens, and the k
+    largest entries of each row of the normalised matrix (ties: the lower expert)."""
+    cost = np.exp(logits)
+    S, E = cost.shape
+    d0, d1 = np.ones(S), np.ones(E)
+    d1_old, error = d1, 1e9
+    while error > 1e-4:
+        d0 = (1.0 / S) / ((cost * d1[None, :]).sum(axis=1) + 1e-8)
+        d1 = (1.0 / E) / ((cost * d0[:, None]).sum(axis=0) + 1e-8)
+        error = np.abs(d1_old - d1).mean()
+        d1_old = d1
+    return top_k_rows(d0[:, None] * cost * d1[None, :], k)
+
+
 def megatron_gate_chunk(c: Cfg, xin, Wg):
     """§6.10: Megatron-Core's router (topk_routing_with_score_function). softmax: the k largest logits (pre-softmax:
     the k largest probabilities), weights the softmax over those k logits (pre-softmax: their probabilities);
@@ -364,12 +379,12 @@ def megatron_gate_chunk(c: Cfg, xin, Wg):
     if c.score == "sigmoid":
         s = 1.0 / (1.0 + np.exp(-logits))
         P = s / (s.sum(axis=1, keepdims=True) + 1e-20)
-        choice = routing_top_k(c, s)
+        choice = sinkhorn_top_k(logits, k) if c.aux_type == "sinkhorn" else routing_top_k(c, s)
         sel = s[rows, choice]
         w = sel / (sel.sum(axis=1, keepdims=True) + 1e-20) if k > 1 else sel
     else:
         P = softmax_rows(logits)
-        choice = routing_top_k(c, P if c.pre_softmax else logits)
+        choice = sinkhorn_top_k(logits, k) if c.aux_type == "sinkhorn" else routing_top_k(c, P if c.pre_softmax else logits)
         w = P[rows, choice] if c.pre_softmax else softmax_rows(logits[rows, choice])
     aux_choice = top_k_rows(P, k) if (c.score == "sigmoid" or c.group_topk > 0) else choice
     kept = np.ones((S, k), dtype=bool)
@@ -761,6 +776,11 @@ def layer_micro_batch(c: Cfg, W, x, gy, token_base):
 
 def run_layer(c: Cfg, W, x_full, gy_full):
     """§9: all G/b micro-batches. Returns y [s,G,h], aux [G/b], dx [s,G,h] and param grads of the mean loss, info."""
+    if c.router == "megatron_moe" and c.aux_type == "sinkhorn":
+        # §6.10: sinkhorn routing scores with sigmoid for top-1 and the full softmax otherwise; its weights are the
+        # chosen scores (the pre-softmax weights), unscaled, with no groups
+        c = replace(c, score="sigmoid" if c.k == 1 else "softmax", pre_softmax=c.k > 1, topk_scale=0.0,
+                    router_groups=0, group_topk=0)
     nmb = c.G // c.b
     y = np.zeros_like(x_full)
     dx = np.zeros_like(x_full)

@@ -161,7 +161,7 @@ constexpr const char* kRouter =
     "a Megatron-core router option this engine does not have: its routers are DeepSpeed-MoE's gate (--moe-model-type "
     "deepspeed_moe) and Megatron-Core's top-k router (megatron_moe: --moe-router-score-function softmax or sigmoid, "
     "--moe-router-pre-softmax, --moe-router-topk-scaling-factor, --moe-router-num-groups, --moe-router-group-topk, "
-    "--moe-router-enable-expert-bias, --moe-router-load-balancing-type aux_loss, seq_aux_loss or none)";
+    "--moe-router-enable-expert-bias, --moe-router-load-balancing-type aux_loss, seq_aux_loss, sinkhorn or none)";
 constexpr const char* kAuxLoss = "the only balancing loss here is the aux loss (--moe-aux-loss-coeff)";
 constexpr const char* kJitter = "router jitter here is DeepSpeed-MoE's (--noisy-gate-policy Jitter)";
 constexpr const char* kNoMup = "MuP is not implemented";
@@ -720,7 +720,8 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
                    "megatron_moe: a factor on the routing weights", AT(layer->cfg.moe_router_topk_scaling_factor)));
   v.push_back(flag("--moe-router-load-balancing-type", L, kGroupMoe, G::text_list,
                    "megatron_moe: aux_loss (Megatron's switch load-balancing loss, scaled by --moe-aux-loss-coeff), "
-                   "seq_aux_loss (the same per sequence, averaged) or none",
+                   "seq_aux_loss (the same per sequence, averaged), sinkhorn (S-BASE's balanced choices, per router "
+                   "call: per AMPipe chunk; needs --moe-aux-loss-coeff 0) or none",
                    AT(layer->moe_router_load_balancing_type), kDef));
   v.push_back(flag("--moe-router-score-function", L, kGroupMoe, G::text,
                    "megatron_moe: softmax, or sigmoid (weights: the chosen sigmoid scores, normalised when topk > 1)",

@@ -175,17 +175,15 @@ void LayerFlags::finish_router() {
                                   "or none; Megatron's combinations of several are not implemented)",
                                   fmt::join(moe_router_load_balancing_type, " ")));
   const std::string& lb = moe_router_load_balancing_type.front();
-  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none") {
-    const bool megatrons = lb == "sinkhorn" || lb == "global_aux_loss" || lb == "quantile_balancing";
-    throw ConfigError(fmt::format("--moe-router-load-balancing-type {} is {}: this engine has aux_loss, seq_aux_loss "
-                                  "and none{}",
-                                  lb, megatrons ? "not implemented" : "not a load-balancing type",
-                                  lb == "sinkhorn" ? " (sinkhorn normalises over every token of the micro-batch at "
-                                                     "once, so a chunk could not be routed before the others)"
-                                                   : ""));
+  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "sinkhorn" && lb != "none") {
+    const bool megatrons = lb == "global_aux_loss" || lb == "quantile_balancing";
+    throw ConfigError(fmt::format("--moe-router-load-balancing-type {} is {}: this engine has aux_loss, seq_aux_loss, "
+                                  "sinkhorn and none",
+                                  lb, megatrons ? "not implemented" : "not a load-balancing type"));
   }
   cfg.moe_router_load_balancing = lb == "aux_loss"       ? model::Balancing::aux_loss
                                   : lb == "seq_aux_loss" ? model::Balancing::seq_aux_loss
+                                  : lb == "sinkhorn"     ? model::Balancing::sinkhorn
                                                          : model::Balancing::none;
   if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
     throw ConfigError(fmt::format("--moe-router-score-function {} is {}: this engine has softmax and sigmoid",
@@ -221,6 +219,19 @@ void LayerFlags::finish_router() {
     throw ConfigError(fmt::format("{} is a Megatron-Core router option: it needs --moe-model-type megatron_moe "
                                   "(here: {})",
                                   megatron_only, moe_model_type));
+  if (cfg.moe_router_load_balancing == model::Balancing::sinkhorn) {  // Megatron's sinkhorn_load_balancing
+    std::vector<std::string> inert;
+    if (cfg.moe_router_pre_softmax) inert.push_back("--moe-router-pre-softmax");
+    if (cfg.moe_router_topk_scaling_factor != 0) inert.push_back("--moe-router-topk-scaling-factor");
+    if (moe_router_score_function != "softmax") inert.push_back("--moe-router-score-function " + moe_router_score_function);
+    if (cfg.moe_router_num_groups != 0 || cfg.moe_router_group_topk != 0)
+      inert.push_back("--moe-router-num-groups/--moe-router-group-topk");
+    if (!inert.empty())
+      notices.push_back(fmt::format("{} {} no effect with --moe-router-load-balancing-type sinkhorn (as in Megatron, "
+                                    "whose sinkhorn routing scores with sigmoid for top-1 and softmax otherwise)",
+                                    fmt::join(inert, ", "), inert.size() == 1 ? "has" : "have"));
+  }
+  cfg.check_aux_loss_coeff(moe_aux_loss_coeff);
 }
 
 void LayerFlags::check_pipe_experts(model::LayerConfig& c, const std::vector<int>& degrees) {

@@ -43,6 +43,11 @@ void validate(const GateConfig& cfg) {
                  cfg.micro_batch);
     AMPIPE_CHECK(cfg.expert_capacity_factor < 0 || cfg.expert_capacity_factor > 0, "capacity factor {}",
                  cfg.expert_capacity_factor);  // LayerConfig::validate refuses 0 and NaN
+    AMPIPE_CHECK(cfg.balancing != Balancing::sinkhorn ||
+                     (cfg.score_function == (cfg.topk == 1 ? ScoreFunction::sigmoid : ScoreFunction::softmax) &&
+                      cfg.pre_softmax == (cfg.topk > 1) && cfg.topk_scaling_factor == 1.0 && cfg.group_topk == 0 &&
+                      cfg.expert_bias.empty()),
+                 "sinkhorn balancing without use_sinkhorn_scores");
     if (cfg.num_groups == 0 && cfg.group_topk == 0) return;
     const int64_t G = cfg.num_groups, g = cfg.group_topk;
     if (G < 1 || cfg.num_experts % G != 0)
@@ -142,6 +147,42 @@ int64_t megatron_expert_capacity(int64_t S, int64_t E, int k, double factor) {
   return C >= double(S) ? S : int64_t(C);
 }
 
+void use_sinkhorn_scores(GateConfig& cfg) {
+  if (cfg.balancing != Balancing::sinkhorn) return;
+  cfg.score_function = cfg.topk == 1 ? ScoreFunction::sigmoid : ScoreFunction::softmax;
+  cfg.pre_softmax = cfg.topk > 1;
+  cfg.topk_scaling_factor = 1.0;
+  cfg.num_groups = cfg.group_topk = 0;
+  cfg.expert_bias.clear();
+}
+
+std::vector<double> sinkhorn_columns(const float* logits, int64_t S, int64_t E) {
+  AMPIPE_CHECK(S >= 0 && E >= 1, "sinkhorn over [{}, {}]", S, E);
+  std::vector<double> cost(static_cast<size_t>(S * E)), d0(static_cast<size_t>(S), 1.0);
+  std::vector<double> d1(static_cast<size_t>(E), 1.0), d1_old = d1;
+  for (int64_t i = 0; i < S * E; ++i) cost[size_t(i)] = std::exp(double(logits[i]));
+  constexpr double kEps = 1e-8, kTol = 1e-4;
+  double error = 1e9;
+  for (int it = 0; S > 0 && error > kTol && it < kSinkhornMaxIterations; ++it) {
+    for (int64_t t = 0; t < S; ++t) {
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += d1[size_t(e)] * cost[size_t(t * E + e)];
+      d0[size_t(t)] = (1.0 / double(S)) / (sum + kEps);
+    }
+    std::vector<double> col(static_cast<size_t>(E), 0.0);
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t e = 0; e < E; ++e) col[size_t(e)] += d0[size_t(t)] * cost[size_t(t * E + e)];
+    error = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      d1[size_t(e)] = (1.0 / double(E)) / (col[size_t(e)] + kEps);
+      error += std::abs(d1_old[size_t(e)] - d1[size_t(e)]);
+    }
+    error /= double(E);
+    d1_old = d1;
+  }
+  return d1;
+}
+
 namespace {
 // The softmax of the logits row[0, E), in place, fp32 (max subtracted).
 void softmax_row(float* row, int64_t E) {
@@ -161,6 +202,22 @@ void top_k(const float* row, int64_t E, int64_t k, int32_t* out) {
       bool taken = false;
       for (int64_t j = 0; j < i; ++j) taken |= out[j] == int32_t(e);
       if (!taken && (best < 0 || row[e] > row[best])) best = int32_t(e);
+    }
+    out[i] = best;
+  }
+}
+
+// Sinkhorn routing's choices for one token: the k largest exp(logit_e) d1_e (ties -> the lower index), from its
+// logits `row` and the call's column scaling d1 (sinkhorn_columns).
+void sinkhorn_top_k(const float* row, const double* d1, int64_t E, int64_t k, int32_t* out) {
+  for (int64_t i = 0; i < k; ++i) {
+    int32_t best = -1;
+    double best_v = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < i; ++j) taken |= out[j] == int32_t(e);
+      const double v = std::exp(double(row[e])) * d1[e];
+      if (!taken && (best < 0 || v > best_v)) best = int32_t(e), best_v = v;
     }
     out[i] = best;
   }
@@ -212,17 +269,19 @@ float log_sum_exp(const float* row, int64_t E) {
 }
 
 // Token t's choices and weights from its logits `row`, which it turns into the aux losses' scores in place (the
-// softmax, or sigmoid's s; q = s / (sum s + 1e-20) is the aux score then, returned through `aux`).
-void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, RouteScratch& sc, int32_t* choice, float* w,
-                          float* aux) {
+// softmax, or sigmoid's s; q = s / (sum s + 1e-20) is the aux score then, returned through `aux`). With `sinkhorn`
+// (the call's column scaling d1, training with sinkhorn balancing) the choices are sinkhorn_top_k's instead.
+void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, RouteScratch& sc, const double* sinkhorn,
+                          int32_t* choice, float* w, float* aux) {
   const int64_t k = cfg.topk;
   const float sf = float(cfg.topk_scaling_factor);
+  if (sinkhorn) sinkhorn_top_k(row, sinkhorn, E, k, choice);
   if (cfg.score_function == ScoreFunction::sigmoid) {
     float total = 0.0f;
     for (int64_t e = 0; e < E; ++e) total += (row[e] = sigmoid(row[e]));
-    if (cfg.expert_bias.empty()) {
+    if (!sinkhorn && cfg.expert_bias.empty()) {
       route_top_k(cfg, row, E, sc, choice);
-    } else {
+    } else if (!sinkhorn) {
       sc.biased.assign(row, row + E);
       for (int64_t e = 0; e < E; ++e) sc.biased[size_t(e)] += cfg.expert_bias[size_t(e)];
       route_top_k(cfg, sc.biased.data(), E, sc, choice);
@@ -234,6 +293,7 @@ void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, RouteScr
     return;
   }
   if (!cfg.pre_softmax) {  // top-k of the logits, the softmax over those k
+    AMPIPE_CHECK(!sinkhorn, "sinkhorn routing with k > 1 takes the pre-softmax weights");
     route_top_k(cfg, row, E, sc, choice);
     const float mx = row[choice[0]];
     float sum = 0.0f;
@@ -242,7 +302,7 @@ void megatron_route_token(const GateConfig& cfg, float* row, int64_t E, RouteScr
   }
   softmax_row(row, E);
   if (cfg.pre_softmax) {  // top-k of the probabilities, their values as weights
-    route_top_k(cfg, row, E, sc, choice);
+    if (!sinkhorn) route_top_k(cfg, row, E, sc, choice);
     for (int64_t i = 0; i < k; ++i) w[i] = row[choice[i]] * sf;
   }
   std::copy(row, row + E, aux);
@@ -266,6 +326,9 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
   std::vector<int32_t> aux_choice(static_cast<size_t>(k));
   std::vector<double> counts(static_cast<size_t>(E), 0.0);
   RouteScratch scratch;
+  // Sinkhorn balancing (training): the column scaling of this call's logits, before they become scores
+  const std::vector<double> d1 =
+      cfg.balancing == Balancing::sinkhorn && cfg.training ? sinkhorn_columns(P, S, E) : std::vector<double>{};
   for (int64_t t = 0; t < S; ++t) {
     float* row = P + t * E;
     int32_t* choice = r.expert.data() + t * k;
@@ -275,7 +338,8 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
       ctx.stats.sum_lse2 += double(lse) * double(lse);
       if (!ctx.logits.empty()) std::copy(row, row + E, ctx.logits.begin() + t * E);
     }
-    megatron_route_token(cfg, row, E, scratch, choice, ctx.topk_weight.data() + t * k, aux.data());
+    megatron_route_token(cfg, row, E, scratch, d1.empty() ? nullptr : d1.data(), choice,
+                         ctx.topk_weight.data() + t * k, aux.data());
     for (int64_t i = 0; i < k; ++i) ++ctx.choice_count[size_t(i * E + choice[i])];
     const int32_t* mapped = choice;
     if (own_aux_map) {

@@ -95,14 +95,25 @@ enum class NoisyGatePolicy : uint8_t { none, jitter, rsample };
 //   others keep their weights (not renormalised). The aux losses count the choices before dropping. With
 //   --moe-pad-expert-input-to-capacity every expert runs min(C, S) rows (the padding zero, weight 0); the expert
 //   bias then counts min(C, S) tokens per expert, as Megatron's padded routing map does.
+// - --moe-router-load-balancing-type sinkhorn (S-BASE's balancing, Megatron's sinkhorn_load_balancing): in training
+//   the choices are the top-k of Megatron's sinkhorn-normalised exp(logits) over the S tokens of this call
+//   (sinkhorn_columns below; no gradient flows through it); in evaluation the top-k of the scores. The scores are
+//   sigmoid(logits) when k = 1, else the full softmax; the weights are the chosen scores, not renormalised and not
+//   scaled. use_sinkhorn_scores() expresses that as score_function sigmoid (k = 1) or pre_softmax softmax (k > 1)
+//   with a scaling factor of 1, no groups and no bias: only the choice differs. No aux loss (Megatron
+//   asserts its coefficient is 0); the z-loss and the capacity apply as with the other types. The normalisation runs
+//   over one router call, so it is per AMPipe chunk (docs/layer.md §6.10).
 enum class Router : uint8_t { deepspeed, megatron };
 enum class DropPolicy : uint8_t { probs, position };  // --moe-token-drop-policy
 constexpr const char* drop_policy_name(DropPolicy p) { return p == DropPolicy::position ? "position" : "probs"; }
 enum class ScoreFunction : uint8_t { softmax, sigmoid };     // --moe-router-score-function
-enum class Balancing : uint8_t { none, aux_loss, seq_aux_loss };  // --moe-router-load-balancing-type
+enum class Balancing : uint8_t { none, aux_loss, seq_aux_loss, sinkhorn };  // --moe-router-load-balancing-type
 constexpr const char* score_function_name(ScoreFunction f) { return f == ScoreFunction::sigmoid ? "sigmoid" : "softmax"; }
 constexpr const char* balancing_name(Balancing b) {
-  return b == Balancing::aux_loss ? "aux_loss" : b == Balancing::seq_aux_loss ? "seq_aux_loss" : "none";
+  return b == Balancing::aux_loss       ? "aux_loss"
+         : b == Balancing::seq_aux_loss ? "seq_aux_loss"
+         : b == Balancing::sinkhorn     ? "sinkhorn"
+                                        : "none";
 }
 
 struct GateConfig {
@@ -135,6 +146,10 @@ struct GateConfig {
   // gradient is the coefficient itself: the loss is z as it is, as Megatron adds it).
   double z_loss_coeff = 0.0;
 };
+
+// Sinkhorn balancing's scores and weights in `cfg` (see Router): sigmoid for k = 1, else the pre-softmax probabilities;
+// no scaling factor, groups or bias (Megatron's sinkhorn_load_balancing ignores those options). Other types: no-op.
+void use_sinkhorn_scores(GateConfig& cfg);
 
 // Per-chunk statistics for the aux loss. Sum them over chunks (and over ranks, for a data-parallel mean) with
 // accumulate(); the aux loss and its gradient need only the totals.
@@ -202,6 +217,14 @@ void gate_assign_forward(int64_t C, GateCtx& ctx);
 
 // Both phases; C from gate_capacity(S, ...) or, with cfg.no_drop, gate_required_capacity (local only).
 void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx);
+
+// Megatron-Core's sinkhorn (moe_utils.sinkhorn, tolerance 1e-4) over S x E logits [S, E] (row stride E): with
+// cost = exp(logits), iterate d0 = (1/S) / (cost d1 + 1e-8), d1 = (1/E) / (cost^T d0 + 1e-8) from d1 = 1 until the mean
+// |change of d1| is at most 1e-4 (at most kSinkhornMaxIterations; Megatron has no bound). Returns d1 [E]: the
+// normalised matrix is d0[t] cost[t, e] d1[e], so token t's choices are the top-k of cost[t, e] d1[e]. Double precision
+// (Megatron: fp32).
+constexpr int kSinkhornMaxIterations = 10000;
+std::vector<double> sinkhorn_columns(const float* logits, int64_t S, int64_t E);
 
 // l_aux = E * sum_e (Sp_e / N) * (Sm_e / N) from sums over all chunks (0 when N = 0). No coefficient.
 // seq_aux_loss (per-sequence sums present): the mean over the B sequences of the same with S_b = N / B.

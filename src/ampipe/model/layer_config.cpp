@@ -113,6 +113,9 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--moe-z-loss-coeff {} needs --moe-model-type megatron_moe: the z-loss is Megatron-Core's "
                                   "router's (DeepSpeed-MoE's gate has none)",
                                   moe_z_loss_coeff));
+  if (moe_router_enable_expert_bias && megatron_router() && moe_router_load_balancing == Balancing::sinkhorn)
+    throw ConfigError("--moe-router-enable-expert-bias with --moe-router-load-balancing-type sinkhorn: sinkhorn "
+                      "routing never reads the expert bias (Megatron's sinkhorn_load_balancing); use one of them");
   if (moe_router_enable_expert_bias && moe_router_score_function != ScoreFunction::sigmoid)
     throw ConfigError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (Megatron's rule: the "
                       "bias is added to the sigmoid scores that choose the experts)");
@@ -266,6 +269,16 @@ void LayerConfig::check_context_parallel(int M) const {
                                     "--sequence-parallel: every chunk must have the same rows on every cp and tp rank",
                                     seq_length, M, C, t, 2 * int64_t(M) * C * t));
   }
+}
+
+void LayerConfig::check_aux_loss_coeff(double coeff) const {
+  if (!(coeff >= 0) || !std::isfinite(coeff))
+    throw ConfigError(fmt::format("--moe-aux-loss-coeff {} is invalid: it must be a finite number >= 0", coeff));
+  if (coeff != 0 && !dense() && megatron_router() && moe_router_load_balancing == Balancing::sinkhorn)
+    throw ConfigError(fmt::format("--moe-aux-loss-coeff {} with --moe-router-load-balancing-type sinkhorn: sinkhorn "
+                                  "routing has no aux loss (Megatron asserts moe_aux_loss_coeff == 0): pass "
+                                  "--moe-aux-loss-coeff 0",
+                                  coeff));
 }
 
 }  // namespace ampipe::model

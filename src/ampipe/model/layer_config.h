@@ -58,7 +58,7 @@ struct LayerConfig {
   bool moe_no_drop = false;
   // --moe-model-type: DeepSpeed-MoE's gate (deepspeed_moe) or Megatron-Core's dropless top-k router (megatron_moe,
   // model/gate.h Router) with --moe-router-pre-softmax, --moe-router-topk-scaling-factor (0: none) and
-  // --moe-router-load-balancing-type aux_loss, seq_aux_loss or none, --moe-router-score-function, group-limited
+  // --moe-router-load-balancing-type aux_loss, seq_aux_loss, sinkhorn or none, --moe-router-score-function, group-limited
   // routing (--moe-router-num-groups, --moe-router-group-topk; 0: none) and the expert bias
   // (--moe-router-enable-expert-bias, updated by --moe-router-bias-update-rate after each step).
   Router moe_router = Router::deepspeed;
@@ -180,6 +180,9 @@ struct LayerConfig {
   void check_tensor_parallel(int M) const;
   // The context-parallel part of it alone (every command checks it for each degree it runs).
   void check_context_parallel(int M) const;
+  // --moe-aux-loss-coeff against the router: >= 0, and 0 with sinkhorn balancing (Megatron asserts it: sinkhorn
+  // routing has no aux loss). Throws ConfigError.
+  void check_aux_loss_coeff(double coeff) const;
 };
 
 }  // namespace ampipe::model

@@ -56,6 +56,7 @@ GateConfig MoeBlock::gate_config() const {
   gc.expert_capacity_factor = cfg.megatron_capacity() ? cfg.moe_expert_capacity_factor : -1;
   gc.pad_to_capacity = cfg.moe_pad_expert_input_to_capacity;
   gc.drop_policy = cfg.moe_token_drop_policy;
+  use_sinkhorn_scores(gc);
   return gc;
 }
 

@@ -165,8 +165,7 @@ void TrainConfig::validate(int world) const {
   if (!(adam_eps > 0)) throw ConfigError(fmt::format("--adam-eps {} is invalid: it must be > 0", adam_eps));
   if (!(clip_grad >= 0))
     throw ConfigError(fmt::format("--clip-grad {} is invalid: it must be >= 0 (0 = no clipping)", clip_grad));
-  if (!(moe_aux_loss_coeff >= 0))
-    throw ConfigError(fmt::format("--moe-aux-loss-coeff {} is invalid: it must be >= 0", moe_aux_loss_coeff));
+  layer.check_aux_loss_coeff(moe_aux_loss_coeff);
   if (valid_fraction != 0 && !(valid_fraction > 0 && valid_fraction <= 0.5))
     throw ConfigError(fmt::format("--valid-fraction {} is invalid: it must be in (0, 0.5]", valid_fraction));
   if (eval_interval < 0)
@@ -393,6 +392,7 @@ std::vector<ConfigKey> run_config_keys() {
                   const std::string s = v.get<std::string>();
                   c.layer.moe_router_load_balancing = s == "none"           ? model::Balancing::none
                                                       : s == "seq_aux_loss" ? model::Balancing::seq_aux_loss
+                                                      : s == "sinkhorn"     ? model::Balancing::sinkhorn
                                                                             : model::Balancing::aux_loss;
                 }},
       ConfigKey{"moe_router_score_function", kL | kC | kA, kTaken,
