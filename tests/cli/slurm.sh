@@ -80,11 +80,14 @@ done
 
 # The same launch line twice (Megatron's start-or-resume with --load DIR --save DIR): the first job starts the run
 # and saves at iteration 4, the second resumes there and trains to 6.
+# Each job is bounded (timeout) so that a job that never starts or never ends fails with the scheduler's view of it
+# (squeue, scontrol, sinfo) and the daemons' logs, instead of being killed by CTest with nothing said.
 job() {  # job ITERS OUT
-  AMPIPE=$bin MPIRUN_FLAGS="--bind-to none --oversubscribe" sbatch --wait --chdir="$dir" --output="$2" --ntasks=2 \
+  AMPIPE=$bin MPIRUN_FLAGS="--bind-to none --oversubscribe" timeout 150 sbatch --wait --chdir="$dir" --output="$2" --ntasks=2 \
     --time=5 "$script" --num-experts 4 --num-layers 1 --expert-model-parallel-size 2 --ampipe-degree 2 \
     --use-flash-attn --train-iters "$1" --log-interval 1 --eval-iters 0 --load "$dir/ckpt" --save "$dir/ckpt" \
-    >"$dir/sbatch.log" 2>&1 || fail "sbatch --wait failed: $(cat "$dir/sbatch.log") $(tail -20 "$2")"
+    >"$dir/sbatch.log" 2>&1 || fail "sbatch --wait failed or ran past 150 s: $(cat "$dir/sbatch.log") $(tail -20 "$2" 2>&1)
+$(squeue -a 2>&1) $(scontrol show job 2>&1 | head -40) $(sinfo -N -l 2>&1)"
 }
 job 4 "$dir/job1.out"
 out=$dir/job1.out
