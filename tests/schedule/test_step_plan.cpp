@@ -99,6 +99,47 @@ TEST(StepPlan, TwoLayersRecomputeDp2OrderAndBuckets) {
   EXPECT_DOUBLE_EQ(p.collective_bytes(StepOp::grad_reduce), 4 * params);
 }
 
+// The distributed optimizer at dp 2: every bucket reduce-scattered, AdamW on half the parameters, then one
+// all-gather per bucket of its half (what this rank sends), in the order of the reductions, and param_unpack after
+// all of them.
+TEST(StepPlan, DistributedOptimizerShardsTheUpdateAndGathersEachBucket) {
+  ModelShape m = two_layer_model(/*ep=*/1, /*tp=*/1, false);
+  m.distributed_optimizer = true;
+  const StepPlan p = build_step_plan(model_step_config(m, 2));
+  const double h = 32, s = 64, V = 100, E = 4, F = 64;
+  const double params = 2 * (4 * h * h + 4 * h + E * h + E * 2 * F * h) + V * h + s * h + 2 * h;
+  std::vector<const StepTask*> reduces, gathers;
+  for (const StepTask& t : p.tasks) {
+    if (t.op == StepOp::grad_reduce) {
+      EXPECT_EQ(t.kind, CollKind::reduce_scatter) << t.name();
+      reduces.push_back(&t);
+    }
+    if (t.op == StepOp::param_gather) gathers.push_back(&t);
+  }
+  ASSERT_EQ(gathers.size(), reduces.size());
+  const int opt = p.index_of(StepOp::optimizer, Dir::fwd, -1, -1);
+  ASSERT_GE(opt, 0);
+  EXPECT_DOUBLE_EQ(p.tasks[size_t(opt)].bytes, 44 * params / 2);  // AdamW + the shard's copies, half the parameters
+  std::vector<uint32_t> gather_ids;
+  for (size_t i = 0; i < gathers.size(); ++i) {
+    const StepTask& g = *gathers[i];
+    EXPECT_EQ(g.name(), "param_gather." + std::string(bucket_name(reduces[i]->bucket)) +
+                            (reduces[i]->layer >= 0 ? ".L" + std::to_string(reduces[i]->layer) : ".outer"));
+    EXPECT_EQ(g.kind, CollKind::all_gather);
+    EXPECT_EQ(g.lane, Lane::dp);
+    EXPECT_EQ(g.group, reduces[i]->group);
+    EXPECT_DOUBLE_EQ(g.bytes, reduces[i]->bytes / 2);
+    EXPECT_EQ(g.deps, std::vector<uint32_t>{uint32_t(opt)});
+    EXPECT_GT(g.id, uint32_t(opt));
+    gather_ids.push_back(g.id);
+  }
+  EXPECT_DOUBLE_EQ(p.collective_bytes(StepOp::param_gather), 4 * params / 2);
+  const int unpack = p.index_of(StepOp::param_unpack, Dir::fwd, -1, -1);
+  ASSERT_EQ(unpack, int(p.tasks.size()) - 1);
+  EXPECT_EQ(p.tasks[size_t(unpack)].deps, gather_ids);
+  EXPECT_DOUBLE_EQ(p.tasks[size_t(unpack)].bytes, 8 * params);
+}
+
 TEST(StepPlan, ExpertBucketsOverAOneRankGroupAndSequenceParallelGathers) {
   // ep 2 with dp 2: the expert-data-parallel group has one rank, so the expert buckets are not reduced; tp 2 with
   // sequence parallelism: the head gets every tp rank's rows (all-gather over tp) and so does the embedding's

@@ -941,10 +941,17 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
                    kPath | kAgree));
   const char* kIncompatible = "(incompatible with AMPipe)";
   v.push_back(flag("--use-ascend-mc2", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.use_ascend_mc2)));
-  v.push_back(
-      flag("--overlap-grad-reduce", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.overlap_grad_reduce)));
-  v.push_back(
-      flag("--overlap-param-gather", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.overlap_param_gather)));
+  v.push_back(flag("--use-distributed-optimizer", T, kGroupParallel, G::on_off,
+                   "shard AdamW's state over each data-parallel group (ZeRO-1, Megatron's distributed optimizer): "
+                   "gradients reduce-scattered, each rank updating its shard, parameters all-gathered",
+                   AT(train->cfg.use_distributed_optimizer)));
+  v.push_back(flag("--overlap-grad-reduce", T, kGroupParallel, G::on_off,
+                   "overlap each layer's data-parallel gradient reduction with the backward (always done here)",
+                   AT(train->cfg.overlap_grad_reduce)));
+  v.push_back(flag("--overlap-param-gather", T, kGroupParallel, G::on_off,
+                   "accepted (needs --use-distributed-optimizer and --overlap-grad-reduce); the parameter "
+                   "all-gathers run right after the optimizer step here, not under the next forward",
+                   AT(train->cfg.overlap_param_gather)));
   v.push_back(flag("--use-nanopipe", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.use_nanopipe)));
   v.push_back(
       flag("--recompute-in-bubble", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.recompute_in_bubble)));
@@ -1144,8 +1151,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
       refused("--fp16", G::on_off, "fp16 training needs loss scaling, which this engine does not have; use --bf16"));
   v.push_back(refused("--loss-scale", G::text,
                       "loss scaling belongs to fp16 training, which this engine does not have; use --bf16"));
-  v.push_back(refused("--use-distributed-optimizer", G::on_off,
-                      "the optimizer state is not sharded: every data-parallel rank keeps the whole AdamW state"));
   v.push_back(refused("--spec", G::text_list,
                       "a layer spec picks the block's modules; this engine builds its own GPT-MoE block", "local"));
 }

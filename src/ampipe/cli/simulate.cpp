@@ -127,7 +127,8 @@ std::string ms(double s) { return fmt::format("{:.2f}", 1e3 * s); }
 
 bool outside_layers(const std::string& stage) {
   for (schedule::StepOp op : {schedule::StepOp::embedding, schedule::StepOp::head, schedule::StepOp::grad_pack,
-                              schedule::StepOp::grad_finish, schedule::StepOp::optimizer, schedule::StepOp::sp_gather})
+                              schedule::StepOp::grad_finish, schedule::StepOp::optimizer, schedule::StepOp::sp_gather,
+                              schedule::StepOp::param_gather, schedule::StepOp::param_unpack})
     if (stage == schedule::step_op_name(op)) return true;
   return stage == "dp_allreduce";
 }
@@ -146,6 +147,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   shape.dp = lay.dp;
   shape.micro_batches = lay.nmb;
   shape.recompute = cfg.recompute_layers();
+  shape.distributed_optimizer = cfg.use_distributed_optimizer;
   Prediction p;
   p.M = M;
   p.step = schedule::build_step_plan(schedule::model_step_config(shape, M));
@@ -157,7 +159,9 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
     if (t.is_layer()) continue;
     const double c = sim::step_task_seconds(t, prof, lay.opts);
     if ((t.op == schedule::StepOp::head || t.op == schedule::StepOp::embedding) && t.micro_batch == 0) p.head_s += c;
-    if (t.op == schedule::StepOp::grad_finish || t.op == schedule::StepOp::optimizer) p.optim_s += c;
+    if (t.op == schedule::StepOp::grad_finish || t.op == schedule::StepOp::optimizer ||
+        t.op == schedule::StepOp::param_unpack || t.op == schedule::StepOp::param_gather)
+      p.optim_s += c;
     if (t.op == schedule::StepOp::grad_reduce) p.dp_allreduce_s += c;
   }
   p.dp_allreduce_bytes = p.step.collective_bytes(schedule::StepOp::grad_reduce);

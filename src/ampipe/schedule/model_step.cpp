@@ -1,5 +1,7 @@
 #include "ampipe/schedule/model_step.h"
 
+#include <algorithm>
+
 namespace ampipe::schedule {
 
 double attention_weights(const model::LayerConfig& l) {
@@ -42,13 +44,15 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   c.hidden = l.hidden_size;
   c.head_vocab = int64_t(V);
   c.sp_tp = l.sp() ? l.tp() : 1;
-  double params = 0, bf16_weights = 0;
+  double params = 0, bf16_weights = 0, dense_params = 0, expert_params = 0;
   for (int i = 0; i < m.num_layers; ++i) {
     const model::LayerConfig& li = layer_at(i);
     const double dense = dense_layer_params(li), expert = expert_layer_params(li);
     c.layer_dense_bytes.push_back(4 * dense);
     c.layer_expert_bytes.push_back(4 * expert);
     params += dense + expert;
+    dense_params += dense;
+    expert_params += expert;
     bf16_weights += (attention_weights(li) + mlp_weights(li)) / tp + expert;
   }
   const double final_norm = l.rmsnorm() ? h : 2 * h;
@@ -57,6 +61,11 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   c.dense_group_size = m.dp * l.cp();
   c.expert_group_size = m.dp * l.cp() / int(l.expert_model_parallel_size);
   c.params = params + outer;
+  // The distributed optimizer updates 1/D of each group's parameters (padding aside).
+  c.distributed_optimizer = m.distributed_optimizer;
+  c.optimizer_params = m.distributed_optimizer ? (dense_params + outer) / double(c.dense_group_size) +
+                                                     expert_params / double(std::max(1, c.expert_group_size))
+                                               : c.params;
   c.bf16_weights = l.bf16 ? bf16_weights : 0;
   return c;
 }

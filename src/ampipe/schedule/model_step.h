@@ -31,6 +31,7 @@ struct ModelShape {
   int dp = 1;                      // data-parallel size
   int micro_batches = 1;           // per device per iteration
   std::vector<bool> recompute;     // per layer; empty: none
+  bool distributed_optimizer = false;  // --use-distributed-optimizer: the optimizer state sharded over the groups
 };
 
 // Parameters of one layer on this device: dense, expert.

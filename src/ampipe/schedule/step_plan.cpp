@@ -17,6 +17,8 @@ const char* step_op_name(StepOp op) {
     case StepOp::grad_reduce: return "grad_reduce";
     case StepOp::grad_finish: return "grad_finish";
     case StepOp::optimizer: return "optimizer";
+    case StepOp::param_gather: return "param_gather";
+    case StepOp::param_unpack: return "param_unpack";
   }
   return "?";
 }
@@ -33,10 +35,12 @@ std::string StepTask::name() const {
     case StepOp::head: return fmt::format("{}{}.{}", mb, step_op_name(op), model::dir_name(dir));
     case StepOp::grad_pack:
     case StepOp::grad_reduce:
+    case StepOp::param_gather:
       return fmt::format("{}.{}.{}", step_op_name(op), bucket_name(bucket),
                          layer >= 0 ? fmt::format("L{}", layer) : std::string("outer"));
     case StepOp::grad_finish:
-    case StepOp::optimizer: return step_op_name(op);
+    case StepOp::optimizer:
+    case StepOp::param_unpack: return step_op_name(op);
   }
   return "?";
 }
@@ -91,12 +95,14 @@ struct Builder {
     t.bytes = bytes;
     return add(std::move(t));
   }
-  // One bucket: pack its gradients (compute), then issue their all-reduce on the dp lane. Returns the reduce task.
+  // One bucket: pack its gradients (compute), then issue their all-reduce (the distributed optimizer: reduce-scatter)
+  // on the dp lane. Adds the reduce task to `reduces`.
   void bucket(int layer, Bucket b, double bytes, int group_size, std::vector<uint32_t>& reduces) {
     if (group_size <= 1 || bytes <= 0) return;
     const uint32_t pack = compute(StepOp::grad_pack, Dir::bwd, -1, layer, 0, 0, 2 * bytes);
     p.tasks[pack].bucket = b;
-    const uint32_t r = collective(StepOp::grad_reduce, Dir::bwd, -1, CollKind::all_reduce,
+    const uint32_t r = collective(StepOp::grad_reduce, Dir::bwd, -1,
+                                  p.config.distributed_optimizer ? CollKind::reduce_scatter : CollKind::all_reduce,
                                   b == Bucket::dense ? comm::GroupKind::dp_cp : comm::GroupKind::edp, Lane::dp, bytes,
                                   {pack}, layer);
     p.tasks[r].bucket = b;
@@ -169,7 +175,28 @@ StepPlan build_step_plan(StepConfig c) {
     p.tasks[b.compute(StepOp::grad_finish, Dir::bwd, -1, -1, 0, 0, 12 * k.params)].deps = reduces;
     // AdamW reads the parameter, gradient and both moments and writes three of them (28 bytes per parameter); a
     // bf16 copy reads the fp32 weight and writes 2 bytes
-    b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 28 * k.params + 6 * k.bf16_weights);
+    if (!k.distributed_optimizer) {
+      b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 28 * k.params + 6 * k.bf16_weights);
+    } else {
+      // AdamW on the shard (plus its copy out of the reduce-scatter's buffer and, packed, into the gather's: 16 bytes),
+      // one all-gather per reduced bucket of its 1/D share, then every parameter copied out (8 bytes) and the bf16
+      // copies refreshed
+      const double own = k.optimizer_params > 0 ? k.optimizer_params : k.params;
+      const uint32_t opt =
+          b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 44 * own + (reduces.empty() ? 6 * k.bf16_weights : 0));
+      std::vector<uint32_t> gathers;
+      for (uint32_t r : reduces) {
+        const StepTask red = p.tasks[r];
+        const int g = red.bucket == Bucket::dense ? k.dense_group_size : k.expert_group_size;
+        const uint32_t t = b.collective(StepOp::param_gather, Dir::fwd, -1, CollKind::all_gather, red.group, Lane::dp,
+                                        red.bytes / g, {opt}, red.layer);
+        p.tasks[t].bucket = red.bucket;
+        gathers.push_back(t);
+      }
+      if (!gathers.empty())
+        p.tasks[b.compute(StepOp::param_unpack, Dir::fwd, -1, -1, 0, 0, 8 * k.params + 6 * k.bf16_weights)].deps =
+            gathers;
+    }
   }
   return p;
 }

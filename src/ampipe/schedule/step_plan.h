@@ -14,6 +14,8 @@
 //           -> [sp_gather.bwd] -> embedding.bwd(m)
 //   grad_pack + grad_reduce of the parameters outside the layers (embedding, final LayerNorm, LM head)
 //   grad_finish (waits for every reduction; scale, sums over tp, sums of squares, loss all-reduce) -> optimizer
+//   distributed optimizer: the buckets' reductions are reduce-scatters, and after the optimizer (its shard only)
+//   param_gather of every bucket (in the order of the reductions) -> param_unpack
 // A reduction over a one-rank group is left out (nothing to reduce). Pipeline stages (send/recv of activations
 // between stages, the 1F1B order of micro-batches) are meant to be new ops and a new builder order here.
 #pragma once
@@ -35,9 +37,13 @@ enum class StepOp : uint8_t {
                 // the first layer's input-gradient rows, for the embedding
   head,         // fwd: final LayerNorm, LM head, cross-entropy (and the micro-batch's routing counts); bwd: theirs
   grad_pack,    // a bucket's gradients copied into the flat reduction buffer
-  grad_reduce,  // collective: the all-reduce (sum) of one bucket over its group
+  grad_reduce,  // collective: the all-reduce (sum) of one bucket over its group; with the distributed optimizer
+                // its reduce-scatter (each rank keeps the sum of its shard)
   grad_finish,  // waits for the reductions; scale by 1/micro-batches, sums over tp, sums of squares, loss sums
-  optimizer,    // clipping, AdamW, the bf16 weight copies refreshed
+  optimizer,    // clipping, AdamW (of this rank's shard with the distributed optimizer), the bf16 weight copies
+                // refreshed (unless param_unpack follows)
+  param_gather,  // distributed optimizer, collective: a bucket's updated shard packed and all-gathered over its group
+  param_unpack,  // distributed optimizer: waits for the gathers, copies the parameters out, refreshes the bf16 copies
 };
 const char* step_op_name(StepOp op);
 
@@ -63,10 +69,13 @@ struct StepTask {
   // is their layer Plan's tasks)
   double gemm_flops = 0, gemm_min_dim = 0;
   double bytes = 0;
-  bool is_collective() const { return op == StepOp::sp_gather || op == StepOp::grad_reduce; }
+  bool is_collective() const {
+    return op == StepOp::sp_gather || op == StepOp::grad_reduce || op == StepOp::param_gather;
+  }
   bool is_layer() const { return op == StepOp::layer || op == StepOp::recompute; }
   // "mb0.embedding.fwd", "mb0.L1.fwd", "mb0.L1.recompute", "mb1.head.bwd", "grad_reduce.dense.L1",
-  // "grad_reduce.dense.outer", "grad_finish", "optimizer": the one name the runners, the trace and the tests use.
+  // "grad_reduce.dense.outer", "grad_finish", "optimizer", "param_gather.expert.L0", "param_unpack": the one name the
+  // runners, the trace and the tests use.
   std::string name() const;
 };
 
@@ -87,6 +96,10 @@ struct StepConfig {
   int dense_group_size = 1, expert_group_size = 1;
   double params = 0;          // parameters this rank holds (grad_finish, optimizer)
   double bf16_weights = 0;    // of which matrices with a bf16 copy refreshed after the step (0: fp32)
+  // --use-distributed-optimizer: each bucket reduce-scattered over its group (when larger than one rank), AdamW on
+  // this rank's shard (optimizer_params elements; 0: params), the updated shards all-gathered after the step.
+  bool distributed_optimizer = false;
+  double optimizer_params = 0;
 };
 
 struct StepPlan {

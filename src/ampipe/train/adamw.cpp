@@ -2,6 +2,8 @@
 
 #include "ampipe/kernels/adamw.h"
 
+#include "ampipe/core/error.h"
+
 #include <cmath>
 #include <numbers>
 
@@ -18,9 +20,19 @@ double learning_rate(const TrainConfig& cfg, int64_t it) {
 }
 
 AdamW::AdamW(const std::vector<NamedParam>& params) {
-  for (const NamedParam& p : params) {
-    m_.push_back(Tensor::zeros(p.param.shape()));
-    v_.push_back(Tensor::zeros(p.param.shape()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    seg_.push_back({i, 0, params[i].param.numel()});
+    m_.push_back(Tensor::zeros(params[i].param.shape()));
+    v_.push_back(Tensor::zeros(params[i].param.shape()));
+  }
+}
+
+AdamW::AdamW(const std::vector<NamedParam>& params, std::vector<AdamWSegment> segments) : seg_(std::move(segments)) {
+  for (const AdamWSegment& s : seg_) {
+    AMPIPE_CHECK(s.param < params.size() && 0 <= s.begin && s.begin < s.end && s.end <= params[s.param].param.numel(),
+                 "AdamW segment [{}, {}) of parameter {} is out of range", s.begin, s.end, s.param);
+    m_.push_back(Tensor::zeros({s.end - s.begin}));
+    v_.push_back(Tensor::zeros({s.end - s.begin}));
   }
 }
 
@@ -35,10 +47,17 @@ void AdamW::step(std::vector<NamedParam>& params, double lr, double weight_decay
   sc.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
   sc.eps = float(eps);
   sc.clip_coef = clip_coef;
-  for (size_t i = 0; i < params.size(); ++i) {
-    NamedParam& np = params[i];
+  for (size_t k = 0; k < seg_.size(); ++k) {
+    const AdamWSegment& s = seg_[k];
+    NamedParam& np = params[s.param];
     sc.decay = np.decay ? float(1.0 - lr * weight_decay) : 1.0f;
-    kernels::adamw_update(np.param, np.grad, m_[i], v_[i], sc);
+    if (m_[k].shape() == np.param.shape()) {
+      kernels::adamw_update(np.param, np.grad, m_[k], v_[k], sc);
+    } else {
+      Tensor p = np.param.view({np.param.numel()}).rows(s.begin, s.end);
+      const Tensor g = np.grad.view({np.grad.numel()}).rows(s.begin, s.end);
+      kernels::adamw_update(p, g, m_[k], v_[k], sc);
+    }
   }
 }
 

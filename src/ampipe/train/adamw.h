@@ -25,19 +25,33 @@ namespace ampipe::train {
 // After D the decaying styles stay at min_lr.
 double learning_rate(const TrainConfig& cfg, int64_t it);
 
+// A slice of one parameter that the optimizer updates: elements [begin, end) of parameter `param`'s flat
+// (row-major) data. The distributed optimizer (train/grad_layout.h) gives each data-parallel rank the slices of its
+// shard; without it every parameter is one whole segment.
+struct AdamWSegment {
+  size_t param = 0;
+  int64_t begin = 0, end = 0;
+};
+
 class AdamW {
  public:
+  AdamW() = default;
+  // Every parameter whole: segment i is parameter i, and its moments have the parameter's shape.
   explicit AdamW(const std::vector<NamedParam>& params);
-  // One update of every parameter with its gradient times clip_coef.
+  // These slices only (the distributed optimizer): segment k's moments are [end - begin] vectors.
+  AdamW(const std::vector<NamedParam>& params, std::vector<AdamWSegment> segments);
+  // One update of every segment with its gradient (the same elements of the parameter's grad) times clip_coef.
   void step(std::vector<NamedParam>& params, double lr, double weight_decay, double beta1, double beta2, double eps,
             float clip_coef);
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }
-  // exp_avg / exp_avg_sq of parameter i (same local shapes as the parameter).
-  Tensor& exp_avg(size_t i) { return m_[i]; }
-  Tensor& exp_avg_sq(size_t i) { return v_[i]; }
+  const std::vector<AdamWSegment>& segments() const { return seg_; }
+  // exp_avg / exp_avg_sq of segment k (whole parameters: of parameter k, in its local shape).
+  Tensor& exp_avg(size_t k) { return m_[k]; }
+  Tensor& exp_avg_sq(size_t k) { return v_[k]; }
 
  private:
+  std::vector<AdamWSegment> seg_;
   std::vector<Tensor> m_, v_;
   int64_t t_ = 0;
 };

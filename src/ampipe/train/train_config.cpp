@@ -28,10 +28,6 @@ std::vector<Incompatible> incompatible_features(const TrainConfig& c) {
   return {
       {"--use-ascend-mc2", c.use_ascend_mc2,
        "MC2 fuses the tensor-parallel collectives into the matmuls that AMPipe cuts into chunks"},
-      {"--overlap-grad-reduce", c.overlap_grad_reduce,
-       "its gradient-reduce hooks fire in the layer order that AMPipe's chunked backward changes"},
-      {"--overlap-param-gather", c.overlap_param_gather,
-       "its parameter all-gather overlaps the forward that AMPipe reorders"},
       {"--use-nanopipe", c.use_nanopipe, "nanopipe pipelines the same block at a different granularity"},
       {"--recompute-in-bubble", c.recompute_in_bubble, "ripipe recomputation needs the unchunked layer"},
       {"--recompute-in-advance", c.recompute_in_advance, "ripipe recomputation needs the unchunked layer"},
@@ -163,6 +159,12 @@ void TrainConfig::validate(int world) const {
   if (!(adam_beta2 >= 0 && adam_beta2 < 1))
     throw ConfigError(fmt::format("--adam-beta2 {} is invalid: it must be in [0, 1)", adam_beta2));
   if (!(adam_eps > 0)) throw ConfigError(fmt::format("--adam-eps {} is invalid: it must be > 0", adam_eps));
+  // Megatron's rules (megatron/training/arguments.py)
+  if (overlap_param_gather && !use_distributed_optimizer)
+    throw ConfigError("--overlap-param-gather needs --use-distributed-optimizer: it overlaps the distributed "
+                      "optimizer's parameter all-gather");
+  if (overlap_param_gather && !overlap_grad_reduce)
+    throw ConfigError("--overlap-param-gather needs --overlap-grad-reduce (Megatron's rule)");
   if (!(clip_grad >= 0))
     throw ConfigError(fmt::format("--clip-grad {} is invalid: it must be >= 0 (0 = no clipping)", clip_grad));
   layer.check_aux_loss_coeff(moe_aux_loss_coeff);
@@ -418,8 +420,9 @@ std::vector<ConfigKey> run_config_keys() {
       AMPIPE_FIELD(use_flash_attn, kC | kA, kNo, c.use_flash_attn),
       AMPIPE_FIELD(ampipe_degree, kC | kA, kNo, c.ampipe_degree),
       AMPIPE_FIELD(use_ascend_mc2, kA, kNo, c.use_ascend_mc2),
-      AMPIPE_FIELD(overlap_grad_reduce, kA, kNo, c.overlap_grad_reduce),
-      AMPIPE_FIELD(overlap_param_gather, kA, kNo, c.overlap_param_gather),
+      AMPIPE_FIELD(use_distributed_optimizer, kC | kA, kNo, c.use_distributed_optimizer),
+      AMPIPE_FIELD(overlap_grad_reduce, kC | kA, kNo, c.overlap_grad_reduce),
+      AMPIPE_FIELD(overlap_param_gather, kC | kA, kNo, c.overlap_param_gather),
       AMPIPE_FIELD(use_nanopipe, kA, kNo, c.use_nanopipe),
       AMPIPE_FIELD(recompute_in_bubble, kA, kNo, c.recompute_in_bubble),
       AMPIPE_FIELD(recompute_in_advance, kA, kNo, c.recompute_in_advance),

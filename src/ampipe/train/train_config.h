@@ -51,10 +51,16 @@ struct TrainConfig {
   // --context-parallel-size, --context-parallel-algo: layer flags (layer.context_parallel_size, _algo).
   // pipe-experts (--use-pipe-experts, --pipe-experts-multi-data, --pipe-experts-multi-stream) is a layer option:
   // layer.use_pipe_experts, layer.pipe_experts_multi_data, layer.pipe_experts_multi_stream.
+  // --use-distributed-optimizer (ZeRO-1, train/grad_layout.h): the gradients reduce-scattered over each data-parallel
+  // group, AdamW's state and update sharded, the parameters all-gathered after the step.
+  bool use_distributed_optimizer = false;
+  // --overlap-grad-reduce: each layer's gradient reduction overlaps the backward of the layers below it, as the
+  // engine always does (the seed lists it as incompatible with AMPipe; here it is exact at any degree).
+  bool overlap_grad_reduce = false;
+  // --overlap-param-gather (needs the distributed optimizer and --overlap-grad-reduce, Megatron's rules).
+  bool overlap_param_gather = false;
   // Features the seed lists as incompatible with AMPipe (and that this engine does not run at all).
   bool use_ascend_mc2 = false;
-  bool overlap_grad_reduce = false;
-  bool overlap_param_gather = false;
   bool use_nanopipe = false;
   bool recompute_in_bubble = false;
   bool recompute_in_advance = false;

@@ -42,8 +42,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
     : cfg_(cfg),
       g_(groups),
       data_(std::move(data)),
-      model_(cfg, groups.layout.coord(groups.world.rank()).ep, &groups),
-      opt_(model_.params()) {
+      model_(cfg, groups.layout.coord(groups.world.rank()).ep, &groups) {
   AMPIPE_CHECK(groups.layout.ep == cfg.layer.expert_model_parallel_size, "layout ep {} vs config ep {}",
                groups.layout.ep, cfg.layer.expert_model_parallel_size);
   s_ = cfg.layer.seq_length;
@@ -53,20 +52,22 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   dp_rank_ = groups.layout.coord(groups.world.rank()).dp;
   tokens_.resize(size_t(s_ * b_));
   targets_.resize(size_t(s_ * b_));
-  int64_t dense_n = 0, expert_n = 0;
   auto& ps = model_.params();
   for (size_t i = 0; i < ps.size(); ++i) {
     (ps[i].expert ? expert_idx_ : dense_idx_).push_back(i);
-    int64_t& n = ps[i].expert ? expert_n : dense_n;
-    offset_.push_back(n);
-    n += ps[i].grad.numel();
     int layer = -1;
     if (ps[i].name.rfind("layers.", 0) == 0) layer = std::stoi(ps[i].name.substr(7));
     layer_of_.push_back(layer);
   }
-  dense_buf_ = Tensor::empty({std::max<int64_t>(dense_n, 1)});
+  layout_ = GradLayout(ps, layer_of_, g_.dp_cp.size(), g_.dp_cp.rank(), g_.edp.size(), g_.edp.rank(),
+                       cfg.use_distributed_optimizer);
+  opt_ = cfg.use_distributed_optimizer ? AdamW(ps, layout_.segments()) : AdamW(ps);
+  // zeros: a sharded run's padding is reduced and gathered with it, and must stay finite
+  dense_buf_ = Tensor::zeros({std::max<int64_t>(layout_.buffer_size(false), 1)});
+  expert_buf_ = Tensor::zeros({std::max<int64_t>(layout_.buffer_size(true), 1)});
+  dense_shard_ = Tensor::zeros({std::max<int64_t>(layout_.shard_buffer_size(false), 1)});
+  expert_shard_ = Tensor::zeros({std::max<int64_t>(layout_.shard_buffer_size(true), 1)});
   scalars_ = Tensor::empty({5});
-  expert_buf_ = Tensor::empty({std::max<int64_t>(expert_n, 1)});
   moe_counts_.assign(size_t(model_.stack().num_layers()) * size_t(cfg.layer.num_experts + 2), 0);
   moe_buf_ = Tensor::empty({int64_t(2 * moe_counts_.size())});
 }
@@ -115,24 +116,14 @@ double sum_squares(const float* x, int64_t n) {
 }
 }  // namespace
 
-// Calls f(begin, end) for each contiguous run of a bucket's parameters in its flat buffer (a layer's parameters are
+// Calls f(run) for each run of a bucket's parameters in its flat buffer (grad_layout.h: a layer's parameters are
 // one run; those outside the layers, the embedding and the final LayerNorm / LM head at either end of the parameter
 // list, are two).
 template <class F>
 void Trainer::for_bucket_runs(int layer, schedule::Bucket b, F&& f) {
-  const auto& idx = b == schedule::Bucket::dense ? dense_idx_ : expert_idx_;
-  auto& ps = model_.params();
-  int64_t begin = -1, end = -1;
-  for (size_t i : idx) {
-    if (layer_of_[i] != layer) continue;
-    if (end != offset_[i] && begin >= 0) {
-      f(begin, end);
-      begin = -1;
-    }
-    if (begin < 0) begin = offset_[i];
-    end = offset_[i] + ps[i].grad.numel();
-  }
-  if (begin >= 0) f(begin, end);
+  const bool expert = b == schedule::Bucket::expert;
+  for (const GradRun& r : layout_.runs())
+    if (r.layer == layer && r.expert == expert) f(r);
 }
 
 // The step Plan's grad_pack: the bucket's gradients into the flat buffer of its reduction.
@@ -141,20 +132,60 @@ void Trainer::pack_bucket(int layer, schedule::Bucket b) {
   Tensor& buf = b == schedule::Bucket::dense ? dense_buf_ : expert_buf_;
   for (size_t i : b == schedule::Bucket::dense ? dense_idx_ : expert_idx_)
     if (layer_of_[i] == layer)
-      std::memcpy(buf.data<float>() + offset_[i], ps[i].grad.data<float>(), size_t(ps[i].grad.numel()) * 4);
+      std::memcpy(buf.data<float>() + layout_.offset(i), ps[i].grad.data<float>(), size_t(ps[i].grad.numel()) * 4);
 }
 
 // The step Plan's grad_reduce: the bucket's all-reduce (dense over dp x cp, expert over the expert-data-parallel
-// group), one per contiguous run. Every rank runs the same step Plan, so the groups see identical collective
-// sequences.
+// group), one per run; with the distributed optimizer its reduce-scatter into this rank's shard. Every rank runs the
+// same step Plan, so the groups see identical collective sequences.
 void Trainer::reduce_bucket(int layer, schedule::Bucket b) {
   const bool dense = b == schedule::Bucket::dense;
   const comm::Group& grp = dense ? g_.dp_cp : g_.edp;
   Tensor& buf = dense ? dense_buf_ : expert_buf_;
-  for_bucket_runs(layer, b, [&](int64_t begin, int64_t end) {
-    pending_.push_back(comm::all_reduce(grp, buf.rows(begin, end), comm::Reduce::sum,
-                                        fmt::format("{}.L{}.{}", dense ? "grad.dense" : "grad.expert", layer, begin)));
+  Tensor& shard = dense ? dense_shard_ : expert_shard_;
+  for_bucket_runs(layer, b, [&](const GradRun& r) {
+    const std::string tag = fmt::format("{}.L{}.{}", dense ? "grad.dense" : "grad.expert", layer, r.begin);
+    if (r.sharded)
+      pending_.push_back(comm::reduce_scatter(grp, buf.rows(r.begin, r.padded_end),
+                                              shard.rows(r.shard_begin, r.shard_begin + r.shard_size()),
+                                              comm::Reduce::sum, tag));
+    else
+      pending_.push_back(comm::all_reduce(grp, buf.rows(r.begin, r.end), comm::Reduce::sum, tag));
   });
+}
+
+// The distributed optimizer's gather of one sharded run: this rank's shard packed (src(k): piece k's values) and
+// all-gathered over the run in the flat buffer; finished by unpack_gathered. param_gather: the updated parameters
+// of a bucket's runs; a checkpoint: the moments of every run.
+template <class Src>
+void Trainer::gather_run(const GradRun& r, Src&& src, const char* what) {
+  if (!r.sharded) return;
+  Tensor& buf = r.expert ? expert_buf_ : dense_buf_;
+  Tensor& shard = r.expert ? expert_shard_ : dense_shard_;
+  const auto& pieces = layout_.pieces();
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const GradPiece& p = pieces[k];
+    if (p.expert != r.expert || p.shard_at < r.shard_begin || p.shard_at >= r.shard_begin + r.shard_size()) continue;
+    std::memcpy(shard.data<float>() + p.shard_at, src(k), size_t(p.seg.end - p.seg.begin) * 4);
+  }
+  pending_.push_back(comm::all_gather(r.expert ? g_.edp : g_.dp_cp,
+                                      shard.rows(r.shard_begin, r.shard_begin + r.shard_size()),
+                                      buf.rows(r.begin, r.padded_end),
+                                      fmt::format("{}.{}.L{}.{}", what, r.expert ? "expert" : "dense", r.layer, r.begin)));
+}
+
+// Waits for the gathers and copies every parameter of a sharded buffer out of it: dst(i) is where parameter i's
+// local elements go.
+template <class Dst>
+void Trainer::unpack_gathered(Dst&& dst) {
+  comm::wait_all(pending_);
+  pending_.clear();
+  auto& ps = model_.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!layout_.sharded(ps[i].expert)) continue;
+    const Tensor& buf = ps[i].expert ? expert_buf_ : dense_buf_;
+    std::memcpy(dst(i), buf.data<float>() + layout_.offset(i), size_t(ps[i].param.numel()) * 4);
+  }
 }
 
 // The step Plan of one iteration (schedule/step_plan.h) for this rank: the stack's layer Plans, K micro-batches,
@@ -185,7 +216,10 @@ void Trainer::plan_step() {
   }
   c.dense_group_size = g_.dp_cp.size();
   c.expert_group_size = g_.edp.size();
+  c.distributed_optimizer = cfg_.use_distributed_optimizer;
+  c.optimizer_params = double(layout_.owned_elements());
   step_ = schedule::build_step_plan(std::move(c));
+  gathers_params_ = step_.index_of(schedule::StepOp::param_unpack, model::Dir::fwd, -1, -1) >= 0;
   step_generation_ = stack.generation();
 }
 
@@ -197,24 +231,31 @@ void Trainer::reduce_gradients() {
   const model::LayerConfig& lc = cfg_.layer;
   double tp_sharded_sq = 0;    // dense tp shards: a different part of the tensor on every tp rank
   double expert_whole_sq = 0;  // expert tensors that are not cut over tp: the same on every tp rank
-  auto unpack = [&](const std::vector<size_t>& idx, const Tensor& buf, const comm::Group& grp) {
+  // Each optimizer piece (grad_layout.h): a whole parameter of an unsharded buffer, or this rank's slice of one in a
+  // sharded buffer (its reduce-scattered elements, copied into the parameter's gradient where AdamW reads them).
+  auto unpack = [&](bool expert, const Tensor& buf, const Tensor& shard, const comm::Group& grp) {
     double sq = 0;
-    for (size_t i : idx) {
-      float* g = ps[i].grad.data<float>();
-      const int64_t n = ps[i].grad.numel();
-      const float* src = grp.size() > 1 ? buf.data<float>() + offset_[i] : g;
+    for (const GradPiece& pc : layout_.pieces()) {
+      if (pc.expert != expert) continue;
+      NamedParam& p = ps[pc.seg.param];
+      Tensor gv = p.grad.view({p.grad.numel()}).rows(pc.seg.begin, pc.seg.end);
+      float* g = gv.data<float>();
+      const int64_t n = pc.seg.end - pc.seg.begin;
+      const float* src = pc.shard_at >= 0   ? shard.data<float>() + pc.shard_at
+                         : grp.size() > 1 ? buf.data<float>() + layout_.offset(pc.seg.param)
+                                          : g;
       for (int64_t k = 0; k < n; ++k) g[k] = src[k] * inv;
       // Sequence parallel: LayerNorm and gate gradients cover this tp rank's rows; their sum over tp is the
-      // gradient (the data-parallel sum above commutes with it).
-      if (ps[i].tp_partial_grad(lc)) comm::all_reduce_sync(g_.tp, ps[i].grad, comm::Reduce::sum, "grad.tp." + ps[i].name);
+      // gradient (the data-parallel sum above commutes with it). The tp ranks hold the same pieces.
+      if (p.tp_partial_grad(lc)) comm::all_reduce_sync(g_.tp, gv, comm::Reduce::sum, "grad.tp." + p.name);
       const double s = sum_squares(g, n);
-      const bool sharded = ps[i].tp_sharded(lc);
-      (ps[i].expert ? (sharded || g_.tp.size() == 1 ? sq : expert_whole_sq) : (sharded ? tp_sharded_sq : sq)) += s;
+      const bool sharded = p.tp_sharded(lc);
+      (p.expert ? (sharded || g_.tp.size() == 1 ? sq : expert_whole_sq) : (sharded ? tp_sharded_sq : sq)) += s;
     }
     return sq;
   };
-  dense_sumsq_ = unpack(dense_idx_, dense_buf_, g_.dp_cp);
-  expert_sumsq_ = unpack(expert_idx_, expert_buf_, g_.edp);
+  dense_sumsq_ = unpack(false, dense_buf_, dense_shard_, g_.dp_cp);
+  expert_sumsq_ = unpack(true, expert_buf_, expert_shard_, g_.edp);
   tp_sharded_sumsq_ = tp_sharded_sq;
   expert_whole_sumsq_ = expert_whole_sq;
 }
@@ -222,7 +263,18 @@ void Trainer::reduce_gradients() {
 // Each parameter once: dense gradients are identical on every rank after the reduction (tp shards: summed over the
 // tp group); expert shards are summed over the EP group and, cut over tp, over the tp group too (those every tp rank
 // holds whole, once).
+// With the distributed optimizer each rank's sums cover its shard: summed over the group first.
 double Trainer::grad_norm() {
+  auto over_group = [&](const comm::Group& grp, double& a, double& b, const char* tag) {
+    Tensor t = scalars_.rows(0, 2);
+    t.data<float>()[0] = float(a);
+    t.data<float>()[1] = float(b);
+    comm::all_reduce_sync(grp, t, comm::Reduce::sum, tag);
+    a = t.get(0);
+    b = t.get(1);
+  };
+  if (layout_.sharded(false)) over_group(g_.dp_cp, dense_sumsq_, tp_sharded_sumsq_, "grad.norm.dp");
+  if (layout_.sharded(true)) over_group(g_.edp, expert_sumsq_, expert_whole_sumsq_, "grad.norm.edp");
   double expert = expert_sumsq_, sharded = tp_sharded_sumsq_;
   if (g_.tp.size() > 1) {
     Tensor t = scalars_.rows(0, 2);
@@ -343,6 +395,8 @@ void Trainer::run_step_task(const schedule::StepTask& t, StepState& s) {
     case StepOp::grad_reduce: return reduce_bucket(t.layer, t.bucket);
     case StepOp::grad_finish: return finish_gradients(s);
     case StepOp::optimizer: return optimizer_step(s);
+    case StepOp::param_gather: return param_gather(t.layer, t.bucket);
+    case StepOp::param_unpack: return param_unpack(s);
   }
 }
 
@@ -390,6 +444,38 @@ void Trainer::finish_gradients(StepState& s) {
   }
 }
 
+// The distributed optimizer's state whole: every parameter's moments in its local shape, the sharded ones gathered
+// over their groups (collective). Checkpoints hold whole tensors, so they load with or without the distributed
+// optimizer and at any data-parallel size.
+AdamW Trainer::whole_optimizer_state() {
+  auto& ps = model_.params();
+  AdamW whole(ps);
+  whole.set_steps(opt_.steps());
+  const auto& pieces = layout_.pieces();
+  for (int moment = 0; moment < 2; ++moment) {
+    auto mine = [&](size_t k) -> Tensor& { return moment == 0 ? opt_.exp_avg(k) : opt_.exp_avg_sq(k); };
+    auto theirs = [&](size_t i) -> Tensor& { return moment == 0 ? whole.exp_avg(i) : whole.exp_avg_sq(i); };
+    for (size_t k = 0; k < pieces.size(); ++k)
+      if (pieces[k].shard_at < 0) std::memcpy(theirs(pieces[k].seg.param).raw(), mine(k).raw(), mine(k).nbytes());
+    for (const GradRun& r : layout_.runs())
+      gather_run(r, [&](size_t k) { return mine(k).data<float>(); }, moment == 0 ? "ckpt.m" : "ckpt.v");
+    unpack_gathered([&](size_t i) { return theirs(i).data<float>(); });
+  }
+  return whole;
+}
+
+// The reverse: this rank's pieces of a whole state (every rank holds it whole after a load).
+void Trainer::take_optimizer_state(AdamW& whole) {
+  opt_.set_steps(whole.steps());
+  const auto& pieces = layout_.pieces();
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const AdamWSegment& sg = pieces[k].seg;
+    const size_t bytes = size_t(sg.end - sg.begin) * 4;
+    std::memcpy(opt_.exp_avg(k).raw(), whole.exp_avg(sg.param).data<float>() + sg.begin, bytes);
+    std::memcpy(opt_.exp_avg_sq(k).raw(), whole.exp_avg_sq(sg.param).data<float>() + sg.begin, bytes);
+  }
+}
+
 void Trainer::optimizer_step(StepState& s) {
   IterationStats& st = s.st;
   float clip = 1.0f;
@@ -398,8 +484,32 @@ void Trainer::optimizer_step(StepState& s) {
     comm::TraceScope trace(comm::Lane::compute, "optimizer (clip, AdamW)");
     opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
   }
-  model_.stack().weights_changed();  // the bf16 weight copies: once per optimizer step
-  st.optim_ms = ms_since(s.t_opt);
+  // the bf16 weight copies: once per optimizer step (the distributed optimizer: once the parameters are gathered)
+  if (!gathers_params_) {
+    model_.stack().weights_changed();
+    st.optim_ms = ms_since(s.t_opt);
+  }
+}
+
+// The distributed optimizer after its step: every rank's updated shard gathered (param_gather per bucket), then the
+// parameters copied out of the flat buffers (param_unpack).
+void Trainer::param_gather(int layer, schedule::Bucket b) {
+  const auto& pieces = layout_.pieces();
+  auto& ps = model_.params();
+  for (const GradRun& r : layout_.runs())
+    if (r.layer == layer && r.expert == (b == schedule::Bucket::expert))
+      gather_run(r, [&](size_t k) { return ps[pieces[k].seg.param].param.data<float>() + pieces[k].seg.begin; },
+                 "param.gather");
+}
+
+void Trainer::param_unpack(StepState& s) {
+  {
+    comm::TraceScope trace(comm::Lane::compute, "param.unpack (wait for the gathers, copy)");
+    auto& ps = model_.params();
+    unpack_gathered([&](size_t i) { return ps[i].param.data<float>(); });
+  }
+  model_.stack().weights_changed();
+  s.st.optim_ms = ms_since(s.t_opt);
 }
 
 IterationStats Trainer::train_step() {
@@ -454,8 +564,15 @@ std::map<std::string, Tensor> Trainer::full_params() {
 
 int64_t Trainer::maybe_load() {
   if (cfg_.load.empty()) return 0;
-  const CheckpointMeta meta =
-      load_checkpoint(cfg_.load, cfg_, model_, opt_, g_, !(cfg_.no_load_optim || cfg_.finetune));
+  const bool optim = !(cfg_.no_load_optim || cfg_.finetune);
+  CheckpointMeta meta;
+  if (cfg_.use_distributed_optimizer && optim) {  // the whole state read, this rank's shard kept
+    AdamW whole(model_.params());
+    meta = load_checkpoint(cfg_.load, cfg_, model_, whole, g_, true);
+    take_optimizer_state(whole);
+  } else {
+    meta = load_checkpoint(cfg_.load, cfg_, model_, opt_, g_, optim);
+  }
   model_.stack().weights_changed();
   // --finetune (Megatron): the loaded model starts a new run, from iteration 0 and the first sample.
   iteration_ = cfg_.finetune ? 0 : meta.iteration;
@@ -485,7 +602,12 @@ void Trainer::save(int64_t iteration) {
                      {"expert_model_parallel_size", cfg_.layer.expert_model_parallel_size},
                      {"context_parallel_size", cfg_.layer.context_parallel_size},
                      {"world_size", g_.world.size()}};
-  save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
+  if (cfg_.use_distributed_optimizer) {
+    AdamW whole = whole_optimizer_state();
+    save_checkpoint(cfg_.save, meta, cfg_, model_, whole, g_, save_opts_);
+  } else {
+    save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
+  }
 }
 
 void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say) {

@@ -29,6 +29,7 @@
 #include "ampipe/train/adamw.h"
 #include "ampipe/train/checkpoint.h"
 #include "ampipe/train/gpt_model.h"
+#include "ampipe/train/grad_layout.h"
 #include "ampipe/train/text_data.h"
 #include "ampipe/train/train_config.h"
 
@@ -142,6 +143,16 @@ class Trainer {
   // over tp, sums of squares).
   template <class F>
   void for_bucket_runs(int layer, schedule::Bucket b, F&& f);
+  // The distributed optimizer (grad_layout.h): gathers of sharded runs, the parameters after the step, and the
+  // whole optimizer state for checkpoints.
+  template <class Src>
+  void gather_run(const GradRun& r, Src&& src, const char* what);
+  template <class Dst>
+  void unpack_gathered(Dst&& dst);
+  void param_gather(int layer, schedule::Bucket b);
+  void param_unpack(StepState& s);
+  AdamW whole_optimizer_state();
+  void take_optimizer_state(AdamW& whole);
   void pack_bucket(int layer, schedule::Bucket b);
   void reduce_bucket(int layer, schedule::Bucket b);
   void reduce_gradients();
@@ -158,9 +169,11 @@ class Trainer {
   int64_t iteration_ = 0, consumed_ = 0;
   std::vector<int32_t> tokens_, targets_;
   std::vector<size_t> dense_idx_, expert_idx_;
+  GradLayout layout_;  // the flat buffers' runs and this rank's shards
   Tensor dense_buf_, expert_buf_;
+  Tensor dense_shard_, expert_shard_;  // the distributed optimizer's reduce-scattered gradients (and gather sources)
+  bool gathers_params_ = false;        // the step Plan gathers the parameters after the optimizer (param_unpack)
   Tensor scalars_;  // [2] the step's few all-reduced scalars (losses, norms), allocated once
-  std::vector<int64_t> offset_;  // per parameter: its offset in dense_buf_ or expert_buf_
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
   schedule::StepPlan step_;
