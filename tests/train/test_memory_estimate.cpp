@@ -139,3 +139,16 @@ TEST(MemoryEstimate, FitRules) {
   held.add("parameters", 1 << 20);
   EXPECT_EQ(schedule::memory_fit_error(held, int64_t(1) << 60, -1, 1), "");
 }
+
+// --use-distributed-optimizer: the AdamW state is this rank's shard, 1/(dp x cp) of the parameters' at ep 1 (8 bytes
+// per element, rounded up per group): at dp 4 a quarter of the whole state.
+TEST(MemoryEstimate, DistributedOptimizerShardsTheState) {
+  train::TrainConfig t;
+  const char* key = "optimizer state (AdamW, 2 fp32 moments)";
+  const int64_t whole = train::estimate_train_memory(t, 0, 4).bytes(key);
+  t.use_distributed_optimizer = true;
+  const int64_t sharded = train::estimate_train_memory(t, 0, 4).bytes(key);
+  EXPECT_GE(sharded, whole / 4);
+  EXPECT_LE(sharded, whole / 4 + 16);
+  EXPECT_EQ(train::estimate_train_memory(t, 0, 1).bytes(key), whole);  // dp 1: nothing to shard
+}

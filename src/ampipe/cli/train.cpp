@@ -186,7 +186,7 @@ void print_header(const RunInfo& r) {
     keep.recompute_granularity.clear();
     keep.recompute_method.clear();
     keep.layer.recompute_attention = false;
-    schedule::MemoryEstimate without = train::estimate_train_memory(keep, data->train_samples());
+    schedule::MemoryEstimate without = train::estimate_train_memory(keep, data->train_samples(), r.world);
     without.parts.insert(without.parts.begin(), {"process now (code, MPI, data)", rss_now});
     fmt::print("  recomputation ({}): estimated peak {} per rank, {} without\n", cfg.recompute_granularity,
                core::format_bytes(double(mem.total())), core::format_bytes(double(without.total())));
@@ -391,7 +391,7 @@ int run_train(TrainFlags& flags) {
     for (const std::string& h : comm::all_gather_strings(groups.world, host, "train.hosts")) multi_host |= h != host;
   }
   // This rank's peak memory from the shapes, before the model is built; refused when it does not fit (every rank).
-  schedule::MemoryEstimate mem = train::estimate_train_memory(cfg, data->train_samples());
+  schedule::MemoryEstimate mem = train::estimate_train_memory(cfg, data->train_samples(), groups.world.size());
   const int64_t rss_now = std::max<int64_t>(core::current_rss_bytes(), 0);
   mem.parts.insert(mem.parts.begin(), {"process now (code, MPI, data)", rss_now});
   check_memory_fits(mem, rss_now, flags.memory, groups.world);

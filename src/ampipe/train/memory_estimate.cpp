@@ -4,10 +4,11 @@
 
 #include "ampipe/model/layer_params.h"
 #include "ampipe/model/size_check.h"
+#include "ampipe/schedule/model_step.h"
 
 namespace ampipe::train {
 
-schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples) {
+schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples, int world) {
   using model::checked_add;
   using model::checked_elements;
   using model::checked_mul;
@@ -39,7 +40,15 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   const int64_t params =
       checked_add(layer_params, head, "the parameter count");
   const int64_t param_bytes = checked_mul(params, 4, "the parameter bytes");
-  e.add("optimizer state (AdamW, 2 fp32 moments)", checked_mul(param_bytes, 2, "the optimizer state"));
+  int64_t state = checked_mul(param_bytes, 2, "the optimizer state");
+  if (cfg.use_distributed_optimizer) {  // this rank's shard of each group's parameters
+    int64_t expert = 0;
+    for (const model::LayerConfig& lc : layers) expert += int64_t(schedule::expert_layer_params(lc));
+    const int64_t dense_group = std::max<int64_t>(1, int64_t(cfg.data_parallel_size(world)) * l.cp());
+    const int64_t expert_group = std::max<int64_t>(1, dense_group / std::max(1, l.expert_model_parallel_size));
+    state = 8 * ((params - expert + dense_group - 1) / dense_group + (expert + expert_group - 1) / expert_group);
+  }
+  e.add("optimizer state (AdamW, 2 fp32 moments)", state);
   e.add("gradient all-reduce buffers", param_bytes);
 
   // GptModel's buffers (T: this cp rank's tokens): x0, xn, dxn, dy [T, h]; logits [T, V]; five [T] vectors

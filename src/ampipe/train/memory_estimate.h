@@ -19,6 +19,8 @@ namespace ampipe::train {
 
 // cfg.vocab_size must be the data's (it is after load_corpus). train_samples: the samples of the training split
 // (the data order's permutation); 0 if unknown.
-schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples = 0);
+// world: the ranks (with --use-distributed-optimizer the AdamW state is 1/(dp x cp) of the dense parameters' and
+// 1/(dp x cp / ep) of the experts', train/grad_layout.h; padding aside).
+schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples = 0, int world = 1);
 
 }  // namespace ampipe::train
