@@ -243,7 +243,9 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       // the layout and the evaluation: metadata.json rebuilds the run as --config at any degree and layout (issue 27)
       "tensor_model_parallel_size", "sequence_parallel", "ampipe_tp_sp_comm_overlap", "context_parallel_size",
       "context_parallel_algo", "use_flash_attn", "add_bias_linear", "pipe_experts_multi_stream", "eval_interval",
-      "eval_iters"};
+      "eval_iters",
+      // the distributed optimizer: a layout choice (checkpoints hold whole tensors and load either way)
+      "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;

@@ -63,6 +63,30 @@ TEST(GradLayout, ShardsEachRunPaddedToTheGroupByHand) {
   EXPECT_EQ(off.owned_elements(), 13);
 }
 
+// A dense parameter after the expert ones of its layer (a shared expert after the routed experts: b e f in layer 0)
+// belongs to the layer's dense run, not to the expert run opened after it: its piece is dense, its elements follow b's.
+TEST(GradLayout, ADenseParameterAfterTheExpertsStaysInTheDenseRun) {
+  const std::vector<NamedParam> ps = params_of({{2, false}, {3, true}, {4, false}});
+  const std::vector<int> layer = {0, 0, 0};
+  for (bool shard : {false, true}) {
+    SCOPED_TRACE(shard ? "sharded" : "unsharded");
+    const GradLayout l(ps, layer, 2, 0, 2, 0, shard);
+    ASSERT_EQ(l.runs().size(), 2u);
+    EXPECT_EQ(l.offset(0), 0);
+    EXPECT_EQ(l.offset(2), 2);
+    EXPECT_EQ(l.offset(1), 0);
+    EXPECT_EQ(l.buffer_size(false), 6);
+    std::vector<std::pair<size_t, bool>> got;
+    for (const GradPiece& p : l.pieces()) got.emplace_back(p.seg.param, p.expert);
+    // sharded, rank 0 owns dense [0, 3) (b and f[0, 1)) and expert [0, 2) (e[0, 2))
+    EXPECT_EQ(got, (std::vector<std::pair<size_t, bool>>{{0, false}, {1, true}, {2, false}}));
+    if (shard) {
+      EXPECT_EQ(l.pieces()[2].seg.end, 1);
+      EXPECT_EQ(l.pieces()[2].shard_at, 2);
+    }
+  }
+}
+
 // One AdamW step (t = 1, lr 0.1, weight decay 0.5, betas 0.9 / 0.999, eps 1e-8) on the slice [1, 3) of a
 // 4-vector: m = 0.1 g, v = 0.001 g^2, so m / (1 - 0.9) = g and sqrt(v / (1 - 0.999)) = |g|, and the owned elements
 // become p (1 - lr wd) - lr g / (|g| + eps); the others do not move.

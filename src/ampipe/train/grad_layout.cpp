@@ -48,7 +48,7 @@ GradLayout::GradLayout(const std::vector<NamedParam>& params, const std::vector<
     }
     offset_[i] = open[e]->end;
     open[e]->end += params[i].grad.numel();
-    run_of[i] = runs_.size() - 1;
+    run_of[i] = size_t(open[e] - runs_.data());  // not the last run pushed: the other buffer's may be newer
   }
   close(false);
   close(true);
