@@ -172,3 +172,54 @@ TEST(StepPlan, LayersOnly) {
   EXPECT_EQ(names(p), (std::vector<std::string>{"mb0.L0.fwd", "mb0.L1.fwd", "mb0.L1.recompute", "mb0.L1.bwd",
                                                 "mb0.L0.bwd"}));
 }
+
+// The step Plan of a pipeline stage: stage 0 of 2 (K = 3, one layer) and stage 1, with tied embeddings. Receives are
+// posted one micro-batch ahead; the last stage hands its tied LM-head gradient to the first before the first stage's
+// outer bucket, and gets the weight back.
+TEST(StepPlan, PipelineStagesSendReceiveReplayAndTiedEmbedding) {
+  ModelShape m = two_layer_model(/*ep=*/1, /*tp=*/1, false);
+  m.num_layers = 1;
+  m.recompute = {};
+  m.dp = 1;
+  m.micro_batches = 3;
+  StepConfig c = model_step_config(m, 1);
+  c.pp_size = 2;
+  c.pp_bytes = 4.0 * 64 * 2 * 32;
+  c.tied_bytes = 4.0 * 100 * 32;
+  StepConfig first = c, last = c;
+  first.pp_rank = 0;
+  last.pp_rank = 1;
+  EXPECT_EQ(names(build_step_plan(first)),
+            (std::vector<std::string>{
+                "mb0.pp_recv.bwd", "mb0.embedding.fwd", "mb0.L0.fwd", "mb0.pp_send.fwd",              // warm-up
+                "mb1.embedding.fwd", "mb1.L0.fwd", "mb1.pp_send.fwd",                                 // 1F
+                "mb0.pp_wait.bwd", "mb1.pp_recv.bwd", "mb0.L0.bwd", "mb0.embedding.bwd",             // 1B
+                "mb2.embedding.fwd", "mb2.L0.fwd", "mb2.pp_send.fwd",                                 // 1F
+                "mb1.pp_wait.bwd", "mb2.pp_recv.bwd", "mb1.L0.bwd", "mb1.embedding.bwd",             // 1B
+                "mb2.pp_wait.bwd", "mb2.L0.bwd", "mb2.embedding.bwd",                                // cool-down
+                "tied_grad", "grad_finish", "optimizer", "tied_param"}));
+  EXPECT_EQ(names(build_step_plan(last)),
+            (std::vector<std::string>{
+                "mb0.pp_recv.fwd", "mb0.pp_wait.fwd", "mb1.pp_recv.fwd", "mb0.L0.fwd", "mb0.head.fwd",
+                "mb0.head.bwd", "mb0.L0.bwd", "mb0.pp_send.bwd",                                     //
+                "mb1.pp_wait.fwd", "mb2.pp_recv.fwd", "mb1.L0.fwd", "mb1.head.fwd", "mb1.head.bwd", "mb1.L0.bwd",
+                "mb1.pp_send.bwd",                                                                  //
+                "mb2.pp_wait.fwd", "mb2.L0.fwd", "mb2.head.fwd", "mb2.head.bwd", "mb2.L0.bwd", "mb2.pp_send.bwd",
+                "tied_grad", "grad_finish", "optimizer", "tied_param"}));
+  // lanes and bytes: activations downstream on pp_fwd, gradients upstream on pp_bwd, one activation each
+  const StepPlan p = build_step_plan(last);
+  for (const StepTask& t : p.tasks) {
+    if (t.op == StepOp::pp_recv || t.op == StepOp::pp_send) {
+      EXPECT_EQ(t.lane, t.dir == model::Dir::fwd ? comm::Lane::pp_fwd : comm::Lane::pp_bwd) << t.name();
+      EXPECT_EQ(t.bytes, c.pp_bytes) << t.name();
+      EXPECT_EQ(t.group, comm::GroupKind::pp) << t.name();
+    }
+    if (t.op == StepOp::pp_wait) {
+      ASSERT_EQ(t.deps.size(), 1u);
+      EXPECT_EQ(p.tasks[t.deps[0]].op, StepOp::pp_recv);
+      EXPECT_EQ(p.tasks[t.deps[0]].micro_batch, t.micro_batch);
+    }
+  }
+  EXPECT_EQ(p.collective_bytes(StepOp::pp_send), 3 * c.pp_bytes);
+  EXPECT_EQ(p.collective_bytes(StepOp::tied_grad), c.tied_bytes);
+}

@@ -245,7 +245,9 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       "context_parallel_algo", "use_flash_attn", "add_bias_linear", "pipe_experts_multi_stream", "eval_interval",
       "eval_iters",
       // the distributed optimizer: a layout choice (checkpoints hold whole tensors and load either way)
-      "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"};
+      "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+      // the pipeline stages: a layout choice too (checkpoints hold every stage's tensors)
+      "pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;

@@ -117,7 +117,11 @@ constexpr const char* kHighAvailability = "NPU fault tolerance";
 // Why a refused flag is refused: its one line says it. A flag whose meaning is the engine's only for one value
 // accepts that value (refused()'s `accepted`).
 constexpr const char* kNoPipeline =
-    "this engine has no pipeline parallelism (AMPipe pipelines inside a block); use data and expert parallelism";
+    "the pipeline stages here are --pipeline-model-parallel-size with --decoder-first-pipeline-num-layers / "
+    "--decoder-last-pipeline-num-layers for an uneven split";
+constexpr const char* kNoInterleaving =
+    "the interleaved pipeline schedule (virtual stages) is not built yet: --pipeline-model-parallel-size runs "
+    "Megatron's 1F1B schedule";
 constexpr const char* kTokenizer =
     "a Hugging Face tokenizer is --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json here (the "
     "other tokenizers: SentencePieceTokenizer, GPT2BPETokenizer)";
@@ -589,9 +593,8 @@ void add_refused_training_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--num-layer-list", "--schedules-method", "--pipeline-model-parallel-layout",
                         "--pipeline-num-transformer-layers"})
     v.push_back(refused(f, G::text, kNoPipeline));
-  for (const char* f : {"--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage",
-                        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"})
-    v.push_back(refused(f, G::integer, kNoPipeline));
+  for (const char* f : {"--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage"})
+    v.push_back(refused(f, G::integer, kNoInterleaving));
   for (const char* f : {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"})
     v.push_back(refused(f, G::on_off, kNoPipeline));
   for (const char* f : {"--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy"})
@@ -902,6 +905,10 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
                    kDef | kUnsetZero));
   v.push_back(flag("--vocab-size", kPlan, kGroupModel, G::integer, "with --step: vocabulary of the LM head",
                    AT(plan->vocab_size), kDef));
+  v.push_back(flag("--pipeline-model-parallel-size", kPlan, kGroupParallel, G::integer,
+                   "with --step: pipeline stages (an even split of --num-layers): the 1F1B timeline and each stage's "
+                   "step Plan",
+                   AT(plan->pipeline_model_parallel_size), kDef));
 }
 
 // `ampipe train` (and `ampipe simulate`, which takes the train flags): the model and the parallelism.
@@ -941,6 +948,15 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
                    kPath | kAgree));
   const char* kIncompatible = "(incompatible with AMPipe)";
   v.push_back(flag("--use-ascend-mc2", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.use_ascend_mc2)));
+  v.push_back(flag("--pipeline-model-parallel-size", T, kGroupParallel, G::integer,
+                   "pipeline stages P: the layers split into P consecutive stages, run in Megatron's 1F1B schedule",
+                   AT(train->cfg.pipeline_model_parallel_size), kDef));
+  v.push_back(flag("--decoder-first-pipeline-num-layers", T, kGroupParallel, G::integer,
+                   "layers of the first pipeline stage (the others split the rest evenly)",
+                   AT(train->cfg.decoder_first_pipeline_num_layers)));
+  v.push_back(flag("--decoder-last-pipeline-num-layers", T, kGroupParallel, G::integer,
+                   "layers of the last pipeline stage (the others split the rest evenly)",
+                   AT(train->cfg.decoder_last_pipeline_num_layers)));
   v.push_back(flag("--use-distributed-optimizer", T, kGroupParallel, G::on_off,
                    "shard AdamW's state over each data-parallel group (ZeRO-1, Megatron's distributed optimizer): "
                    "gradients reduce-scattered, each rank updating its shard, parameters all-gathered",
@@ -1145,8 +1161,7 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--moe-per-layer-logging", T, kGroupLogging, G::on_off,
                    "one log line per MoE layer: tokens kept per expert, max/mean load, dropped share",
                    AT(train->cfg.moe_per_layer_logging)));
-  v.push_back(refused("--pipeline-model-parallel-size", G::text, kNoPipeline, "1"));
-  v.push_back(refused("--num-layers-per-virtual-pipeline-stage", G::text, kNoPipeline));
+  v.push_back(refused("--num-layers-per-virtual-pipeline-stage", G::text, kNoInterleaving));
   v.push_back(
       refused("--fp16", G::on_off, "fp16 training needs loss scaling, which this engine does not have; use --bf16"));
   v.push_back(refused("--loss-scale", G::text,

@@ -19,6 +19,7 @@
 #include "ampipe/schedule/memory_estimate.h"
 #include "ampipe/schedule/model_step.h"
 #include "ampipe/schedule/plan.h"
+#include "ampipe/schedule/pipeline.h"
 #include "ampipe/schedule/step_plan.h"
 
 namespace ampipe::cli {
@@ -230,13 +231,21 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
 
 namespace {
 
+void print_step_plan(const PlanArgs& a, const schedule::ModelShape& m, int64_t G, const StepPlan& p,
+                     std::ofstream& json_out, bool json);
+
 // `ampipe plan --step`: the step Plan of a --num-layers model (schedule/model_step.h, the engine's head: the whole
 // vocabulary on every tp rank), task by task; a layer task stands for its layer Plan (`ampipe plan` without --step).
 int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstream& json_out, bool rank0) {
-  const int tpcp = cfg.tp() * cfg.cp();
+  const int P = a.pipeline_model_parallel_size;
+  if (P < 1) throw ConfigError(fmt::format("--pipeline-model-parallel-size {} is invalid: it must be >= 1", P));
+  if (a.num_layers % P != 0)
+    throw ConfigError(fmt::format("--num-layers {} is not divisible by --pipeline-model-parallel-size {}",
+                                  a.num_layers, P));
+  const int tpcp = cfg.tp() * cfg.cp() * P;
   if (a.world_size < 1 || a.world_size % tpcp != 0)
-    throw ConfigError(fmt::format("--world-size {} is invalid: it must be a positive multiple of tp x cp = {}",
-                                  a.world_size, tpcp));
+    throw ConfigError(fmt::format("--world-size {} is invalid: it must be a positive multiple of tp x cp{} = {}",
+                                  a.world_size, P > 1 ? " x pp" : "", tpcp));
   if (a.vocab_size < 1) throw ConfigError(fmt::format("--vocab-size {} is invalid: it must be >= 1", a.vocab_size));
   schedule::ModelShape m;
   m.layer = cfg;
@@ -254,8 +263,32 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
                                   "size {}",
                                   G, cfg.micro_batch_size, m.dp));
   m.micro_batches = int(G / per_iter);
-  const StepPlan p = schedule::build_step_plan(schedule::model_step_config(m, a.ampipe_degree));
-  if (json_out.is_open()) {
+  m.pp = P;
+  if (P > 1 && rank0) {  // the 1F1B timeline in units of one forward (a backward: two), every stage alike
+    const std::vector<schedule::PipelineSlot> t = schedule::pipeline_timeline(
+        m.micro_batches, std::vector<double>(size_t(P), 1.0), std::vector<double>(size_t(P), 2.0));
+    fmt::print("ampipe plan --step: {} pipeline stages of {} layer{}, {} micro-batches per data-parallel rank: "
+               "Megatron's 1F1B schedule, a forward one column, a backward two\n{}"
+               "  bubble: {:.1f}% of the stages' time ((P - 1) / (K + P - 1) = {:.1f}%)\n\n",
+               P, a.num_layers / P, a.num_layers / P == 1 ? "" : "s", m.micro_batches,
+               schedule::draw_pipeline(t, P, 1.0), 100 * schedule::pipeline_bubble(t, P),
+               100.0 * double(P - 1) / double(m.micro_batches + P - 1));
+  }
+  for (int stage = 0; stage < P; ++stage) {
+    m.pp_rank = stage;
+    if (P > 1 && rank0) fmt::print("stage {}:\n", stage);
+    print_step_plan(a, m, G, schedule::build_step_plan(schedule::model_step_config(m, a.ampipe_degree)), json_out,
+                    rank0 && stage == 0);
+  }
+  if (rank0 && !a.json_file.empty()) fmt::print("wrote {}{}\n", a.json_file, P > 1 ? " (stage 0's step Plan)" : "");
+  return 0;
+}
+
+// One step Plan, task by task (json: also to --json).
+void print_step_plan(const PlanArgs& a, const schedule::ModelShape& m, int64_t G, const StepPlan& p,
+                     std::ofstream& json_out, bool json) {
+  const bool rank0 = !comm::Runtime::exists() || comm::Runtime::current().rank() == 0;
+  if (json && json_out.is_open()) {
     nlohmann::json tasks = nlohmann::json::array();
     for (const schedule::StepTask& t : p.tasks)
       tasks.push_back({{"id", t.id}, {"name", t.name()}, {"op", schedule::step_op_name(t.op)},
@@ -271,11 +304,11 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
     json_out.close();
     if (!json_out) throw ConfigError(fmt::format("--json {}: cannot write the file", a.json_file));
   }
-  if (!rank0) return 0;
+  if (!rank0) return;
   fmt::print("ampipe plan --step: {} layer{}, {} micro-batch{} per rank (global batch {}, dp={}), ampipe-degree={}, "
              "V={} | {} step tasks\n\n",
-             a.num_layers, a.num_layers == 1 ? "" : "s", m.micro_batches, m.micro_batches == 1 ? "" : "es", G, m.dp,
-             a.ampipe_degree, a.vocab_size, p.tasks.size());
+             p.num_layers(), p.num_layers() == 1 ? "" : "s", m.micro_batches, m.micro_batches == 1 ? "" : "es", G,
+             m.dp, a.ampipe_degree, a.vocab_size, p.tasks.size());
   auto deps_of = [](const schedule::StepTask& t) {
     std::string deps;
     for (uint32_t d : t.deps) deps += (deps.empty() ? "" : ",") + std::to_string(d);
@@ -313,8 +346,13 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
              std::count_if(p.tasks.begin(), p.tasks.end(), [](const auto& t) { return t.op == schedule::StepOp::grad_reduce; }),
              std::count_if(p.tasks.begin(), p.tasks.end(), [](const auto& t) { return t.op == schedule::StepOp::grad_reduce; }) == 1 ? "" : "s",
              core::format_bytes(p.collective_bytes(schedule::StepOp::grad_reduce)));
-  if (!a.json_file.empty()) fmt::print("wrote {}\n", a.json_file);
-  return 0;
+  if (m.pp > 1)
+    fmt::print("pipeline: {} sent (activations on pp_fwd, gradients on pp_bwd){}\n\n",
+               core::format_bytes(p.collective_bytes(schedule::StepOp::pp_send)),
+               p.collective_bytes(schedule::StepOp::tied_grad) > 0
+                   ? fmt::format(", the tied embedding's gradient and weight {} each way",
+                                 core::format_bytes(p.collective_bytes(schedule::StepOp::tied_grad)))
+                   : std::string());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ struct PlanArgs {
   int64_t global_batch_size = 0;  // 0: one micro-batch per data-parallel rank
   int world_size = 1;
   int64_t vocab_size = 256;
+  int pipeline_model_parallel_size = 1;  // --step: the stages' timeline and each stage's step Plan
   void add_to(CLI::App& app);  // the flags of flag_registry.cpp for plan
 };
 

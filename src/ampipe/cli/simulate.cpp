@@ -353,6 +353,10 @@ int run_simulate(SimulateArgs& a) {
     base.layer.ampipe_tp_sp_comm_overlap = false;  // needs a degree > 1: checked per degree below
     base.validate(W);
   }
+  if (cfg.pp() > 1)  // the step Plan of one stage is built; the bubble between stages is not costed yet
+    throw ConfigError(fmt::format("--pipeline-model-parallel-size {}: ampipe simulate does not cost pipeline stages "
+                                  "yet (their bubble and sends); ampipe train runs them",
+                                  cfg.pp()));
   const Degrees given = parse_degree(a.degrees, Grammar::degree_list);
   const std::vector<int> degrees =
       given.is_auto ? auto_degree_candidates(cfg.layer.seq_length, {1, 2, 4, 8, 16}) : given.list;

@@ -151,6 +151,7 @@ void print_header(const RunInfo& r) {
   const int64_t G = cfg.global_batch(r.world), rss_now = r.rss_now, start = r.start;
   std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
   if (l.cp() > 1) tp += fmt::format("cp={} ({}) ", l.cp(), l.context_parallel_algo);
+  if (cfg.pp() > 1) tp += fmt::format("pp={} (1F1B) ", cfg.pp());
   fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={}{} ({:.2f} M parameters, {}) | "
              "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
              cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,
@@ -351,8 +352,9 @@ int run_train(TrainFlags& flags) {
     for (const std::string& n : flags.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
     if (!vocab.log_line().empty()) fmt::print("{}\n", vocab.log_line());  // Megatron's line
   }
-  const comm::Layout layout = comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size,
-                                                 cfg.layer.context_parallel_size, cfg.layer.expert_model_parallel_size);
+  const comm::Layout layout =
+      comm::Layout::make(rt.size(), cfg.layer.tensor_model_parallel_size, cfg.layer.context_parallel_size,
+                         cfg.layer.expert_model_parallel_size, cfg.pipeline_model_parallel_size);
   const comm::Groups groups = rt.make_groups(layout);
   // The agreement exchange runs without --check-collectives fingerprints: a rank started without that flag sends
   // none, and the comparison is what names the difference.
@@ -413,6 +415,13 @@ int run_train(TrainFlags& flags) {
   int64_t n_params = 0;
   for (auto& p : trainer.model().params())
     n_params += p.param.numel() * (p.expert ? l.expert_model_parallel_size : 1) * (p.tp_sharded(l) ? l.tp() : 1);
+  if (cfg.pp() > 1) {  // every stage's (a collective of the pp group; each rank adds its own stage's once)
+    comm::Group pp = groups.pp;
+    Tensor t = Tensor::empty({1});
+    t.set(0, float(n_params));
+    comm::all_reduce_sync(pp, t, comm::Reduce::sum, "n_params.pp");
+    n_params = int64_t(t.get(0));
+  }
   if (rank0) {
     RunInfo info{cfg, layout, *data, mem};
     info.rss_now = rss_now;

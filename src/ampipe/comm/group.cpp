@@ -16,6 +16,8 @@ const Group& Groups::get(GroupKind k) const {
     case GroupKind::dp_cp: return dp_cp;
     case GroupKind::ep: return ep;
     case GroupKind::edp: return edp;
+    case GroupKind::pp: return pp;
+    case GroupKind::stage: return stage;
   }
   return world;
 }

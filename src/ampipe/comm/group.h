@@ -75,6 +75,7 @@ class Group {
 struct Groups {
   Layout layout;
   Group world, tp, cp, dp, dp_cp, ep, edp;
+  Group pp, stage;  // pipeline parallelism: this rank's peers in the other stages, and its own stage's ranks
   const Group& get(GroupKind k) const;
 };
 

@@ -455,19 +455,19 @@ Groups Runtime::make_groups(const Layout& layout) {
   // Ranks started with different parallel sizes would split the world into groups of different shapes: refused on
   // every rank with one line, in a bounded agreement (the splits below are blocking; every rank reaches them only
   // once every rank has agreed, so none waits there for a rank that failed).
-  static constexpr const char* kFlags[3] = {"--tensor-model-parallel-size", "--context-parallel-size",
-                                            "--expert-model-parallel-size"};
+  static constexpr const char* kFlags[4] = {"--tensor-model-parallel-size", "--context-parallel-size",
+                                            "--expert-model-parallel-size", "--pipeline-model-parallel-size"};
   const std::vector<std::string> all =
-      agree("the parallel layout", fmt::format("{} {} {}", layout.tp, layout.cp, layout.ep));
+      agree("the parallel layout", fmt::format("{} {} {} {}", layout.tp, layout.cp, layout.ep, layout.pp));
   auto sizes = [](const std::string& s) {
-    int v[3] = {0, 0, 0};
-    std::sscanf(s.c_str(), "%d %d %d", &v[0], &v[1], &v[2]);
-    return std::array<int, 3>{v[0], v[1], v[2]};
+    int v[4] = {0, 0, 0, 0};
+    std::sscanf(s.c_str(), "%d %d %d %d", &v[0], &v[1], &v[2], &v[3]);
+    return std::array<int, 4>{v[0], v[1], v[2], v[3]};
   };
-  const std::array<int, 3> first = sizes(all[0]);
+  const std::array<int, 4> first = sizes(all[0]);
   for (int r = 1; r < size_; ++r) {
-    const std::array<int, 3> theirs = sizes(all[size_t(r)]);
-    for (int k = 0; k < 3; ++k)
+    const std::array<int, 4> theirs = sizes(all[size_t(r)]);
+    for (int k = 0; k < 4; ++k)
       if (theirs[size_t(k)] != first[size_t(k)])
         throw ConfigError(fmt::format("the ranks were started with different settings: {} (rank 0: {}, rank {}: {}); "
                                       "every rank must get the same flags and --config",
@@ -489,6 +489,8 @@ Groups Runtime::make_groups(const Layout& layout) {
   out.dp_cp = make(GroupKind::dp_cp);
   out.ep = make(GroupKind::ep);
   out.edp = make(GroupKind::edp);
+  out.pp = make(GroupKind::pp);
+  out.stage = make(GroupKind::stage);
   return out;
 }
 

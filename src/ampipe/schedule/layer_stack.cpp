@@ -37,7 +37,7 @@ void LayerStack::build(int M) {
   std::vector<Plan> plans;
   std::vector<bool> recompute;
   for (auto& e : layers_) {
-    e->layer.reset();
+    e->layers.clear();
     plans.push_back(build_layer_plan(e->cfg, M));
     recompute.push_back(e->cfg.recompute);
     saved += plans.back().memory.saved_bytes;
@@ -47,18 +47,31 @@ void LayerStack::build(int M) {
   ++generation_;
   // An arena of our own fits this plan exactly (a re-plan may need less, e.g. with recomputation); one shared with
   // other stacks only grows.
+  // [slot 0: layer 0 saved | layer 1 saved | ...][slot 1: ...] ... [shared]
+  const size_t all_saved = saved * size_t(slots_);
   if (arena_.use_count() == 1)
-    arena_->resize(saved + shared);
+    arena_->resize(all_saved + shared);
   else
-    arena_->reserve(saved + shared);
+    arena_->reserve(all_saved + shared);
   size_t base = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Entry& e = *layers_[i];
-    const Plan& plan = step_.layer(int(i));
-    e.layer = std::make_unique<model::Layer>(e.cfg, M, ep_rank_, tp_rank_, cp_rank_, e.params, e.grads, e.weights,
-                                             plan.memory, *arena_, base, saved);
-    base += plan.memory.saved_bytes;
-  }
+  for (int w = 0; w < slots_; ++w)
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      Entry& e = *layers_[i];
+      const Plan& plan = step_.layer(int(i));
+      e.layers.push_back(std::make_unique<model::Layer>(e.cfg, M, ep_rank_, tp_rank_, cp_rank_, e.params, e.grads,
+                                                        e.weights, plan.memory, *arena_, base, all_saved));
+      e.input.resize(size_t(slots_));
+      e.token_base.resize(size_t(slots_));
+      base += plan.memory.saved_bytes;
+    }
+  slot_ = 0;
+}
+
+void LayerStack::set_slots(int n) {
+  AMPIPE_CHECK(n >= 1, "set_slots: {} slots", n);
+  if (n == slots_) return;
+  slots_ = n;
+  build(M_);
 }
 
 void LayerStack::set_degree(int M) {
@@ -102,16 +115,17 @@ void LayerStack::set_recompute(const std::vector<bool>& layers) {
 void LayerStack::set_training(bool on) {
   for (auto& e : layers_) {
     e->cfg.training = on;
-    e->layer->set_training(on);
+    for (auto& l : e->layers) l->set_training(on);
   }
 }
 
 void LayerStack::weights_changed() {
-  for (auto& e : layers_) e->layer->weights_changed();
+  for (auto& e : layers_)
+    for (auto& l : e->layers) l->weights_changed();
 }
 
 model::LayerParams& LayerStack::params(int i) {
-  layers_[size_t(i)]->layer->weights_changed();  // the caller may write them
+  for (auto& l : layers_[size_t(i)]->layers) l->weights_changed();  // the caller may write them
   return layers_[size_t(i)]->params;
 }
 
@@ -131,18 +145,21 @@ void LayerStack::run(const StepTask& t) {
   const size_t i = size_t(t.layer);
   Entry& e = *layers_[i];
   const Plan& plan = step_.layer(t.layer);
+  slot_ = t.micro_batch > 0 ? t.micro_batch % slots_ : 0;  // the micro-batch's copy of the saved activations
+  const size_t w = size_t(slot_);
+  model::Layer& layer = e.at(slot_);
   if (t.op == StepOp::recompute) {  // refill what the backward reads: the same forward, the same random numbers
     AMPIPE_CHECK(e.cfg.recompute, "{}: layer {} is not recomputed", t.name(), t.layer);
-    e.layer->begin_forward(e.input, e.token_base, /*recompute=*/true);
-    ex_.run(plan, Dir::fwd, *e.layer);
+    layer.begin_forward(e.input[w], e.token_base[w], /*recompute=*/true);
+    ex_.run(plan, Dir::fwd, layer);
   } else if (t.dir == Dir::fwd) {
-    e.input = i == 0 ? x_ : layers_[i - 1]->layer->output();
-    e.token_base = token_base_;
-    e.layer->begin_forward(e.input, e.token_base);
-    ex_.run(plan, Dir::fwd, *e.layer);
+    e.input[w] = i == 0 ? x_ : layers_[i - 1]->at(slot_).output();
+    e.token_base[w] = token_base_;
+    layer.begin_forward(e.input[w], e.token_base[w]);
+    ex_.run(plan, Dir::fwd, layer);
   } else {
-    e.layer->begin_backward(i + 1 == layers_.size() ? dy_ : layers_[i + 1]->layer->input_grad(), d_aux_);
-    ex_.run(plan, Dir::bwd, *e.layer);
+    layer.begin_backward(i + 1 == layers_.size() ? dy_ : layers_[i + 1]->at(slot_).input_grad(), d_aux_);
+    ex_.run(plan, Dir::bwd, layer);
   }
 }
 
@@ -165,19 +182,19 @@ Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<v
 
 double LayerStack::z_loss() const {
   double z = 0;
-  for (const auto& e : layers_) z += e->layer->z_loss_value();
+  for (const auto& e : layers_) z += e->at(slot_).z_loss_value();
   return z;
 }
 
 double LayerStack::aux_loss() const {
   double a = 0;
-  for (const auto& e : layers_) a += e->layer->aux_loss_value();
+  for (const auto& e : layers_) a += e->at(slot_).aux_loss_value();
   return a;
 }
 
 double LayerStack::flops() const {
   double f = 0;
-  for (const auto& e : layers_) f += e->layer->flops();
+  for (const auto& e : layers_) f += e->at(slot_).flops();
   return f;
 }
 
@@ -187,7 +204,7 @@ size_t LayerStack::planned_bytes() const {
     saved += p.memory.saved_bytes;
     shared = std::max(shared, p.memory.shared_bytes);
   }
-  return saved + shared;
+  return saved * size_t(slots_) + shared;
 }
 
 void LayerStack::zero_grads() {

@@ -51,6 +51,12 @@ class LayerStack {
   // backward, and keeps only its output and input gradient in between (model::LayerConfig::recompute). Re-plans
   // the memory; parameters and gradients are kept. `layers` has one entry per layer.
   void set_recompute(const std::vector<bool>& layers);
+  // Pipeline stages (1F1B): n copies of every layer's saved activations, one per micro-batch in flight on this stage
+  // (the parameters, gradients and bf16 weights shared), in one arena. A layer task of micro-batch m uses copy m % n,
+  // and output(), input_grad(), layer(i), aux_loss() are those of the copy the last layer task used. Re-plans the
+  // memory; parameters and gradients are kept.
+  void set_slots(int n);
+  int slots() const { return slots_; }
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
   // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
@@ -69,8 +75,8 @@ class LayerStack {
   void set_input(const Tensor& x, uint64_t token_base);
   void set_output_grad(const Tensor& dy, float d_aux);
   void run(const StepTask& t);
-  Tensor output() const { return layers_.back()->layer->output(); }         // the last layer's, [s, b, h]
-  Tensor input_grad() const { return layers_.front()->layer->input_grad(); }  // layer 0's, [s, b, h]
+  Tensor output() const { return layers_.back()->at(slot_).output(); }         // the last layer's, [s, b, h]
+  Tensor input_grad() const { return layers_.front()->at(slot_).input_grad(); }  // layer 0's, [s, b, h]
   // The stack's own step Plan: its layers alone, one micro-batch (forward, then backward with the replays).
   const StepPlan& step_plan() const { return step_; }
   // Changes whenever the layers are re-planned (degree, pipe-experts, recomputation): a step Plan built from
@@ -85,10 +91,10 @@ class LayerStack {
   model::LayerParams& params(int i);
   const model::LayerParams& params(int i) const { return layers_[size_t(i)]->params; }
   model::LayerParams& grads(int i) { return layers_[size_t(i)]->grads; }
-  const model::Layer& layer(int i) const { return *layers_[size_t(i)]->layer; }
+  const model::Layer& layer(int i) const { return layers_[size_t(i)]->at(slot_); }
   // Layer i's config (stable for the stack's life; re-planning changes only its schedule options).
   const model::LayerConfig& config(int i) const { return layers_[size_t(i)]->cfg; }
-  model::Layer& layer(int i) { return *layers_[size_t(i)]->layer; }
+  model::Layer& layer(int i) { return layers_[size_t(i)]->at(slot_); }
   const Plan& plan(int i) const { return step_.layer(i); }
   Executor& executor() { return ex_; }
   void zero_grads();
@@ -107,13 +113,16 @@ class LayerStack {
     model::LayerConfig cfg;
     model::LayerParams params, grads;
     model::ComputeWeights weights;  // survives re-planning (set_degree)
-    std::unique_ptr<model::Layer> layer;
-    Tensor input;             // the last forward's input and token base (a recomputed layer re-runs it)
-    uint64_t token_base = 0;
+    // one layer per slot (set_slots), with the last forward's input and token base (a recomputed layer re-runs it)
+    std::vector<std::unique_ptr<model::Layer>> layers;
+    std::vector<Tensor> input;
+    std::vector<uint64_t> token_base;
+    model::Layer& at(int slot) const { return *layers[size_t(slot)]; }
   };
   void build(int M);
 
   int M_, ep_rank_, tp_rank_ = 0, cp_rank_ = 0;
+  int slots_ = 1, slot_ = 0;  // set_slots; the slot of the last layer task
   std::vector<std::unique_ptr<Entry>> layers_;
   StepPlan step_;  // the layers' Plans (layer i: step_.layer(i)) and their layers-only step
   uint64_t generation_ = 0;

@@ -65,7 +65,7 @@ MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layer
 }
 
 MemoryEstimate estimate_layer_stack(const std::vector<model::LayerConfig>& layers, int M,
-                                    const std::vector<bool>& recompute) {
+                                    const std::vector<bool>& recompute, int slots) {
   // As LayerStack carves its arena: every layer's saved region, then the largest shared region (without
   // recomputation Plan::planned_bytes summed over the layers), in checked arithmetic. The layers differ only in
   // being dense or MoE and recomputed or not: one Plan per kind.
@@ -97,6 +97,7 @@ MemoryEstimate estimate_layer_stack(const std::vector<model::LayerConfig>& layer
   e.add("parameters", params);
   e.add("gradients", params);
   if (!layers.empty() && layers.front().bf16) e.add("bf16 weight copies", bf16_copies);
+  saved = model::checked_mul(saved, std::max(1, slots), "the saved buffers of the micro-batches in flight");
   e.add("activations + communication (planned)", model::checked_add(saved, shared, "the planned buffers"));
   return e;
 }

@@ -47,9 +47,10 @@ LayerParamCounts layer_param_counts(const model::LayerConfig& cfg);
 // largest shared region). For several degrees sharing one stack (bench-layer), take the largest of their estimates.
 MemoryEstimate estimate_layer_stack(const model::LayerConfig& cfg, int num_layers, int M,
                                     const std::vector<bool>& recompute = {});
-// The same for a stack whose layers differ (dense and MoE blocks), one config per layer.
+// The same for a stack whose layers differ (dense and MoE blocks), one config per layer; `slots` copies of the saved
+// buffers (a pipeline stage's micro-batches in flight, LayerStack::set_slots).
 MemoryEstimate estimate_layer_stack(const std::vector<model::LayerConfig>& layers, int M,
-                                    const std::vector<bool>& recompute = {});
+                                    const std::vector<bool>& recompute = {}, int slots = 1);
 
 // Where the estimate is compared with what this host can give (train, layer-check, bench-layer): refuses when
 // `estimate` does not fit. limit_bytes > 0: --memory-limit (the peak this rank may use), compared with the total;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ampipe/core/error.h"
+
 namespace ampipe::schedule {
 
 double attention_weights(const model::LayerConfig& l) {
@@ -29,8 +31,11 @@ double expert_layer_params(const model::LayerConfig& l) {
 StepConfig model_step_config(const ModelShape& m, int M) {
   const model::LayerConfig& l = m.layer;
   StepConfig c;
+  AMPIPE_CHECK(m.pp >= 1 && m.pp_rank >= 0 && m.pp_rank < m.pp && m.num_layers % m.pp == 0,
+               "model step of stage {} of {} over {} layers", m.pp_rank, m.pp, m.num_layers);
+  const int per_stage = m.num_layers / m.pp, first = m.pp_rank * per_stage, end = first + per_stage;
   auto layer_at = [&](int i) -> const model::LayerConfig& { return m.layers.empty() ? l : m.layers.at(size_t(i)); };
-  for (int i = 0; i < m.num_layers; ++i) {
+  for (int i = first; i < end; ++i) {
     model::LayerConfig lc = layer_at(i);
     lc.layer_index = i;
     lc.recompute = !m.recompute.empty() && m.recompute[size_t(i)];
@@ -39,13 +44,13 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   const double h = double(l.hidden_size), s = double(l.seq_length), tp = double(l.tp());
   const double V = m.vocab_parallel ? double(m.vocab) / tp : double(m.vocab);
   c.micro_batches = m.micro_batches;
-  c.recompute = m.recompute;
+  if (!m.recompute.empty()) c.recompute.assign(m.recompute.begin() + first, m.recompute.begin() + end);
   c.tokens = l.seq_length * l.micro_batch_size / l.cp();
   c.hidden = l.hidden_size;
   c.head_vocab = int64_t(V);
   c.sp_tp = l.sp() ? l.tp() : 1;
   double params = 0, bf16_weights = 0, dense_params = 0, expert_params = 0;
-  for (int i = 0; i < m.num_layers; ++i) {
+  for (int i = first; i < end; ++i) {
     const model::LayerConfig& li = layer_at(i);
     const double dense = dense_layer_params(li), expert = expert_layer_params(li);
     c.layer_dense_bytes.push_back(4 * dense);
@@ -56,7 +61,15 @@ StepConfig model_step_config(const ModelShape& m, int M) {
     bf16_weights += (attention_weights(li) + mlp_weights(li)) / tp + expert;
   }
   const double final_norm = l.rmsnorm() ? h : 2 * h;
-  const double outer = V * h + (m.position_embedding ? s * h : 0) + final_norm + (m.untie_embeddings ? V * h : 0);
+  const bool first_stage = m.pp_rank == 0, last_stage = m.pp_rank == m.pp - 1;
+  // the embedding (first stage), the final norm and an untied output layer (last stage); a tied LM head on another
+  // stage than the embedding is a copy, not a parameter (train/gpt_model.h)
+  const double outer = (first_stage ? V * h + (m.position_embedding ? s * h : 0) : 0) +
+                       (last_stage ? final_norm + (m.untie_embeddings ? V * h : 0) : 0);
+  c.pp_size = m.pp;
+  c.pp_rank = m.pp_rank;
+  c.pp_bytes = 4.0 * double(c.tokens) / double(c.sp_tp) * h;
+  if (m.pp > 1 && !m.untie_embeddings) c.tied_bytes = 4 * V * h;
   c.outer_dense_bytes = 4 * outer;
   c.dense_group_size = m.dp * l.cp();
   c.expert_group_size = m.dp * l.cp() / int(l.expert_model_parallel_size);

@@ -1,8 +1,10 @@
 #include "ampipe/schedule/step_plan.h"
 
 #include <algorithm>
+#include <map>
 
 #include "ampipe/core/error.h"
+#include "ampipe/schedule/pipeline.h"
 
 namespace ampipe::schedule {
 
@@ -19,6 +21,11 @@ const char* step_op_name(StepOp op) {
     case StepOp::optimizer: return "optimizer";
     case StepOp::param_gather: return "param_gather";
     case StepOp::param_unpack: return "param_unpack";
+    case StepOp::pp_recv: return "pp_recv";
+    case StepOp::pp_wait: return "pp_wait";
+    case StepOp::pp_send: return "pp_send";
+    case StepOp::tied_grad: return "tied_grad";
+    case StepOp::tied_param: return "tied_param";
   }
   return "?";
 }
@@ -32,6 +39,9 @@ std::string StepTask::name() const {
     case StepOp::recompute: return fmt::format("{}L{}.recompute", mb, layer);
     case StepOp::embedding:
     case StepOp::sp_gather:
+    case StepOp::pp_recv:
+    case StepOp::pp_wait:
+    case StepOp::pp_send:
     case StepOp::head: return fmt::format("{}{}.{}", mb, step_op_name(op), model::dir_name(dir));
     case StepOp::grad_pack:
     case StepOp::grad_reduce:
@@ -40,7 +50,9 @@ std::string StepTask::name() const {
                          layer >= 0 ? fmt::format("L{}", layer) : std::string("outer"));
     case StepOp::grad_finish:
     case StepOp::optimizer:
-    case StepOp::param_unpack: return step_op_name(op);
+    case StepOp::param_unpack:
+    case StepOp::tied_grad:
+    case StepOp::tied_param: return step_op_name(op);
   }
   return "?";
 }
@@ -120,63 +132,105 @@ void check_config(const StepConfig& c) {
   AMPIPE_CHECK(c.layer_expert_bytes.empty() || c.layer_expert_bytes.size() == n,
                "step plan: {} expert buckets for {} layers", c.layer_expert_bytes.size(), n);
   AMPIPE_CHECK(c.sp_tp >= 1, "step plan: sequence-parallel tp {}", c.sp_tp);
+  AMPIPE_CHECK(c.pp_size >= 1 && c.pp_rank >= 0 && c.pp_rank < c.pp_size, "step plan: stage {} of {}", c.pp_rank,
+               c.pp_size);
 }
 
 }  // namespace
 
-StepPlan build_step_plan(StepConfig c) {
-  check_config(c);
-  StepPlan p;
-  p.config = std::move(c);
-  const StepConfig& k = p.config;
+namespace {
+
+// The step Plan's order, a micro-batch's forward or backward at a time (one_f_one_b), for one stage.
+struct StepBuilder {
+  explicit StepBuilder(StepPlan& plan) : p(plan) {}
+  StepPlan& p;
   Builder b{p};
+  const StepConfig& k = p.config;
   const int n = int(k.layers.size());
   const double T = double(k.tokens), h = double(k.hidden), V = double(k.head_vocab);
-  const double head_dim = std::min({T, h, V});
-  auto bucket_bytes = [](const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[size_t(i)]; };
+  const bool pipeline = k.pp_size > 1;
+  const bool embedding = k.model && k.first_stage(), head = k.model && k.last_stage();
   std::vector<uint32_t> reduces;
-  for (int m = 0; m < k.micro_batches; ++m) {
-    const bool last = m == k.micro_batches - 1;
-    // forward: embedding (read a word and a position row, write x: 12 T h bytes), the layers, the head (LN
-    // reads y and writes xn: 8 T h; the logits written and read by the cross-entropy: 8 T V; GEMM 2 T h V)
-    if (k.model) b.compute(StepOp::embedding, Dir::fwd, m, -1, 0, 0, 12 * T * h);
+  std::map<std::pair<int, bool>, uint32_t> recv_of;  // (micro-batch, forward?) -> its pp_recv task
+
+  static double bucket_bytes(const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[size_t(i)]; }
+
+  // The receive of micro-batch m's activation (fwd) or output gradient (bwd), posted one micro-batch ahead.
+  void post_recv(int m, bool fwd) {
+    if (m >= k.micro_batches || (fwd ? k.first_stage() : k.last_stage())) return;
+    recv_of[{m, fwd}] = b.collective(StepOp::pp_recv, fwd ? Dir::fwd : Dir::bwd, m, CollKind::send_recv,
+                                     comm::GroupKind::pp, fwd ? Lane::pp_fwd : Lane::pp_bwd, k.pp_bytes, {});
+  }
+  void wait_recv(int m, bool fwd) {
+    p.tasks[b.compute(StepOp::pp_wait, fwd ? Dir::fwd : Dir::bwd, m, -1)].deps = {recv_of.at({m, fwd})};
+    post_recv(m + 1, fwd);
+  }
+  uint32_t send(int m, bool fwd) {
+    return b.collective(StepOp::pp_send, fwd ? Dir::fwd : Dir::bwd, m, CollKind::send_recv, comm::GroupKind::pp,
+                        fwd ? Lane::pp_fwd : Lane::pp_bwd, k.pp_bytes, {});
+  }
+
+  void forward(int m) {
+    // the embedding (read a word and a position row, write x: 12 T h bytes), or the previous stage's activation
+    if (embedding) b.compute(StepOp::embedding, Dir::fwd, m, -1, 0, 0, 12 * T * h);
+    if (pipeline && !k.first_stage()) wait_recv(m, true);
     for (int i = 0; i < n; ++i) b.compute(StepOp::layer, Dir::fwd, m, i);
-    if (k.model) {
-      std::vector<uint32_t> deps;
-      if (k.sp_tp > 1)  // this rank's T / tp rows of the last layer's output, fp32, to every tp rank
-        deps.push_back(b.collective(StepOp::sp_gather, Dir::fwd, m, CollKind::all_gather, comm::GroupKind::tp,
-                                    Lane::tp, 4 * T / k.sp_tp * h, {}));
-      p.tasks[b.compute(StepOp::head, Dir::fwd, m, -1, 2 * T * h * V, head_dim, 8 * T * h + 8 * T * V)].deps = deps;
-      // backward of the head: the cross-entropy gradient over the logits (8 T V), the GEMMs dW and dxn (4 T h V),
-      // the LN backward (reads dxn and y, writes dy: 12 T h)
-      b.compute(StepOp::head, Dir::bwd, m, -1, 4 * T * h * V, head_dim, 12 * T * h + 8 * T * V);
-    }
+    if (pipeline && !k.last_stage()) send(m, true);
+    if (!head) return;
+    std::vector<uint32_t> deps;
+    if (k.sp_tp > 1)  // this rank's T / tp rows of the last layer's output, fp32, to every tp rank
+      deps.push_back(b.collective(StepOp::sp_gather, Dir::fwd, m, CollKind::all_gather, comm::GroupKind::tp, Lane::tp,
+                                  4 * T / k.sp_tp * h, {}));
+    // LN reads y and writes xn: 8 T h; the logits written and read by the cross-entropy: 8 T V; GEMM 2 T h V
+    p.tasks[b.compute(StepOp::head, Dir::fwd, m, -1, 2 * T * h * V, std::min({T, h, V}), 8 * T * h + 8 * T * V)].deps =
+        deps;
+  }
+
+  void backward(int m, bool last) {
+    // the head's backward (the cross-entropy gradient over the logits 8 T V, the GEMMs dW and dxn 4 T h V, the LN
+    // backward reads dxn and y, writes dy: 12 T h), or the next stage's gradient
+    if (head) b.compute(StepOp::head, Dir::bwd, m, -1, 4 * T * h * V, std::min({T, h, V}), 12 * T * h + 8 * T * V);
+    if (pipeline && !k.last_stage()) wait_recv(m, false);
     for (int i = n - 1; i >= 0; --i) {
       if (!k.recompute.empty() && k.recompute[size_t(i)]) b.compute(StepOp::recompute, Dir::fwd, m, i);
       b.compute(StepOp::layer, Dir::bwd, m, i);
-      // The last micro-batch completes layer i's gradients: its buckets reduce under the layers below.
+      // The last backward completes layer i's gradients: its buckets reduce under the layers below.
       if (last) {
         b.bucket(i, Bucket::dense, bucket_bytes(k.layer_dense_bytes, i), k.dense_group_size, reduces);
         b.bucket(i, Bucket::expert, bucket_bytes(k.layer_expert_bytes, i), k.expert_group_size, reduces);
       }
     }
-    if (k.model) {
-      std::vector<uint32_t> deps;
-      if (k.sp_tp > 1)
-        deps.push_back(b.collective(StepOp::sp_gather, Dir::bwd, m, CollKind::all_gather, comm::GroupKind::tp,
-                                    Lane::tp, 4 * T / k.sp_tp * h, {}));
-      // read the gradient row, add it into a word and a position row: 20 T h
-      p.tasks[b.compute(StepOp::embedding, Dir::bwd, m, -1, 0, 0, 20 * T * h)].deps = deps;
-    }
+    if (pipeline && !k.first_stage()) send(m, false);
+    if (!embedding) return;
+    std::vector<uint32_t> deps;
+    if (k.sp_tp > 1)
+      deps.push_back(b.collective(StepOp::sp_gather, Dir::bwd, m, CollKind::all_gather, comm::GroupKind::tp, Lane::tp,
+                                  4 * T / k.sp_tp * h, {}));
+    // read the gradient row, add it into a word and a position row: 20 T h
+    p.tasks[b.compute(StepOp::embedding, Dir::bwd, m, -1, 0, 0, 20 * T * h)].deps = deps;
   }
-  if (k.model) {
+
+  // The gradients of the parameters outside the layers, the norm, the optimizer (the distributed optimizer: on the
+  // shard, then the gathers), the tied embedding's exchange between the first and last stage.
+  void finish() {
+    if (!k.model) return;
+    const bool tied = pipeline && k.tied_bytes > 0;
+    std::vector<uint32_t> tied_deps;
+    if (tied && (k.first_stage() || k.last_stage()))  // into the first stage's embedding gradient, before its bucket
+      tied_deps.push_back(b.collective(StepOp::tied_grad, Dir::bwd, -1, CollKind::send_recv, comm::GroupKind::pp,
+                                       Lane::pp_bwd, k.tied_bytes, {}));
+    const size_t before = reduces.size();
     b.bucket(-1, Bucket::dense, k.outer_dense_bytes, k.dense_group_size, reduces);
+    if (reduces.size() > before && !tied_deps.empty()) p.tasks[reduces.back() - 1].deps.push_back(tied_deps.back());
     // every gradient read, scaled and written, and read again for its square: 12 bytes per parameter
-    p.tasks[b.compute(StepOp::grad_finish, Dir::bwd, -1, -1, 0, 0, 12 * k.params)].deps = reduces;
+    std::vector<uint32_t> finish_deps = reduces;
+    finish_deps.insert(finish_deps.end(), tied_deps.begin(), tied_deps.end());
+    p.tasks[b.compute(StepOp::grad_finish, Dir::bwd, -1, -1, 0, 0, 12 * k.params)].deps = finish_deps;
     // AdamW reads the parameter, gradient and both moments and writes three of them (28 bytes per parameter); a
     // bf16 copy reads the fp32 weight and writes 2 bytes
+    uint32_t done = 0;
     if (!k.distributed_optimizer) {
-      b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 28 * k.params + 6 * k.bf16_weights);
+      done = b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 28 * k.params + 6 * k.bf16_weights);
     } else {
       // AdamW on the shard (plus its copy out of the reduce-scatter's buffer and, packed, into the gather's: 16 bytes),
       // one all-gather per reduced bucket of its 1/D share, then every parameter copied out (8 bytes) and the bf16
@@ -184,6 +238,7 @@ StepPlan build_step_plan(StepConfig c) {
       const double own = k.optimizer_params > 0 ? k.optimizer_params : k.params;
       const uint32_t opt =
           b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 44 * own + (reduces.empty() ? 6 * k.bf16_weights : 0));
+      done = opt;
       std::vector<uint32_t> gathers;
       for (uint32_t r : reduces) {
         const StepTask red = p.tasks[r];
@@ -193,11 +248,37 @@ StepPlan build_step_plan(StepConfig c) {
         p.tasks[t].bucket = red.bucket;
         gathers.push_back(t);
       }
-      if (!gathers.empty())
-        p.tasks[b.compute(StepOp::param_unpack, Dir::fwd, -1, -1, 0, 0, 8 * k.params + 6 * k.bf16_weights)].deps =
-            gathers;
+      if (!gathers.empty()) {
+        done = b.compute(StepOp::param_unpack, Dir::fwd, -1, -1, 0, 0, 8 * k.params + 6 * k.bf16_weights);
+        p.tasks[done].deps = gathers;
+      }
     }
+    if (tied && (k.first_stage() || k.last_stage()))
+      b.collective(StepOp::tied_param, Dir::fwd, -1, CollKind::send_recv, comm::GroupKind::pp, Lane::pp_fwd,
+                   k.tied_bytes, {done});
   }
+
+  void build() {
+    post_recv(0, true);
+    post_recv(0, false);
+    int backwards = 0;
+    for (const auto& [m, fwd] : one_f_one_b(k.micro_batches, k.pp_size, k.pp_rank)) {
+      if (fwd)
+        forward(m);
+      else
+        backward(m, ++backwards == k.micro_batches);
+    }
+    finish();
+  }
+};
+
+}  // namespace
+
+StepPlan build_step_plan(StepConfig c) {
+  check_config(c);
+  StepPlan p;
+  p.config = std::move(c);
+  StepBuilder(p).build();
   return p;
 }
 

@@ -16,8 +16,20 @@
 //   grad_finish (waits for every reduction; scale, sums over tp, sums of squares, loss all-reduce) -> optimizer
 //   distributed optimizer: the buckets' reductions are reduce-scatters, and after the optimizer (its shard only)
 //   param_gather of every bucket (in the order of the reductions) -> param_unpack
-// A reduction over a one-rank group is left out (nothing to reduce). Pipeline stages (send/recv of activations
-// between stages, the 1F1B order of micro-batches) are meant to be new ops and a new builder order here.
+// A reduction over a one-rank group is left out (nothing to reduce).
+//
+// Pipeline parallelism (pp_size P > 1; docs/training.md, "Pipeline parallelism"): this rank's stage runs its layers
+// only (the first stage the embedding, the last the head and loss), the micro-batches in Megatron's 1F1B order
+// (schedule/pipeline.h):
+// min(P - 1 - stage, K) warm-up forwards, then one forward and one backward alternately, then the remaining
+// backwards. A forward of a stage after the first starts with pp_wait.fwd (its activation, received by pp_recv.fwd
+// on the pp_fwd lane, becomes the layers' input) and every stage but the last ends it with pp_send.fwd; a backward of
+// a stage before the last starts with pp_wait.bwd (the gradient of its output, from pp_recv.bwd on the pp_bwd lane)
+// and every stage but the first ends it with pp_send.bwd. Each receive is posted one micro-batch ahead (the first at
+// the start of the step, the next one as the current one is taken), so a send never waits on its receiver's compute.
+// The layers keep one copy of their saved activations per micro-batch in flight (LayerStack::set_slots). With tied
+// embeddings the last stage's LM-head gradient goes to the first stage (tied_grad, before the first stage's outer
+// bucket) and the updated embedding comes back (tied_param, after the optimizer).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +56,13 @@ enum class StepOp : uint8_t {
                 // refreshed (unless param_unpack follows)
   param_gather,  // distributed optimizer, collective: a bucket's updated shard packed and all-gathered over its group
   param_unpack,  // distributed optimizer: waits for the gathers, copies the parameters out, refreshes the bf16 copies
+  // pipeline parallelism (pp_size > 1)
+  pp_recv,     // collective: post the receive of the micro-batch's activation (fwd) or output gradient (bwd)
+  pp_wait,     // fwd: wait for the activation, the layers' input (the stage's "embedding"); bwd: wait for the output
+               // gradient, the layers' (the stage's "head.bwd")
+  pp_send,     // collective: send the stage's output (fwd) or its input gradient (bwd) to the next / previous stage
+  tied_grad,   // tied embeddings: the last stage's LM-head gradient sent to the first stage and added to its own
+  tied_param,  // tied embeddings: the first stage's updated word embedding sent to the last stage
 };
 const char* step_op_name(StepOp op);
 
@@ -70,12 +89,14 @@ struct StepTask {
   double gemm_flops = 0, gemm_min_dim = 0;
   double bytes = 0;
   bool is_collective() const {
-    return op == StepOp::sp_gather || op == StepOp::grad_reduce || op == StepOp::param_gather;
+    return op == StepOp::sp_gather || op == StepOp::grad_reduce || op == StepOp::param_gather ||
+           op == StepOp::pp_recv || op == StepOp::pp_send || op == StepOp::tied_grad || op == StepOp::tied_param;
   }
   bool is_layer() const { return op == StepOp::layer || op == StepOp::recompute; }
   // "mb0.embedding.fwd", "mb0.L1.fwd", "mb0.L1.recompute", "mb1.head.bwd", "grad_reduce.dense.L1",
-  // "grad_reduce.dense.outer", "grad_finish", "optimizer", "param_gather.expert.L0", "param_unpack": the one name the
-  // runners, the trace and the tests use.
+  // "grad_reduce.dense.outer", "grad_finish", "optimizer", "param_gather.expert.L0", "param_unpack",
+  // "mb2.pp_recv.fwd", "mb2.pp_send.bwd", "tied_grad": the one name the runners,
+  // the trace and the tests use (L{i}: the stage's layer i).
   std::string name() const;
 };
 
@@ -100,7 +121,14 @@ struct StepConfig {
   // this rank's shard (optimizer_params elements; 0: params), the updated shards all-gathered after the step.
   bool distributed_optimizer = false;
   double optimizer_params = 0;
+  // Pipeline parallelism: P stages, this rank's stage; bytes of one micro-batch's activation between stages (its
+  // gradient the same); tied embeddings: bytes of the word embedding exchanged between the first and last stage.
+  int pp_size = 1, pp_rank = 0;
+  double pp_bytes = 0, tied_bytes = 0;
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
 };
+
 
 struct StepPlan {
   StepConfig config;

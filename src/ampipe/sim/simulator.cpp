@@ -109,7 +109,9 @@ int group_size_with_ep(GroupKind g, int ep, const SimOptions& o) {
     case GroupKind::dp: return o.dp_size;
     case GroupKind::dp_cp: return o.dp_size * o.cp_size;
     case GroupKind::edp: return std::max(1, o.dp_size * o.cp_size / std::max(1, ep));
-    case GroupKind::world: return o.tp_size * o.cp_size * o.dp_size;
+    case GroupKind::world:
+    case GroupKind::stage: return o.tp_size * o.cp_size * o.dp_size;
+    case GroupKind::pp: return 1;  // the simulator costs one pipeline stage's Plan
   }
   return 1;
 }
@@ -127,7 +129,9 @@ bool group_spans_nodes(GroupKind g, const SimOptions& o) {
     case GroupKind::dp: return o.dp_spans_nodes;
     case GroupKind::dp_cp:
     case GroupKind::edp: return o.dp_spans_nodes || o.cp_spans_nodes;
-    case GroupKind::world: return o.tp_spans_nodes || o.cp_spans_nodes || o.dp_spans_nodes || o.ep_spans_nodes;
+    case GroupKind::world:
+    case GroupKind::stage: return o.tp_spans_nodes || o.cp_spans_nodes || o.dp_spans_nodes || o.ep_spans_nodes;
+    case GroupKind::pp: return false;
   }
   return false;
 }

@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/ranges.h>
+
 #include "ampipe/core/checksum.h"
 #include "ampipe/core/json.h"
 #include "ampipe/comm/collectives.h"
@@ -256,6 +258,39 @@ void check_writable_dir(const std::string& flag, const std::string& dir, const c
                                   why.empty() ? "" : ": ", why));
 }
 
+void share_over_group(const comm::Group& g, core::TensorMap& m, const std::string& tag) {
+  if (g.size() == 1) return;
+  std::string mine;  // "name dim0,dim1,...\n" per tensor
+  for (const auto& [name, t] : m) {
+    AMPIPE_CHECK(t.dtype() == DType::f32 && name.find_first_of(" \n") == std::string::npos,
+                 "share_over_group: tensor {} is not an fp32 tensor with a plain name", name);
+    mine += name + " " + fmt::format("{}", fmt::join(t.shape(), ",")) + "\n";
+  }
+  const std::vector<std::string> all = comm::all_gather_strings(g, mine, tag + ".names");
+  for (int q = 0; q < g.size(); ++q) {
+    std::vector<comm::Event> evs;
+    std::istringstream lines(all[size_t(q)]);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const size_t sp = line.find(' ');
+      const std::string name = line.substr(0, sp);
+      if (q == g.rank()) {
+        for (int dst = 0; dst < g.size(); ++dst)
+          if (dst != q) evs.push_back(comm::send(g, m.at(name), dst, tag + "." + name));
+        continue;
+      }
+      Shape shape;
+      std::istringstream dims(line.substr(sp + 1));
+      for (std::string d; std::getline(dims, d, ',');) shape.push_back(std::stoll(d));
+      AMPIPE_CHECK(!m.count(name), "share_over_group: tensor {} is held by two members", name);
+      Tensor t = Tensor::empty(shape);
+      m[name] = t;
+      evs.push_back(comm::recv(g, t, q, tag + "." + name));
+    }
+    comm::wait_all(evs);
+  }
+}
+
 void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const TrainConfig& cfg, GptModel& model,
                      AdamW& opt, const comm::Groups& groups, const SaveOptions& opts) {
   core::TensorMap model_map, opt_map;
@@ -267,6 +302,8 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const T
     opt_map["exp_avg_sq." + p.name] = full_tensor(opt.exp_avg_sq(i), p, cfg.layer, groups, "ckpt.v." + p.name);
   }
   for (const auto& [name, t] : model.buffers()) model_map[name] = t;  // whole and the same on every rank
+  share_over_group(groups.pp, model_map, "ckpt.pp.model");               // every pipeline stage's tensors
+  share_over_group(groups.pp, opt_map, "ckpt.pp.optimizer");
   int64_t failed = 0;
   std::string why;
   if (groups.world.rank() == 0) {

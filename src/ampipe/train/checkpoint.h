@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ampipe/comm/group.h"
+#include "ampipe/core/safetensors.h"
 #include "ampipe/train/adamw.h"
 #include "ampipe/train/gpt_model.h"
 #include "ampipe/train/train_config.h"
@@ -77,6 +78,11 @@ void check_checkpoint_shapes(const std::string& model_path, const TrainConfig& c
 struct SaveOptions {
   bool skip_marker = false;  // tests: stop after the files, before the marker (a save interrupted there)
 };
+
+// Every member's tensors on every member of `g` (each adds its own, fp32, with names no other member has): how the
+// pipeline stages (the pp group) put a checkpoint's or full_params' tensors together. Collective over g; a no-op for
+// one rank.
+void share_over_group(const comm::Group& g, core::TensorMap& m, const std::string& tag);
 
 // Collective over groups.world (every rank calls it). Throws ConfigError naming --save and the path on failure,
 // on every rank.

@@ -1,6 +1,7 @@
 #include "ampipe/train/gpt_model.h"
 
 #include <algorithm>
+#include <tuple>
 #include <chrono>
 #include <cstring>
 
@@ -42,8 +43,25 @@ Tensor normal_init(const Shape& shape, const TrainConfig& cfg, uint64_t id) {
 
 }  // namespace
 
+PipelineStage pipeline_stage(const TrainConfig& cfg, int stage) {
+  PipelineStage st;
+  st.rank = stage;
+  st.size = cfg.pp();
+  std::tie(st.first_layer, st.end_layer) = cfg.stage_layers(stage);
+  return st;
+}
+
+namespace {
+// This stage's layer configs (each keeps its model-wide layer_index).
+std::vector<model::LayerConfig> stage_configs(const TrainConfig& cfg, const PipelineStage& st) {
+  const std::vector<model::LayerConfig> all = cfg.layer_configs();
+  return {all.begin() + st.first_layer, all.begin() + st.end_layer};
+}
+}  // namespace
+
 GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* groups)
     : cfg_(cfg),
+      stage_(pipeline_stage(cfg, groups ? groups->layout.coord(groups->world.rank()).pp : 0)),
       s_(cfg.layer.seq_length),
       b_(cfg.layer.micro_batch_size),
       T_(s_ * b_),
@@ -52,49 +70,59 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       cp_(cfg.layer.cp()),
       sl_(s_ / cp_),
       Tl_(sl_ * b_),
-      stack_(cfg.layer_configs(), cfg.ampipe_degree, ep_rank, groups),
+      stack_(stage_configs(cfg, stage_), cfg.ampipe_degree, ep_rank, groups, stage_.first_layer),
       groups_(groups) {
   AMPIPE_CHECK(V_ >= 1, "the vocabulary is not sized: padded_vocab_size {} (train::size_vocabulary sets it)", V_);
-  stack_.set_recompute(cfg.recompute_layers());  // --recompute-granularity full
-  wte_ = normal_init({V_, h_}, cfg, 1);
+  // --recompute-granularity full (its block method counts this stage's layers)
+  stack_.set_recompute(cfg.recompute_layers(stage_.first_layer, stage_.end_layer));
   const bool learned_positions = cfg.layer.position_embedding == model::PositionEmbedding::learned_absolute;
-  if (learned_positions) wpe_ = normal_init({s_, h_}, cfg, 2);  // rope, none: no table
-  lnf_w_ = Tensor::empty({h_});
-  lnf_w_.fill(1.0f);
-  if (!cfg.layer.rmsnorm()) lnf_b_ = Tensor::zeros({h_});  // RMSNorm: no bias
-  dwte_ = Tensor::zeros({V_, h_});
-  if (learned_positions) dwpe_ = Tensor::zeros({s_, h_});
-  dlnf_w_ = Tensor::zeros({h_});
-  if (!cfg.layer.rmsnorm()) dlnf_b_ = Tensor::zeros({h_});
-  params_.push_back({"embedding.word_embeddings.weight", wte_, dwte_, false, true, ""});
-  if (learned_positions) params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true, ""});
+  if (stage_.first()) {
+    wte_ = normal_init({V_, h_}, cfg, 1);
+    if (learned_positions) wpe_ = normal_init({s_, h_}, cfg, 2);  // rope, none: no table
+    dwte_ = Tensor::zeros({V_, h_});
+    if (learned_positions) dwpe_ = Tensor::zeros({s_, h_});
+    params_.push_back({"embedding.word_embeddings.weight", wte_, dwte_, false, true, ""});
+    if (learned_positions) params_.push_back({"embedding.position_embeddings.weight", wpe_, dwpe_, false, true, ""});
+  }
   for (int i = 0; i < stack_.num_layers(); ++i) {
     auto p = stack_.params(i).named(), g = stack_.grads(i).named();
     for (size_t k = 0; k < p.size(); ++k)
-      params_.push_back({fmt::format("layers.{}.{}", i, p[k].first), p[k].second, g[k].second,
+      params_.push_back({fmt::format("layers.{}.{}", stage_.first_layer + i, p[k].first), p[k].second, g[k].second,
                          model::LayerParams::is_expert(p[k].first),
                          (p[k].second.dim() >= 2 && !p[k].first.ends_with(".bias")) ||  // the experts' [L, *] biases
                              (cfg.apply_wd_to_qk_layernorm && model::LayerParams::is_qk_norm(p[k].first)),
                          p[k].first, &stack_.config(i)});
   }
-  params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false, ""});
-  if (lnf_b_.defined()) params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});
-  if (cfg.untie_embeddings_and_output_weights) {
-    wout_ = normal_init({V_, h_}, cfg, 3);
-    dwout_ = Tensor::zeros({V_, h_});
-    params_.push_back({"output_layer.weight", wout_, dwout_, false, true, ""});
+  if (stage_.last()) {
+    lnf_w_ = Tensor::empty({h_});
+    lnf_w_.fill(1.0f);
+    if (!cfg.layer.rmsnorm()) lnf_b_ = Tensor::zeros({h_});  // RMSNorm: no bias
+    dlnf_w_ = Tensor::zeros({h_});
+    if (!cfg.layer.rmsnorm()) dlnf_b_ = Tensor::zeros({h_});
+    params_.push_back({"final_layernorm.weight", lnf_w_, dlnf_w_, false, false, ""});
+    if (lnf_b_.defined()) params_.push_back({"final_layernorm.bias", lnf_b_, dlnf_b_, false, false, ""});
+    if (cfg.untie_embeddings_and_output_weights) {
+      wout_ = normal_init({V_, h_}, cfg, 3);
+      dwout_ = Tensor::zeros({V_, h_});
+      params_.push_back({"output_layer.weight", wout_, dwout_, false, true, ""});
+    } else if (!stage_.first()) {  // tied, on another stage than the embedding: a copy, initialised alike
+      wout_ = normal_init({V_, h_}, cfg, 1);
+      dwout_ = Tensor::zeros({V_, h_});
+    }
   }
   AMPIPE_CHECK(s_ % cp_ == 0, "--seq-length {} is not divisible by --context-parallel-size {}", s_, cp_);
-  x0_ = Tensor::empty({sl_, b_, h_});
-  xn_ = Tensor::empty({Tl_, h_});
-  lnf_mean_ = Tensor::empty({Tl_});
-  lnf_rstd_ = Tensor::empty({Tl_});
-  logits_ = Tensor::empty({Tl_, V_});
-  ce_loss_ = Tensor::empty({Tl_});
-  lse_ = Tensor::empty({Tl_});
-  dloss_ = Tensor::empty({Tl_});
-  dxn_ = Tensor::empty({Tl_, h_});
-  dy_ = Tensor::empty({sl_, b_, h_});
+  if (stage_.first()) x0_ = Tensor::empty({sl_, b_, h_});
+  if (stage_.last()) {
+    xn_ = Tensor::empty({Tl_, h_});
+    lnf_mean_ = Tensor::empty({Tl_});
+    lnf_rstd_ = Tensor::empty({Tl_});
+    logits_ = Tensor::empty({Tl_, V_});
+    ce_loss_ = Tensor::empty({Tl_});
+    lse_ = Tensor::empty({Tl_});
+    dloss_ = Tensor::empty({Tl_});
+    dxn_ = Tensor::empty({Tl_, h_});
+    dy_ = Tensor::empty({sl_, b_, h_});
+  }
   tokens_.resize(size_t(Tl_));
   targets_.resize(size_t(Tl_));
 }
@@ -103,12 +131,42 @@ std::vector<std::pair<std::string, Tensor>> GptModel::buffers() {
   std::vector<std::pair<std::string, Tensor>> out;
   for (int i = 0; i < stack_.num_layers(); ++i)
     if (const Tensor& b = stack_.params(i).expert_bias; b.defined())
-      out.push_back({fmt::format("layers.{}.moe.gate.expert_bias", i), b});
+      out.push_back({fmt::format("layers.{}.moe.gate.expert_bias", stage_.first_layer + i), b});
   return out;
 }
 
 void GptModel::zero_grads() {
   for (NamedParam& p : params_) std::memset(p.grad.raw(), 0, p.grad.nbytes());  // contiguous fp32
+  if (Tensor g = tied_grad(); g.defined() && !stage_.first()) g.zero();  // the last stage's copy
+}
+
+Tensor GptModel::tied_weight() const {
+  if (stage_.size == 1 || cfg_.untie_embeddings_and_output_weights) return {};
+  return stage_.first() ? wte_ : stage_.last() ? wout_ : Tensor{};
+}
+
+Tensor GptModel::tied_grad() const {
+  if (stage_.size == 1 || cfg_.untie_embeddings_and_output_weights) return {};
+  return stage_.first() ? dwte_ : stage_.last() ? dwout_ : Tensor{};
+}
+
+Shape GptModel::stage_activation_shape() const {
+  return {cfg_.layer.sp() ? sl_ / cfg_.layer.tp() : sl_, b_, h_};
+}
+
+void GptModel::take_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+  take_rows(tokens, targets);
+}
+
+void GptModel::forward_layers() {
+  for (const schedule::StepTask& t : stack_.step_plan().tasks)
+    if (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd) run_layer(t);
+}
+
+// FLOPs of the last micro-batch's forward + backward on this stage: model::Layer::flops of every layer, and on the
+// last stage the LM head's three GEMMs 3 x 2 T h V (docs/training.md).
+double GptModel::flops_per_micro_batch() const {
+  return stack_.flops() + (stage_.last() ? 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_) : 0.0);
 }
 
 // Context parallel: local row i holds global position pos_[i] (the layer's row order at the stack's degree now;
@@ -151,11 +209,19 @@ Tensor GptModel::from_layers(const Tensor& local, Tensor& full) {
 }
 
 void GptModel::embedding_forward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                                 uint64_t token_base) {
+                                 uint64_t token_base, int micro_batch) {
   const auto t0 = Clock::now();
   take_rows(tokens, targets);
   embed();
-  stack_.set_input(to_layers(x0_, x_local_), token_base);
+  Tensor in = to_layers(x0_, x_local_);
+  if (const int n = stack_.slots(); n > 1) {  // layer 0 keeps its input to the micro-batch's backward
+    x_in_.resize(size_t(n));
+    Tensor& kept = x_in_[size_t(micro_batch % n)];
+    if (!kept.defined()) kept = Tensor::empty(in.shape());
+    kept.copy_from(in);
+    in = kept;
+  }
+  stack_.set_input(in, token_base);
   times_.head_us += us_since(t0);
   trace_since("embedding.fwd", t0);
 }
@@ -218,16 +284,15 @@ void GptModel::embedding_backward() {
   const auto t0 = Clock::now();
   if (!cfg_.layer.sp()) dx0_ = stack_.input_grad();  // sequence parallel: sp_gather(bwd) set it
   kernels::embedding_backward(dx0_, tokens_, pos_, b_, dwte_, dwpe_);
-  last_flops_ = stack_.flops() + 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_);
   times_.head_us += us_since(t0);
   trace_since("embedding.bwd", t0);
 }
 
 // One micro-batch in the step Plan's order (the stack's layers-only step Plan between the model's parts).
 double GptModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base) {
+  AMPIPE_CHECK(stage_.size == 1, "GptModel::forward runs the whole model: one pipeline stage");
   embedding_forward(tokens, targets, token_base);
-  for (const schedule::StepTask& t : stack_.step_plan().tasks)
-    if (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd) run_layer(t);
+  forward_layers();
   if (cfg_.layer.sp()) sp_gather(model::Dir::fwd);
   return head_forward();
 }

@@ -65,9 +65,20 @@ struct StepTimes {  // microseconds, accumulated over calls
   int64_t head_us = 0;    // embedding, final LayerNorm, LM head, cross-entropy
 };
 
+// This rank's pipeline stage (--pipeline-model-parallel-size): its layers [first_layer, end_layer) of the model; the
+// first stage holds the embedding, the last the final norm, LM head and loss. One stage: the whole model.
+struct PipelineStage {
+  int rank = 0, size = 1;
+  int first_layer = 0, end_layer = 0;
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+};
+
 class GptModel {
  public:
+  // groups: this rank's groups (null: one rank); the stage is groups->layout's pipeline coordinate.
   GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* groups);
+  const PipelineStage& stage() const { return stage_; }
 
   // tokens, targets: [s, b] int32 (T each, the whole micro-batch on every rank). Runs the forward and returns the
   // mean cross-entropy over the T tokens; context parallel: this rank's share of it (the sum of its s/cp positions'
@@ -89,12 +100,31 @@ class GptModel {
   // last layer's rows of every tp rank for the head; bwd: the first layer's input gradient for the embedding.
   // head_forward: final LayerNorm, LM head, cross-entropy (returns what forward returns). head_backward: their
   // backward, the layers' output gradient. embedding_backward: the embedding gradients (accumulated).
-  void embedding_forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base);
+  // micro_batch: with pipeline stages (the stack's slots), whose copy of the layers' input it fills.
+  void embedding_forward(std::span<const int32_t> tokens, std::span<const int32_t> targets, uint64_t token_base,
+                         int micro_batch = 0);
   void run_layer(const schedule::StepTask& t);
   void sp_gather(model::Dir d);
   double head_forward();
   void head_backward(float loss_scale, float d_aux);
   void embedding_backward();
+  // Pipeline stages: take_batch picks this rank's rows of a micro-batch's tokens and targets (a stage without the
+  // embedding: the head's targets); the layers' input (a stage after the first: the received activation, [rows, b, h]
+  // as stage_output() gives it), their output and its gradient (a stage before the last: the received one), and the
+  // gradient of their input (sent to the previous stage).
+  void take_batch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+  void set_stage_input(const Tensor& x, uint64_t token_base) { stack_.set_input(x, token_base); }
+  Tensor stage_output() const { return stack_.output(); }
+  void set_stage_output_grad(const Tensor& dy, float d_aux) { stack_.set_output_grad(dy, d_aux); }
+  Tensor stage_input_grad() const { return stack_.input_grad(); }
+  Shape stage_activation_shape() const;  // [rows, b, h]: what stages send each other
+  // The layers' forward alone, in the stack's order (evaluation of a stage).
+  void forward_layers();
+  // Tied embeddings across stages: the first stage's word embedding and its gradient; on the last stage the LM
+  // head's copy of it (trained as one: its gradient is added to the first stage's, the updated weight copied back).
+  // Undefined elsewhere, and with one stage or untied weights.
+  Tensor tied_weight() const;
+  Tensor tied_grad() const;
 
   std::vector<NamedParam>& params() { return params_; }
   // State that is not trained but is saved with the weights, every rank holding it whole and the same: the routers'
@@ -105,7 +135,7 @@ class GptModel {
   void set_degree(int M) { stack_.set_degree(M); }
   // FLOPs of the last micro-batch's forward + backward: model::Layer::flops of every layer + the LM head's three
   // GEMMs 3 x 2 T h V (docs/training.md).
-  double flops_per_micro_batch() const { return last_flops_; }
+  double flops_per_micro_batch() const;
   StepTimes& times() { return times_; }
   schedule::LayerStack& stack() { return stack_; }
 
@@ -115,13 +145,16 @@ class GptModel {
   void embed();
 
   TrainConfig cfg_;
+  PipelineStage stage_;
   int64_t s_, b_, T_, h_, V_;
   int cp_;         // context-parallel size (cp; C is the capacity)
   int64_t sl_, Tl_;  // this rank's positions s/cp and tokens sl*b (cp = 1: s, T)
   std::vector<int64_t> pos_;  // [sl] global position of local row i (context_parallel.h's order at degree pos_M_)
   int pos_M_ = 0;
   schedule::LayerStack stack_;
-  Tensor wte_, wpe_, lnf_w_, lnf_b_, wout_;         // parameters ([V,h], [s,h], [h], [h], [V,h] or undefined)
+  // parameters ([V,h], [s,h], [h], [h], [V,h] or undefined; those of this stage); wout_ on the last of several stages
+  // with tied embeddings: the copy of the first stage's wte_ (not among params_)
+  Tensor wte_, wpe_, lnf_w_, lnf_b_, wout_;
   Tensor dwte_, dwpe_, dlnf_w_, dlnf_b_, dwout_;  // gradients
   std::vector<NamedParam> params_;
 
@@ -139,10 +172,13 @@ class GptModel {
   Tensor dloss_, dxn_, dy_;      // [T], [T, h], [s, b, h]
   Tensor y_;                     // [s, b, h] the last layer's output, every row of this cp rank
   Tensor x_local_, dy_local_;    // sequence parallel: [s/t, b, h] this tp rank's rows of x0_ and dy_
+  std::vector<Tensor> x_in_;     // pipeline stages: the layers' input of each micro-batch in flight (slots)
   Tensor dx0_;                   // [s, b, h] the embedding's output gradient (the layers' input gradient)
   Tensor gathered_, y_full_, dx_full_;  // sequence parallel: [s, b, h] all-gather target (rank order), cp-local order
   StepTimes times_;
-  double last_flops_ = 0;
 };
+
+// Stage `stage` of cfg's pipeline: its layers (TrainConfig::stage_layers).
+PipelineStage pipeline_stage(const TrainConfig& cfg, int stage);
 
 }  // namespace ampipe::train

@@ -8,7 +8,7 @@
 
 namespace ampipe::train {
 
-schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples, int world) {
+schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples, int world, int stage) {
   using model::checked_add;
   using model::checked_elements;
   using model::checked_mul;
@@ -25,15 +25,34 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
                          ? checked_elements("the [s, h] position embedding", {s, h})
                          : 0;  // rope, none: no table
 
-  const std::vector<model::LayerConfig> layers = cfg.layer_configs();
-  schedule::MemoryEstimate e = schedule::estimate_layer_stack(layers, cfg.ampipe_degree, cfg.recompute_layers());
+  const int P = cfg.pp();
+  if (stage < 0) {  // the largest stage
+    schedule::MemoryEstimate best = estimate_train_memory(cfg, train_samples, world, 0);
+    for (int q = 1; q < P; ++q) {
+      schedule::MemoryEstimate e = estimate_train_memory(cfg, train_samples, world, q);
+      if (e.total() > best.total()) best = std::move(e);
+    }
+    return best;
+  }
+  const auto [first_layer, end_layer] = cfg.stage_layers(stage);
+  const bool first = stage == 0, last = stage == P - 1;
+  const std::vector<model::LayerConfig> all = cfg.layer_configs();
+  const std::vector<model::LayerConfig> layers(all.begin() + first_layer, all.begin() + end_layer);
+  // 1F1B: min(P - stage, K) micro-batches in flight, each with its copy of the layers' saved buffers
+  const int64_t K =
+      std::max<int64_t>(1, cfg.global_batch(world) / (l.micro_batch_size * cfg.data_parallel_size(world)));
+  const int in_flight = int(std::min<int64_t>(P - stage, K));
+  schedule::MemoryEstimate e = schedule::estimate_layer_stack(
+      layers, cfg.ampipe_degree, cfg.recompute_layers(first_layer, end_layer), P > 1 ? in_flight : 1);
   // Local parameter elements: the layers' (each block's: dense and MoE blocks differ) and the embedding-level ones.
   int64_t layer_params = 0;
   for (const model::LayerConfig& lc : layers)
     layer_params = checked_add(layer_params, schedule::layer_param_counts(lc).params, "the layers' parameters");
-  int64_t head = checked_add(Vh, sh, "the embedding sizes");
-  head = checked_add(head, 2 * l.hidden_size, "the embedding sizes");  // final LayerNorm weight and bias
-  if (cfg.untie_embeddings_and_output_weights) head = checked_add(head, Vh, "the output layer's size");
+  // the embedding (first stage), the final LayerNorm and the output layer or, tied on another stage, its copy (last)
+  int64_t head = first ? checked_add(Vh, sh, "the embedding sizes") : 0;
+  if (last) head = checked_add(head, 2 * l.hidden_size, "the embedding sizes");  // final LayerNorm weight and bias
+  if (last && (cfg.untie_embeddings_and_output_weights || !first))
+    head = checked_add(head, Vh, "the output layer's size");
   const int64_t head_bytes = checked_mul(head, 4, "the embedding bytes");
   e.add("parameters", head_bytes);
   e.add("gradients", head_bytes);
@@ -54,10 +73,17 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   // GptModel's buffers (T: this cp rank's tokens): x0, xn, dxn, dy [T, h]; logits [T, V]; five [T] vectors
   // (LayerNorm statistics, per-token loss and log-sum-exp, loss gradient); sequence parallelism: two [T/t, h] local
   // row sets and three [T, h] gathers.
-  int64_t act = checked_add(checked_mul(Th, 4, "[T, h] buffers"), TV, "the head's buffers");
-  act = checked_add(act, checked_mul(T, 5, "[T] buffers"), "the head's buffers");
+  int64_t act = first ? Th : 0;  // x0
+  if (last) {
+    act = checked_add(act, checked_add(checked_mul(Th, 3, "[T, h] buffers"), TV, "the head's buffers"), "head");
+    act = checked_add(act, checked_mul(T, 5, "[T] buffers"), "the head's buffers");
+  }
   if (l.sp()) act = checked_add(act, checked_add(checked_mul(Th, 3, "sp"), 2 * (Th / l.tp()), "sp"), "sp");
   e.add("embedding + LM head buffers", checked_mul(act, 4, "the head's buffer bytes"));
+  if (P > 1) {  // the received activations kept per micro-batch in flight (+1), two gradient and four send slots
+    const int64_t slots = in_flight + 1 + 6;
+    e.add("pipeline stage buffers", checked_mul(checked_mul(Th / (l.sp() ? l.tp() : 1), slots, "slots"), 4, "slots"));
+  }
   if (train_samples > 0) e.add("data order", checked_mul(train_samples, 8, "the data order"));
 
   if (!cfg.save.empty() || !cfg.load.empty()) {

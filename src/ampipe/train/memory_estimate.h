@@ -21,6 +21,10 @@ namespace ampipe::train {
 // (the data order's permutation); 0 if unknown.
 // world: the ranks (with --use-distributed-optimizer the AdamW state is 1/(dp x cp) of the dense parameters' and
 // 1/(dp x cp / ep) of the experts', train/grad_layout.h; padding aside).
-schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples = 0, int world = 1);
+// Pipeline stages (--pipeline-model-parallel-size): the estimate of stage `stage` (its layers, the embedding on the
+// first, the head on the last, the received activations it keeps), or with stage -1 of the stage whose total is the
+// largest.
+schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t train_samples = 0, int world = 1,
+                                               int stage = -1);
 
 }  // namespace ampipe::train

@@ -76,6 +76,53 @@ void TrainConfig::validate_ampipe() const {
   (void)layer.check_pipe_experts(M);
 }
 
+// Megatron's rules for the stages (megatron/training/arguments.py, transformer_config.py): the layers divide evenly
+// over the stages, or over the stages between a first and a last stage of given sizes.
+void TrainConfig::validate_pipeline() const {
+  const int P = pipeline_model_parallel_size, first = decoder_first_pipeline_num_layers,
+            last = decoder_last_pipeline_num_layers;
+  if (P < 1)
+    throw ConfigError(fmt::format("--pipeline-model-parallel-size {} is invalid: it must be >= 1", P));
+  if (first < 0 || last < 0)
+    throw ConfigError(fmt::format("--decoder-{}-pipeline-num-layers {} is invalid: it must be >= 1",
+                                  first < 0 ? "first" : "last", first < 0 ? first : last));
+  if ((first > 0 || last > 0) && P == 1)
+    throw ConfigError(fmt::format("--decoder-{}-pipeline-num-layers needs --pipeline-model-parallel-size > 1",
+                                  first > 0 ? "first" : "last"));
+  if (P == 1) return;
+  if (P > num_layers)
+    throw ConfigError(fmt::format("--pipeline-model-parallel-size {} is more than --num-layers {}: every stage needs "
+                                  "a layer", P, num_layers));
+  if (first == 0 && last == 0) {
+    if (num_layers % P != 0)
+      throw ConfigError(fmt::format("--num-layers {} is not divisible by --pipeline-model-parallel-size {} (give "
+                                    "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an "
+                                    "uneven split)", num_layers, P));
+    return;
+  }
+  const int middle = P - (first > 0) - (last > 0), rest = num_layers - first - last;
+  if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && (rest < middle || rest % middle != 0)))
+    throw ConfigError(fmt::format("--num-layers {} minus --decoder-first-pipeline-num-layers {} and "
+                                  "--decoder-last-pipeline-num-layers {} (= {}) does not divide evenly over the {} "
+                                  "other stage(s) of --pipeline-model-parallel-size {}",
+                                  num_layers, first, last, rest, middle, P));
+}
+
+std::pair<int, int> TrainConfig::stage_layers(int stage) const {
+  const int P = pipeline_model_parallel_size, first = decoder_first_pipeline_num_layers,
+            last = decoder_last_pipeline_num_layers;
+  AMPIPE_CHECK(stage >= 0 && stage < P, "stage {} of {}", stage, P);
+  if (P == 1) return {0, num_layers};
+  const int middle = P - (first > 0) - (last > 0);
+  const int per = middle > 0 ? (num_layers - first - last) / middle : 0;
+  std::vector<int> sizes;
+  for (int q = 0; q < P; ++q)
+    sizes.push_back(q == 0 && first > 0 ? first : q == P - 1 && last > 0 ? last : per);
+  int begin = 0;
+  for (int q = 0; q < stage; ++q) begin += sizes[size_t(q)];
+  return {begin, begin + sizes[size_t(stage)]};
+}
+
 void TrainConfig::validate(int world) const {
   layer.validate();
   const int M = ampipe_degree, tp = layer.tensor_model_parallel_size, cp = layer.context_parallel_size;
@@ -87,12 +134,16 @@ void TrainConfig::validate(int world) const {
 
   validate_ampipe();
 
-  // The layout: world = tp x cp x dp, and EP inside dp x cp.
-  if (world % (tp * cp) != 0)
-    throw ConfigError(fmt::format("world size {} is not tp x cp x dp: it is not divisible by "
-                                  "--tensor-model-parallel-size {} x --context-parallel-size {} (= {})",
-                                  world, tp, cp, tp * cp));
-  const int dp = world / (tp * cp), ep = layer.expert_model_parallel_size;
+  // The layout: world = tp x cp x dp x pp, and EP inside dp x cp.
+  validate_pipeline();
+  const int pp = pipeline_model_parallel_size;
+  if (world % (tp * cp * pp) != 0)
+    throw ConfigError(fmt::format("world size {} is not tp x cp x dp{}: it is not divisible by "
+                                  "--tensor-model-parallel-size {} x --context-parallel-size {}{} (= {})",
+                                  world, pp > 1 ? " x pp" : "", tp, cp,
+                                  pp > 1 ? fmt::format(" x --pipeline-model-parallel-size {}", pp) : std::string(),
+                                  tp * cp * pp));
+  const int dp = world / (tp * cp * pp), ep = layer.expert_model_parallel_size;
   if ((dp * cp) % ep != 0)
     throw ConfigError(fmt::format("--expert-model-parallel-size {} does not divide data-parallel x context-parallel "
                                   "size {} (world size {}): every EP group is made of data-parallel ranks",
@@ -231,12 +282,15 @@ std::string TrainConfig::ffn_summary() const {
   return out;
 }
 
-std::vector<bool> TrainConfig::recompute_layers() const {
-  std::vector<bool> on(size_t(num_layers), false);
+std::vector<bool> TrainConfig::recompute_layers() const { return recompute_layers(0, num_layers); }
+
+std::vector<bool> TrainConfig::recompute_layers(int first, int end) const {
+  std::vector<bool> on(size_t(end - first), false);
   if (recompute_granularity != "full") return on;
   // uniform: Megatron recomputes every layer, its input kept once per group of recompute_num_layers; here every
-  // layer keeps its own output (one [s, b, h] per layer). block: the first recompute_num_layers layers.
-  for (int i = 0; i < num_layers; ++i) on[size_t(i)] = recompute_method == "uniform" || i < recompute_num_layers;
+  // layer keeps its own output (one [s, b, h] per layer). block: the first recompute_num_layers layers (of each
+  // pipeline stage).
+  for (int i = 0; i < end - first; ++i) on[size_t(i)] = recompute_method == "uniform" || i < recompute_num_layers;
   return on;
 }
 
@@ -370,6 +424,9 @@ std::vector<ConfigKey> layer_config_keys() {
       AMPIPE_FIELD(ampipe_tp_sp_comm_overlap, kL | kC | kA, kNo, l.ampipe_tp_sp_comm_overlap),
       AMPIPE_FIELD(context_parallel_size, kL | kC | kA, kNo, l.context_parallel_size),
       AMPIPE_FIELD(context_parallel_algo, kL | kC | kA, kNo, l.context_parallel_algo),
+      AMPIPE_FIELD(pipeline_model_parallel_size, kC | kA, kNo, c.pipeline_model_parallel_size),
+      AMPIPE_FIELD(decoder_first_pipeline_num_layers, kC | kA, kNo, c.decoder_first_pipeline_num_layers),
+      AMPIPE_FIELD(decoder_last_pipeline_num_layers, kC | kA, kNo, c.decoder_last_pipeline_num_layers),
   };
 }
 

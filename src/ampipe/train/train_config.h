@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ampipe/model/layer_config.h"
@@ -46,6 +47,14 @@ struct TrainConfig {
 
   // ---- parallelism ----
   int ampipe_degree = 1;
+  // --pipeline-model-parallel-size P: the layers split into P consecutive stages (Megatron's 1F1B schedule,
+  // docs/training.md "Pipeline parallelism"); --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers
+  // (0: not given) give the first / last stage that many layers and split the rest evenly over the others.
+  int pipeline_model_parallel_size = 1;
+  int decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
+  // Stage `stage`'s layers [first, end) (after validate).
+  std::pair<int, int> stage_layers(int stage) const;
+  int pp() const { return pipeline_model_parallel_size; }
   // --tensor-model-parallel-size, --sequence-parallel, --ampipe-tp-sp-comm-overlap are layer options:
   // layer.tensor_model_parallel_size, layer.sequence_parallel, layer.ampipe_tp_sp_comm_overlap.
   // --context-parallel-size, --context-parallel-algo: layer flags (layer.context_parallel_size, _algo).
@@ -75,6 +84,9 @@ struct TrainConfig {
   int recompute_num_layers = 1;
   // Which layers recompute (after validate): one flag per layer.
   std::vector<bool> recompute_layers() const;
+  // The same for the layers [first, end) of one pipeline stage (Megatron counts --recompute-num-layers per stage
+  // with --recompute-method block).
+  std::vector<bool> recompute_layers(int first, int end) const;
 
   // ---- optimizer and schedule ----
   int64_t global_batch_size = 0;  // 0: micro-batch size x data-parallel size
@@ -141,13 +153,14 @@ struct TrainConfig {
   // Every rule; world = number of ranks. Throws ConfigError (one line naming flag, value, rule).
   void validate(int world) const;
   void validate_ampipe() const;  // the seed's four AMPipe constraints (part of validate)
+  void validate_pipeline() const;  // the stages (part of validate)
   // pipe-experts with nothing to pipeline (model::LayerConfig::check_pipe_experts's notice: one local expert and
   // --pipe-experts-multi-data 1) runs without it: turns layer.use_pipe_experts off and returns the notice, for rank 0
   // to print. Returns "" otherwise, also when the pipe-experts rules fail (validate reports those).
   // TrainFlags::finish calls it before validate.
   std::string drop_idle_pipe_experts();
   // Data-parallel size and global batch size for `world` ranks (after validate).
-  int data_parallel_size(int world) const { return world / (layer.tp() * layer.cp()); }
+  int data_parallel_size(int world) const { return world / (layer.tp() * layer.cp() * pp()); }
   int64_t global_batch(int world) const {
     return global_batch_size > 0 ? global_batch_size : layer.micro_batch_size * data_parallel_size(world);
   }

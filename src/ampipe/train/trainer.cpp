@@ -4,6 +4,7 @@
 #include <functional>
 
 #include <tuple>
+#include <utility>
 
 #include <unistd.h>
 
@@ -53,10 +54,11 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   tokens_.resize(size_t(s_ * b_));
   targets_.resize(size_t(s_ * b_));
   auto& ps = model_.params();
+  const PipelineStage& stage = model_.stage();
   for (size_t i = 0; i < ps.size(); ++i) {
     (ps[i].expert ? expert_idx_ : dense_idx_).push_back(i);
-    int layer = -1;
-    if (ps[i].name.rfind("layers.", 0) == 0) layer = std::stoi(ps[i].name.substr(7));
+    int layer = -1;  // the stage's layer index (the step Plan's), from the model-wide one of the name
+    if (ps[i].name.rfind("layers.", 0) == 0) layer = std::stoi(ps[i].name.substr(7)) - stage.first_layer;
     layer_of_.push_back(layer);
   }
   layout_ = GradLayout(ps, layer_of_, g_.dp_cp.size(), g_.dp_cp.rank(), g_.edp.size(), g_.edp.rank(),
@@ -68,8 +70,23 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   dense_shard_ = Tensor::zeros({std::max<int64_t>(layout_.shard_buffer_size(false), 1)});
   expert_shard_ = Tensor::zeros({std::max<int64_t>(layout_.shard_buffer_size(true), 1)});
   scalars_ = Tensor::empty({5});
-  moe_counts_.assign(size_t(model_.stack().num_layers()) * size_t(cfg.layer.num_experts + 2), 0);
+  // every layer of the model: each stage counts its own, the others stay 0 and the all-reduce joins them
+  moe_counts_.assign(size_t(cfg.num_layers) * size_t(cfg.layer.num_experts + 2), 0);
   moe_buf_ = Tensor::empty({int64_t(2 * moe_counts_.size())});
+  if (stage.size > 1) {  // the pipeline's slots (schedule/step_plan.h: receives posted one micro-batch ahead)
+    const Shape a = model_.stage_activation_shape();
+    // 1F1B: at most min(P - stage, K) micro-batches between their forward and their backward on this stage
+    const int64_t in_flight = std::min<int64_t>(stage.size - stage.rank, K_);
+    model_.stack().set_slots(int(in_flight));  // the layers' saved activations of each
+    for (int64_t k = 0; k < in_flight + 1; ++k) pp_in_.push_back(Tensor::empty(a));  // their inputs, and one coming
+    for (int k = 0; k < 2; ++k) {
+      pp_grad_in_.push_back(Tensor::empty(a));
+      pp_out_.push_back(Tensor::empty(a));
+      pp_grad_out_.push_back(Tensor::empty(a));
+    }
+    pp_out_ev_.resize(2);
+    pp_grad_out_ev_.resize(2);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -218,6 +235,11 @@ void Trainer::plan_step() {
   c.expert_group_size = g_.edp.size();
   c.distributed_optimizer = cfg_.use_distributed_optimizer;
   c.optimizer_params = double(layout_.owned_elements());
+  const PipelineStage& stage = model_.stage();
+  c.pp_size = stage.size;
+  c.pp_rank = stage.rank;
+  c.pp_bytes = 4.0 * double(shape_numel(model_.stage_activation_shape()));
+  if (model_.tied_weight().defined()) c.tied_bytes = double(model_.tied_weight().nbytes());
   step_ = schedule::build_step_plan(std::move(c));
   gathers_params_ = step_.index_of(schedule::StepOp::param_unpack, model::Dir::fwd, -1, -1) >= 0;
   step_generation_ = stack.generation();
@@ -291,7 +313,14 @@ double Trainer::grad_norm() {
     comm::all_reduce_sync(g_.ep, t, comm::Reduce::sum, "grad.norm");
     expert = t.get(0);
   }
-  return std::sqrt(dense_sumsq_ + sharded + expert);
+  double total = dense_sumsq_ + sharded + expert;
+  if (g_.pp.size() > 1) {  // every stage's parameters (the tied LM-head copy is not one)
+    Tensor t = scalars_.rows(0, 1);
+    t.fill(float(total));
+    comm::all_reduce_sync(g_.pp, t, comm::Reduce::sum, "grad.norm.pp");
+    total = t.get(0);
+  }
+  return std::sqrt(total);
 }
 
 // The expert choices (token, k) of the last forward's gates that found their expert full, over every layer and
@@ -313,7 +342,7 @@ void Trainer::count_expert_loads() {
   const size_t E = size_t(cfg_.layer.num_experts);
   for (int i = 0; i < stack.num_layers(); ++i) {
     if (stack.layer(i).config().dense()) continue;  // no router: its counts stay 0
-    int64_t* c = moe_counts_.data() + size_t(i) * (E + 2);
+    int64_t* c = moe_counts_.data() + size_t(model_.stage().first_layer + i) * (E + 2);
     for (int ch = 0; ch < stack.degree(); ++ch) {
       const model::GateRouting& r = stack.layer(i).gate_ctx(ch).routing;
       AMPIPE_CHECK(r.expert_count.size() == E, "gate routing of layer {} has {} expert counts, expected {}", i,
@@ -366,27 +395,33 @@ void Trainer::run_step_task(const schedule::StepTask& t, StepState& s) {
   switch (t.op) {
     case StepOp::embedding:
       if (fwd) {
-        const int64_t first = consumed_ + (dp_rank_ * K_ + t.micro_batch) * b_;
+        const int64_t first = first_sample(t.micro_batch);
         {
           comm::TraceScope trace(comm::Lane::compute, "data");
           fill_batch(first, Split::train);
         }
-        model_.embedding_forward(tokens_, targets_, uint64_t(first * s_));
+        model_.embedding_forward(tokens_, targets_, uint64_t(first * s_), t.micro_batch);
       } else {
+        if (model_.stage().size > 1) {  // 1F1B: later forwards took other micro-batches' tokens since
+          fill_batch(first_sample(t.micro_batch), Split::train);
+          model_.take_batch(tokens_, targets_);
+        }
         model_.embedding_backward();
         s.st.flops += model_.flops_per_micro_batch();
       }
       return;
     case StepOp::layer:
     case StepOp::recompute: return model_.run_layer(t);
+    case StepOp::pp_recv: return pp_recv(t);
+    case StepOp::pp_wait: return pp_wait(t, s);
+    case StepOp::pp_send: return pp_send(t, s);
+    case StepOp::tied_grad: return exchange_tied(true);
+    case StepOp::tied_param: return exchange_tied(false);
     case StepOp::sp_gather: return model_.sp_gather(t.dir);
     case StepOp::head:
       if (fwd) {
         s.loss_sum += model_.head_forward();
-        s.aux_sum += model_.aux_loss();
-        s.z_sum += model_.z_loss();
-        count_drops(s.dropped, s.choices);
-        count_expert_loads();
+        after_forward(s);
       } else {
         model_.head_backward(1.0f, float(cfg_.moe_aux_loss_coeff));
       }
@@ -409,6 +444,9 @@ void Trainer::finish_gradients(StepState& s) {
     comm::TraceScope trace(comm::Lane::compute, "grad.reduce (wait, scale, sums of squares)");
     reduce_gradients();
   }
+  for (std::vector<comm::Event>* evs : {&pp_out_ev_, &pp_grad_out_ev_})  // the pipeline's last sends
+    for (comm::Event& e : *evs)
+      if (e.state()) comm::wait_all({std::exchange(e, comm::Event{})});
   Tensor losses = scalars_;
   losses.set(0, float(s.loss_sum));
   losses.set(1, float(s.aux_sum));
@@ -416,6 +454,8 @@ void Trainer::finish_gradients(StepState& s) {
   losses.set(3, float(s.choices));
   losses.set(4, float(s.z_sum));
   if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, losses, comm::Reduce::sum, "loss");
+  // pipeline: the lm loss is the last stage's, the routers' sums each stage's own
+  if (g_.pp.size() > 1) comm::all_reduce_sync(g_.pp, losses, comm::Reduce::sum, "loss.pp");
   // Context parallel: the lm loss of a micro-batch is split over its cp ranks (each returns its tokens' share), but
   // every cp rank's aux loss is the whole sequence's (the layer reduces its routing statistics over cp), so the sum
   // over dp x cp counts it cp times.
@@ -440,7 +480,7 @@ void Trainer::finish_gradients(StepState& s) {
   // (Megatron updates it in finalize_model_grads, before the optimizer; every rank takes the same step).
   if (cfg_.layer.moe_router_enable_expert_bias) {
     comm::TraceScope trace(comm::Lane::compute, "router expert bias");
-    model_.stack().update_expert_bias(g_.world, cfg_.layer.moe_router_bias_update_rate);
+    model_.stack().update_expert_bias(g_.stage, cfg_.layer.moe_router_bias_update_rate);
   }
 }
 
@@ -542,6 +582,7 @@ int64_t Trainer::test_eval_iters() const { return std::min(cfg_.eval_iters, data
 double Trainer::evaluate(bool test) {
   const int64_t iters = test ? test_eval_iters() : cfg_.eval_iters;
   AMPIPE_CHECK(iters > 0, "evaluate: no global batch to evaluate");
+  if (g_.pp.size() > 1) return evaluate_pipeline(test, iters);
   double sum = 0;
   for (int64_t e = 0; e < iters; ++e)
     for (int64_t j = 0; j < K_; ++j) {
@@ -559,6 +600,7 @@ std::map<std::string, Tensor> Trainer::full_params() {
   std::map<std::string, Tensor> out;
   for (NamedParam& p : model_.params()) out[p.name] = full_tensor(p.param, p, cfg_.layer, g_, "full." + p.name).clone();
   for (const auto& [name, t] : model_.buffers()) out[name] = t.clone();  // whole on every rank
+  share_over_group(g_.pp, out, "full.pp");                                 // every stage's
   return out;
 }
 
@@ -574,6 +616,7 @@ int64_t Trainer::maybe_load() {
     meta = load_checkpoint(cfg_.load, cfg_, model_, opt_, g_, optim);
   }
   model_.stack().weights_changed();
+  if (model_.tied_weight().defined()) exchange_tied(false);  // the last stage's LM head: the loaded embedding
   // --finetune (Megatron): the loaded model starts a new run, from iteration 0 and the first sample.
   iteration_ = cfg_.finetune ? 0 : meta.iteration;
   consumed_ = cfg_.finetune ? 0 : meta.consumed_samples;
@@ -601,6 +644,7 @@ void Trainer::save(int64_t iteration) {
   j["saved_with"] = {{"ampipe_degree", cfg_.ampipe_degree},
                      {"expert_model_parallel_size", cfg_.layer.expert_model_parallel_size},
                      {"context_parallel_size", cfg_.layer.context_parallel_size},
+                     {"pipeline_model_parallel_size", cfg_.pipeline_model_parallel_size},
                      {"world_size", g_.world.size()}};
   if (cfg_.use_distributed_optimizer) {
     AdamW whole = whole_optimizer_state();
@@ -608,6 +652,125 @@ void Trainer::save(int64_t iteration) {
   } else {
     save_checkpoint(cfg_.save, meta, cfg_, model_, opt_, g_, save_opts_);
   }
+}
+
+// ---- pipeline parallelism: the step Plan's pp tasks (schedule/step_plan.h) ----
+
+// The stage's share of the step's statistics, after each forward (the last stage: after its head).
+void Trainer::after_forward(StepState& s) {
+  s.aux_sum += model_.aux_loss();
+  s.z_sum += model_.z_loss();
+  count_drops(s.dropped, s.choices);
+  count_expert_loads();
+}
+
+namespace {
+comm::Issue on_lane(bool fwd) {
+  comm::Issue how;
+  how.lane = fwd ? comm::Lane::pp_fwd : comm::Lane::pp_bwd;
+  return how;
+}
+}  // namespace
+
+void Trainer::pp_recv(const schedule::StepTask& t) {
+  const bool fwd = t.dir == model::Dir::fwd;
+  const int m = t.micro_batch;
+  Tensor slot = fwd ? pp_in_[size_t(m) % pp_in_.size()] : pp_grad_in_[size_t(m) % pp_grad_in_.size()];
+  pp_recv_ev_[{m, fwd}] = comm::recv(g_.pp, slot, g_.pp.rank() + (fwd ? -1 : 1),
+                                     fmt::format("pp.{}.mb{}", fwd ? "activation" : "grad", m), on_lane(fwd));
+}
+
+void Trainer::pp_wait(const schedule::StepTask& t, StepState&) {
+  const bool fwd = t.dir == model::Dir::fwd;
+  const int m = t.micro_batch;
+  const auto it = pp_recv_ev_.find({m, fwd});
+  AMPIPE_CHECK(it != pp_recv_ev_.end(), "{}: no receive posted", t.name());
+  {
+    comm::TraceScope trace(comm::Lane::compute, fwd ? "pp.wait (activation)" : "pp.wait (gradient)");
+    comm::wait_all({it->second});
+  }
+  pp_recv_ev_.erase(it);
+  if (!fwd) return model_.set_stage_output_grad(pp_grad_in_[size_t(m) % pp_grad_in_.size()],
+                                                float(cfg_.moe_aux_loss_coeff));
+  const int64_t first = first_sample(m);
+  if (model_.stage().last()) {  // the head's targets
+    fill_batch(first, Split::train);
+    model_.take_batch(tokens_, targets_);
+  }
+  model_.set_stage_input(pp_in_[size_t(m) % pp_in_.size()], uint64_t(first * s_));
+}
+
+void Trainer::pp_send(const schedule::StepTask& t, StepState& s) {
+  const bool fwd = t.dir == model::Dir::fwd;
+  const int m = t.micro_batch;
+  if (fwd)
+    after_forward(s);
+  else
+    s.st.flops += model_.flops_per_micro_batch();
+  std::vector<Tensor>& bufs = fwd ? pp_out_ : pp_grad_out_;
+  std::vector<comm::Event>& evs = fwd ? pp_out_ev_ : pp_grad_out_ev_;
+  const size_t k = size_t(m) % bufs.size();
+  if (evs[k].state()) comm::wait_all({evs[k]});  // the slot's previous send
+  bufs[k].copy_from(fwd ? model_.stage_output() : model_.stage_input_grad());
+  evs[k] = comm::send(g_.pp, bufs[k], g_.pp.rank() + (fwd ? 1 : -1),
+                      fmt::format("pp.{}.mb{}", fwd ? "activation" : "grad", m), on_lane(fwd));
+}
+
+// Tied embeddings over the stages (Megatron's embedding group): the last stage's LM-head gradient is added to the
+// first stage's embedding gradient before it is reduced and clipped (grad), and the updated embedding goes back to
+// the last stage after the optimizer (and after a checkpoint load) (param).
+void Trainer::exchange_tied(bool grad) {
+  const PipelineStage& st = model_.stage();
+  if (!(st.first() || st.last()) || !model_.tied_weight().defined()) return;
+  const int last = g_.pp.size() - 1;
+  if (!grad) {
+    Tensor w = model_.tied_weight();
+    comm::wait_all({st.first() ? comm::send(g_.pp, w, last, "pp.tied_param", on_lane(true))
+                               : comm::recv(g_.pp, w, 0, "pp.tied_param", on_lane(true))});
+    return;
+  }
+  Tensor dw = model_.tied_grad();
+  if (st.last()) return comm::wait_all({comm::send(g_.pp, dw, 0, "pp.tied_grad", on_lane(false))});
+  if (!tied_buf_.defined()) tied_buf_ = Tensor::empty(dw.shape());
+  comm::wait_all({comm::recv(g_.pp, tied_buf_, last, "pp.tied_grad", on_lane(false))});
+  float* d = dw.data<float>();
+  const float* r = tied_buf_.data<float>();
+  for (int64_t i = 0; i < dw.numel(); ++i) d[i] += r[i];
+}
+
+// Evaluation through the stages: each micro-batch's forward goes down the pipeline, one at a time; the loss is the
+// last stage's, summed over the data-parallel ranks and handed to every stage.
+double Trainer::evaluate_pipeline(bool test, int64_t iters) {
+  const PipelineStage& st = model_.stage();
+  double sum = 0;
+  model_.stack().set_training(false);  // no dropout, no gate noise
+  for (int64_t e = 0; e < iters; ++e)
+    for (int64_t j = 0; j < K_; ++j) {
+      const int64_t first = e * G_ + (dp_rank_ * K_ + j) * b_;
+      const uint64_t base = uint64_t(first * s_);
+      fill_batch(first, test ? Split::test : Split::valid);
+      if (st.first()) {
+        model_.embedding_forward(tokens_, targets_, base);
+      } else {
+        comm::wait_all({comm::recv(g_.pp, pp_in_[0], g_.pp.rank() - 1, "eval.pp.activation", on_lane(true))});
+        model_.take_batch(tokens_, targets_);
+        model_.set_stage_input(pp_in_[0], base);
+      }
+      model_.forward_layers();
+      if (st.last()) {
+        if (cfg_.layer.sp()) model_.sp_gather(model::Dir::fwd);
+        sum += model_.head_forward();
+      } else {
+        pp_out_[0].copy_from(model_.stage_output());
+        comm::wait_all({comm::send(g_.pp, pp_out_[0], g_.pp.rank() + 1, "eval.pp.activation", on_lane(true))});
+      }
+    }
+  model_.stack().set_training(true);
+  Tensor t = scalars_.rows(0, 1);
+  t.fill(float(sum));
+  if (g_.dp_cp.size() > 1) comm::all_reduce_sync(g_.dp_cp, t, comm::Reduce::sum, test ? "test.loss" : "eval.loss");
+  comm::all_reduce_sync(g_.pp, t, comm::Reduce::sum, test ? "test.loss.pp" : "eval.loss.pp");
+  return t.get(0) / double(iters * (G_ / b_));
 }
 
 void Trainer::evaluate_test(TrainResult& res, const std::function<void(const std::string&)>& say) {

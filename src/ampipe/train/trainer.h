@@ -159,6 +159,16 @@ class Trainer {
   void finish_gradients(StepState& s);  // grad_finish: reduce_gradients, losses, norm, the finite check
   void optimizer_step(StepState& s);
   double grad_norm();
+  // Pipeline parallelism (--pipeline-model-parallel-size > 1; the step Plan's pp tasks): receives posted into the
+  // micro-batch's slot, waited for and handed to the layers; sends from a copy of the stage's output or input
+  // gradient (so a later forward may overwrite them); the tied embedding between the first and last stage; the stage's share of the step's statistics after each forward.
+  void pp_recv(const schedule::StepTask& t);
+  void pp_wait(const schedule::StepTask& t, StepState& s);
+  void pp_send(const schedule::StepTask& t, StepState& s);
+  void exchange_tied(bool grad);  // tied_grad (last -> first stage, added) or tied_param (first -> last, copied)
+  void after_forward(StepState& s);
+  int64_t first_sample(int micro_batch) const { return consumed_ + (dp_rank_ * K_ + micro_batch) * b_; }
+  double evaluate_pipeline(bool test, int64_t iters);
 
   TrainConfig cfg_;
   const comm::Groups& g_;
@@ -186,6 +196,12 @@ class Trainer {
   std::unique_ptr<EventWriter> tb_;  // rank 0 with --tensorboard-dir, opened by the first train()
   SaveOptions save_opts_;
   bool report_a2a_hidden_ = false;
+  // pipeline slots: received activations (the layers' inputs, kept to the backward: one per micro-batch in flight,
+  // plus the one being received), received gradients, and the send copies (each reused once its send is done)
+  std::vector<Tensor> pp_in_, pp_grad_in_, pp_out_, pp_grad_out_;
+  std::vector<comm::Event> pp_out_ev_, pp_grad_out_ev_;
+  std::map<std::pair<int, bool>, comm::Event> pp_recv_ev_;  // (micro-batch, forward?) -> its receive
+  Tensor tied_buf_;                                          // the first stage's receive of the tied gradient
 };
 
 }  // namespace ampipe::train
