@@ -721,3 +721,33 @@ TEST(Simulator, DroplessRoutersAreCostedAtABalancedLoad) {
   capped.moe_train_capacity_factor = 2.0;
   EXPECT_EQ(model::LayerDims::make(costed_layer(capped), 2).C, 32);
 }
+
+// Two pipeline stages of one layer each (forward 1 s of compute and a 0.5 s all-to-all it waits for, backward 1 s),
+// an activation of 0.25 GB (0.25 s on the unit link), 2 micro-batches, by hand: each stage's micro-batch alone gives
+// forward 1.5 and backward 1 (stage 1's forward counted from its received activation); the 1F1B timeline is
+//   stage 0: F0 [0, 1.5) F1 [1.5, 3) B0 [4.5, 5.5) B1 [7, 8)
+//   stage 1: F0 [1.75, 3.25) B0 [3.25, 4.25) F1 [4.25, 5.75) B1 [5.75, 6.75)
+// so the step is 8 s and the stages idle 6 of 16 s.
+TEST(Simulator, PipelineStagesTimelineByHand) {
+  std::vector<StepPlan> stages;
+  for (int q = 0; q < 2; ++q) {
+    StepConfig c;
+    c.layers = {fwd_comm_bwd_layer(0, 1)};
+    c.model = false;
+    c.pp_size = 2;
+    c.pp_rank = q;
+    c.pp_bytes = 0.25e9;
+    stages.push_back(build_step_plan(c));
+  }
+  const PipelineSim ps = simulate_pipeline(stages, 2, unit_profile());
+  EXPECT_NEAR(ps.send_s, 0.25, 1e-12);
+  for (int q = 0; q < 2; ++q) {
+    EXPECT_NEAR(ps.fwd_s[size_t(q)], 1.5, 1e-9) << "stage " << q;
+    EXPECT_NEAR(ps.bwd_s[size_t(q)], 1.0, 1e-9) << "stage " << q;
+    EXPECT_NEAR(ps.tail_s[size_t(q)], 0.0, 1e-9) << "stage " << q;
+  }
+  EXPECT_NEAR(ps.step_s, 8.0, 1e-9);
+  EXPECT_NEAR(ps.bubble, 6.0 / 16.0, 1e-9);
+  ASSERT_EQ(ps.timeline.size(), 8u);
+  EXPECT_NEAR(ps.timeline[3].start, 7.0, 1e-9);  // stage 0's B1, after stage 1's B1 and its send
+}

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -108,7 +109,11 @@ Layout layout_of(const train::TrainConfig& cfg, int W, int K) {
   o.tp_spans_nodes = K > 1 && l.tp() > W / K;
   o.ep_spans_nodes = K > 1 && y.ep * l.tp() > W / K;
   o.dp_size = y.dp;
-  o.dp_spans_nodes = K > 1;
+  // pipeline stages: the stage's tp x cp x dp ranks are consecutive, the stages one after the other, so the dp groups
+  // stay inside a node when a stage fits one, and neighbouring stages cross nodes when a stage fills one
+  const int stage = l.tp() * l.cp() * y.dp;
+  o.dp_spans_nodes = K > 1 && stage > W / K;
+  o.pp_spans_nodes = K > 1 && cfg.pp() > 1 && stage >= W / K;
   return y;
 }
 
@@ -121,6 +126,8 @@ struct Prediction {
   double layer_flops = 0;    // one micro-batch, all layers, this rank
   double head_s = 0, optim_s = 0, dp_allreduce_s = 0, dp_allreduce_bytes = 0;  // head: one micro-batch's
   double tflops_engine = 0, tflops_megatron = 0, megatron_flops = 0, flops_engine = 0;
+  // pipeline stages: the 1F1B timeline (sim::simulate_pipeline); step and sim are the slowest stage's alone
+  std::optional<sim::PipelineSim> pipeline;
 };
 
 std::string ms(double s) { return fmt::format("{:.2f}", 1e3 * s); }
@@ -150,6 +157,19 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   shape.distributed_optimizer = cfg.use_distributed_optimizer;
   Prediction p;
   p.M = M;
+  shape.pp = cfg.pp();
+  if (shape.pp > 1) {  // each stage's micro-batch, then the 1F1B timeline over them
+    std::vector<schedule::StepPlan> one;
+    for (int q = 0; q < shape.pp; ++q) {
+      schedule::ModelShape sq = shape;
+      sq.pp_rank = q;
+      sq.micro_batches = 1;
+      one.push_back(schedule::build_step_plan(schedule::model_step_config(sq, M)));
+      for (const schedule::Plan& pl : one.back().config.layers) p.layer_flops += pl.flops() / double(shape.pp);
+    }
+    p.pipeline = sim::simulate_pipeline(one, lay.nmb, prof, lay.opts);
+    shape.pp_rank = p.pipeline->slowest;
+  }
   p.step = schedule::build_step_plan(schedule::model_step_config(shape, M));
   p.sim = sim::simulate(p.step, prof, lay.opts);
   const double s = double(l.seq_length), b = double(l.micro_batch_size), h = double(l.hidden_size),
@@ -165,7 +185,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
     if (t.op == schedule::StepOp::grad_reduce) p.dp_allreduce_s += c;
   }
   p.dp_allreduce_bytes = p.step.collective_bytes(schedule::StepOp::grad_reduce);
-  p.step_s = p.sim.step_s;
+  p.step_s = p.pipeline ? p.pipeline->step_s : p.sim.step_s;
   p.compute_s = p.sim.compute_s;
   p.comm_s = p.sim.comm_s;
   p.exposed_s = p.sim.exposed_s;
@@ -173,9 +193,11 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   for (const sim::SimRecord& r : p.sim.timeline)
     if (outside_layers(r.stage) && (r.cat == "compute" || r.cat == "wait")) p.layers_s -= r.end_s - r.start_s;
   const double mn = std::min(p.compute_s, p.comm_s);
-  p.hidden = mn > 0 ? (p.compute_s + p.comm_s - p.step_s) / mn : 0;
-  for (const schedule::Plan& pl : p.step.config.layers) p.layer_flops += pl.flops();
-  p.flops_engine = nmb * (p.layer_flops + 6 * T * h * V);
+  p.hidden = mn > 0 ? (p.compute_s + p.comm_s - p.sim.step_s) / mn : 0;  // of the (slowest) stage's own step
+  if (!p.pipeline)
+    for (const schedule::Plan& pl : p.step.config.layers) p.layer_flops += pl.flops();
+  // per device: with stages, the model's layers and LM head shared out over them
+  p.flops_engine = nmb * (p.layer_flops + 6 * T * h * V / double(cfg.pp()));
   p.tflops_engine = p.flops_engine / p.step_s / 1e12;
   // Megatron core_r0.7.0 (see the file comment); V is its padded_vocab_size.
   const double V_pad = V;
@@ -209,7 +231,9 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
              l.tp() > 1 ? fmt::format("tp={}{}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "",
                                       o.tp_spans_nodes ? " (across nodes)" : "")
                         : std::string(),
-             l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), o.cp_spans_nodes ? " (across nodes)" : "") : std::string(),
+             (l.cp() > 1 ? fmt::format("cp={}{} ", l.cp(), o.cp_spans_nodes ? " (across nodes)" : "") : std::string()) +
+                 (cfg.pp() > 1 ? fmt::format("pp={}{} ", cfg.pp(), o.pp_spans_nodes ? " (across nodes)" : "")
+                               : std::string()),
              lay.ep, o.ep_spans_nodes ? " (across nodes)" : "", lay.dp, lay.G, lay.nmb, lay.nmb == 1 ? "" : "es",
              prof.name);
   fmt::print("  per iteration besides the layers: embedding + LM head {} ms x {}, optimizer {} ms, gradient "
@@ -224,6 +248,18 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
   if (!l.dense() && l.dropless())
     fmt::print("  dropless router: its all-to-alls are costed at a balanced load, every expert ceil(S k / E) of a "
                "chunk's S tokens (an imbalanced step moves more)\n");
+  if (ref.pipeline)
+    for (const Prediction& p : preds) {
+      const sim::PipelineSim& ps = *p.pipeline;
+      std::string stages;
+      for (size_t q = 0; q < ps.fwd_s.size(); ++q)
+        stages += fmt::format("{}{}/{}", q ? ", " : "", ms(ps.fwd_s[q]), ms(ps.bwd_s[q]));
+      fmt::print("  degree {}: {} pipeline stages (1F1B), forward/backward ms of one micro-batch per stage {}; "
+                 "activation send {} ms{}; bubble {:.1f}% of the stages' time ((P - 1) / (K + P - 1) = {:.1f}%)\n",
+                 p.M, ps.fwd_s.size(), stages, ms(ps.send_s), o.pp_spans_nodes ? " (across nodes)" : "",
+                 100 * ps.bubble,
+                 100.0 * double(ps.fwd_s.size() - 1) / double(lay.nmb + int(ps.fwd_s.size()) - 1));
+    }
   for (const std::string& sk : skipped) fmt::print("  skipped: {}\n", sk);
   fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>14} {:>16}\n", "degree", "iteration ms",
              "layers ms", "compute ms", "comm ms", "exposed ms", "hidden", "speedup", "TFLOP/s engine",
@@ -252,8 +288,14 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                 const Prediction& best, const Prediction& ref) {
   const model::LayerConfig& l = cfg.layer;
   nlohmann::json configs = nlohmann::json::array();
-  for (const Prediction& p : preds)
+  for (const Prediction& p : preds) {
+    nlohmann::json pipeline;  // null without stages
+    if (p.pipeline)
+      pipeline = {{"stages", p.pipeline->fwd_s.size()}, {"forward_s", p.pipeline->fwd_s},
+                  {"backward_s", p.pipeline->bwd_s}, {"tail_s", p.pipeline->tail_s},
+                  {"send_s", p.pipeline->send_s}, {"bubble_fraction", p.pipeline->bubble}};
     configs.push_back({{"ampipe_degree", p.M},
+                       {"pipeline", pipeline},
                        {"step_s", p.step_s},
                        {"compute_s", p.compute_s},
                        {"comm_s", p.comm_s},
@@ -269,6 +311,7 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"flops_engine", p.flops_engine},
                        {"comm_by_stage_s", p.sim.comm_by_stage_s},
                        {"exposed_by_stage_s", p.sim.exposed_by_stage_s}});
+  }
   nlohmann::json doc{{"configs", configs},
                      {"chosen_degree", best.M},
                      {"profile", prof.name},
@@ -353,10 +396,9 @@ int run_simulate(SimulateArgs& a) {
     base.layer.ampipe_tp_sp_comm_overlap = false;  // needs a degree > 1: checked per degree below
     base.validate(W);
   }
-  if (cfg.pp() > 1)  // the step Plan of one stage is built; the bubble between stages is not costed yet
-    throw ConfigError(fmt::format("--pipeline-model-parallel-size {}: ampipe simulate does not cost pipeline stages "
-                                  "yet (their bubble and sends); ampipe train runs them",
-                                  cfg.pp()));
+  if (cfg.pp() > 1 && (cfg.decoder_first_pipeline_num_layers > 0 || cfg.decoder_last_pipeline_num_layers > 0))
+    throw ConfigError("--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers: ampipe simulate "
+                      "costs evenly split stages only (ampipe train runs the uneven split)");
   const Degrees given = parse_degree(a.degrees, Grammar::degree_list);
   const std::vector<int> degrees =
       given.is_auto ? auto_degree_candidates(cfg.layer.seq_length, {1, 2, 4, 8, 16}) : given.list;

@@ -111,7 +111,7 @@ int group_size_with_ep(GroupKind g, int ep, const SimOptions& o) {
     case GroupKind::edp: return std::max(1, o.dp_size * o.cp_size / std::max(1, ep));
     case GroupKind::world:
     case GroupKind::stage: return o.tp_size * o.cp_size * o.dp_size;
-    case GroupKind::pp: return 1;  // the simulator costs one pipeline stage's Plan
+    case GroupKind::pp: return 2;  // a send to the neighbouring stage (simulate_pipeline)
   }
   return 1;
 }
@@ -131,7 +131,7 @@ bool group_spans_nodes(GroupKind g, const SimOptions& o) {
     case GroupKind::edp: return o.dp_spans_nodes || o.cp_spans_nodes;
     case GroupKind::world:
     case GroupKind::stage: return o.tp_spans_nodes || o.cp_spans_nodes || o.dp_spans_nodes || o.ep_spans_nodes;
-    case GroupKind::pp: return false;
+    case GroupKind::pp: return o.pp_spans_nodes;
   }
   return false;
 }
@@ -571,6 +571,65 @@ SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const
   std::vector<Phase> phases;
   add_step_items(step, profile, opts, items, phases);
   return Simulation(std::move(items), std::move(phases), profile).run();
+}
+
+PipelineSim simulate_pipeline(const std::vector<schedule::StepPlan>& stages, int K, const Profile& profile,
+                              const SimOptions& opts) {
+  PipelineSim ps;
+  const int P = int(stages.size());
+  AMPIPE_CHECK(P >= 1 && K >= 1, "simulate_pipeline: {} stages, {} micro-batches", P, K);
+  double most = -1;
+  for (int q = 0; q < P; ++q) {
+    const schedule::StepPlan& st = stages[size_t(q)];
+    AMPIPE_CHECK(st.config.micro_batches == 1 && st.config.pp_size == P && st.config.pp_rank == q,
+                 "simulate_pipeline: stage {} is not a one-micro-batch step Plan of stage {} of {}", q, q, P);
+    if (q == 0 && st.config.pp_bytes > 0)
+      ps.send_s = collective_seconds(schedule::CollKind::send_recv, st.config.pp_bytes, 2,
+                                     profile.link(opts.pp_spans_nodes));
+    const SimResult r = simulate(st, profile, opts);
+    // The compute lane's forward and backward: step tasks ".fwd" / ".bwd", layer tasks "L{i}.fwd." / "L{i}.bwd." and
+    // "recompute:" (backward), with the waits between and after them (a layer's phase ends waiting for its
+    // collectives). Each starts where its received tensor is taken: the waits for pp_recv are the standalone run
+    // waiting for its own send, which the timeline adds between the stages instead; the waits for the gradient
+    // buckets, the norm and the optimizer after the last backward are the tail.
+    auto is_bwd = [](const std::string& n) {
+      return n.ends_with(".bwd") || n.find(".bwd.") != std::string::npos || n.starts_with("recompute:");
+    };
+    enum Part { fwd, bwd, tail };
+    Part part = fwd;
+    double fwd_start = 0, fwd_end = 0, bwd_start = -1, bwd_end = 0, compute_end = 0;
+    for (const SimRecord& rec : r.timeline) {
+      if (rec.lane != Lane::compute) continue;
+      compute_end = std::max(compute_end, rec.end_s);
+      const bool wait = rec.cat == "wait";
+      if (wait && rec.name.find("pp_recv") != std::string::npos) continue;  // its own send's time
+      if (!wait && (rec.name.starts_with("grad_finish") || rec.name.starts_with("optimizer"))) part = tail;
+      if (part == tail) continue;
+      if (!wait && rec.name == "mb0.pp_wait.fwd") fwd_start = rec.end_s;
+      if (!wait && is_bwd(rec.name) && part == fwd) {
+        part = bwd;
+        bwd_start = rec.start_s;
+      }
+      if (!wait && rec.name == "mb0.pp_wait.bwd") bwd_start = rec.end_s;
+      if (wait && rec.name.find("grad_reduce") != std::string::npos) continue;  // the buckets: the tail
+      (part == fwd ? fwd_end : bwd_end) = std::max(part == fwd ? fwd_end : bwd_end, rec.end_s);
+    }
+    if (bwd_start < 0) bwd_start = bwd_end = fwd_end;
+    const double last_bwd = std::max(bwd_end, bwd_start);
+    ps.fwd_s.push_back(std::max(0.0, fwd_end - fwd_start));
+    ps.bwd_s.push_back(std::max(0.0, last_bwd - bwd_start));
+    ps.tail_s.push_back(std::max(0.0, compute_end - last_bwd));
+    if (ps.fwd_s.back() + ps.bwd_s.back() > most) {
+      most = ps.fwd_s.back() + ps.bwd_s.back();
+      ps.slowest = q;
+    }
+  }
+  ps.timeline = schedule::pipeline_timeline(K, ps.fwd_s, ps.bwd_s, ps.send_s);
+  double end = 0;
+  for (const schedule::PipelineSlot& sl : ps.timeline) end = std::max(end, sl.end);
+  ps.step_s = end + *std::max_element(ps.tail_s.begin(), ps.tail_s.end());
+  ps.bubble = schedule::pipeline_bubble(ps.timeline, P);
+  return ps;
 }
 
 void write_chrome_trace(const SimResult& r, const std::string& path) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ampipe/schedule/pipeline.h"
 #include "ampipe/schedule/plan.h"
 #include "ampipe/schedule/step_plan.h"
 #include "ampipe/sim/profile.h"
@@ -35,6 +36,7 @@ struct SimOptions {
   // set from them by simulate, for the step Plan's expert-data-parallel buckets).
   int tp_size = 1, cp_size = 1, ep_size = 1;
   bool tp_spans_nodes = false, cp_spans_nodes = false;
+  bool pp_spans_nodes = false;  // neighbouring pipeline stages on different nodes (the pp group's link class)
   // simulate(layers, ...) only, the layers-only step Plan: layer i re-runs its forward tasks just before its
   // backward (--recompute-granularity full). Empty: no recomputation. A step Plan carries its own.
   std::vector<bool> recompute;
@@ -95,6 +97,21 @@ int step_group_size(comm::GroupKind g, const SimOptions& opts);
 
 // Simulates the step Plan.
 SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const SimOptions& opts = {});
+
+// Pipeline stages (docs/simulator.md, "Pipeline stages"): each stage's step Plan of one micro-batch simulated on its
+// own gives its forward (to its first backward task), its backward (to its last) and its tail (the gradient
+// reductions left, the norm and the optimizer); the stages' 1F1B timeline over K micro-batches
+// (schedule::pipeline_timeline) with one activation's send between neighbours adds the slowest tail.
+struct PipelineSim {
+  std::vector<double> fwd_s, bwd_s, tail_s;  // per stage, one micro-batch
+  double send_s = 0;                         // one activation (or its gradient) to the neighbouring stage
+  std::vector<schedule::PipelineSlot> timeline;
+  double step_s = 0;   // the timeline's end plus the slowest tail
+  double bubble = 0;   // the stages' idle share of the timeline (schedule::pipeline_bubble)
+  int slowest = 0;     // the stage with the most work per micro-batch
+};
+PipelineSim simulate_pipeline(const std::vector<schedule::StepPlan>& one_micro_batch, int micro_batches,
+                              const Profile& profile, const SimOptions& opts = {});
 
 // The layer as the simulator costs it. A dropless router's capacity is known only after routing, so its Plan is
 // built for the bound (every token of a chunk to one expert); the simulator costs it at a balanced load instead,
