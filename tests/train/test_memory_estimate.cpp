@@ -118,6 +118,39 @@ TEST(MemoryEstimate, TrainByHand) {
   EXPECT_EQ(train::estimate_train_memory(t).bytes("parameters"), (params + 8192) * 4);
 }
 
+// Two pipeline stages of one layer each on 2 ranks (dp 1), 4 micro-batches: stage 0 holds layer 0 and the embedding
+// (wte 8192 + wpe 512), stage 1 layer 1, the final LayerNorm (64) and the tied LM head's copy of wte (8192). Stage 0
+// has min(P, K) = 2 micro-batches in flight (two copies of the layer's saved buffers), stage 1 one; each keeps that
+// many received inputs plus one, two gradient and four send slots of [T, h]. The estimate without a stage is the
+// larger stage's.
+TEST(MemoryEstimate, PipelineStagesByHand) {
+  train::TrainConfig t;
+  t.layer = small_layer();
+  t.num_layers = 2;
+  t.padded_vocab_size = 256;
+  t.pipeline_model_parallel_size = 2;
+  t.global_batch_size = 8;  // 4 micro-batches of 2
+  const int64_t layer = 10496, Th = 32 * 32;
+  const schedule::Plan p = schedule::build_layer_plan(t.layer, 1);
+  const int64_t saved = int64_t(p.memory.saved_bytes), shared = int64_t(p.memory.shared_bytes);
+  const schedule::MemoryEstimate s0 = train::estimate_train_memory(t, 0, 2, 0);
+  const schedule::MemoryEstimate s1 = train::estimate_train_memory(t, 0, 2, 1);
+  EXPECT_EQ(s0.bytes("parameters"), (layer + 8192 + 512) * 4);
+  EXPECT_EQ(s1.bytes("parameters"), (layer + 64 + 8192) * 4);
+  EXPECT_EQ(s0.bytes("optimizer state (AdamW, 2 fp32 moments)"), (layer + 8192 + 512) * 8);
+  EXPECT_EQ(s0.bytes("activations + communication (planned)"), 2 * saved + shared);
+  EXPECT_EQ(s1.bytes("activations + communication (planned)"), saved + shared);
+  EXPECT_EQ(s0.bytes("embedding + LM head buffers"), Th * 4);                         // x0
+  EXPECT_EQ(s1.bytes("embedding + LM head buffers"), (3 * Th + 32 * 256 + 5 * 32) * 4);  // the head's
+  EXPECT_EQ(s0.bytes("pipeline stage buffers"), Th * (2 + 1 + 6) * 4);
+  EXPECT_EQ(s1.bytes("pipeline stage buffers"), Th * (1 + 1 + 6) * 4);
+  EXPECT_EQ(train::estimate_train_memory(t, 0, 2).total(), std::max(s0.total(), s1.total()));
+  // untied: the last stage's output layer is a parameter of its own, the same size as the copy
+  t.untie_embeddings_and_output_weights = true;
+  EXPECT_EQ(train::estimate_train_memory(t, 0, 2, 1).bytes("parameters"), (layer + 64 + 8192) * 4);
+  EXPECT_EQ(train::estimate_train_memory(t, 0, 2, 0).bytes("parameters"), (layer + 8192 + 512) * 4);
+}
+
 TEST(MemoryEstimate, FitRules) {
   schedule::MemoryEstimate e;
   e.add("parameters", 3 << 20);
