@@ -305,6 +305,7 @@ double GptModel::evaluate(std::span<const int32_t> tokens, std::span<const int32
 }
 
 void GptModel::backward(float loss_scale, float d_aux, const std::function<void(int)>& after_layer) {
+  AMPIPE_CHECK(stage_.size == 1, "GptModel::backward runs the whole model: one pipeline stage");
   head_backward(loss_scale, d_aux);
   for (const schedule::StepTask& t : stack_.step_plan().tasks) {
     if (!t.is_layer() || (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd)) continue;
