@@ -106,6 +106,27 @@ TEST(Collectives, ReduceScatterSumAndAvg) {
       }
 }
 
+// In place (the distributed optimizer's buffers): the all-gather's send is this rank's own block of recv, the
+// reduce-scatter's recv this rank's own block of send; the results are those of separate buffers.
+TEST(Collectives, AllGatherAndReduceScatterInPlace) {
+  for (const Group* g : {&groups().world, &groups().ep}) {
+    const int n = g->size(), me = g->rank();
+    const int64_t blk = 5;
+    Tensor buf = Tensor::zeros({n * blk});
+    for (int64_t i = 0; i < blk; ++i) buf.set(me * blk + i, val(me, 0, i));
+    all_gather(*g, buf.rows(me * blk, (me + 1) * blk), buf, "test.all_gather.in_place").wait(30s);
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < blk; ++i) ASSERT_EQ(buf.get(r * blk + i), val(r, 0, i)) << g->label();
+    for (int64_t i = 0; i < n * blk; ++i) buf.set(i, val(me, 1, i));
+    reduce_scatter(*g, buf, buf.rows(me * blk, (me + 1) * blk), Reduce::sum, "test.reduce_scatter.in_place").wait(30s);
+    for (int64_t i = 0; i < blk; ++i) {
+      float s = 0;
+      for (int r = 0; r < n; ++r) s += val(r, 1, me * blk + i);
+      ASSERT_EQ(buf.get(me * blk + i), s) << g->label() << " elem " << i;
+    }
+  }
+}
+
 TEST(Collectives, AllReduceSumAndAvg) {
   for (DType dt : {DType::f32, DType::bf16})
     for (Reduce op : {Reduce::sum, Reduce::avg})

@@ -130,10 +130,15 @@ Event all_gather(const Group& g, Tensor send, Tensor recv, std::string tag, cons
   auto op = make_op(g, OpKind::all_gather, send.nbytes(), std::move(tag), how, true);
   op->dtype_code = dtype_code(send.dtype());
   op->check_bytes = send.nbytes();
-  op->start = [send, recv, cnt](Op& o, MPI_Comm comm) mutable {
+  // in place: `send` is this rank's own block of `recv` (MPI_IN_PLACE; MPI forbids overlapping buffers otherwise)
+  const bool in_place =
+      static_cast<const unsigned char*>(send.raw()) ==
+      static_cast<const unsigned char*>(recv.raw()) + size_t(g.rank()) * send.nbytes();
+  op->start = [send, recv, cnt, in_place](Op& o, MPI_Comm comm) mutable {
     MPI_Datatype t = move_type(send.dtype());
     o.reqs.emplace_back();
-    check_rc(MPI_Iallgather(send.raw(), cnt, t, recv.raw(), cnt, t, comm, &o.reqs.back()), "MPI_Iallgather");
+    check_rc(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.raw(), cnt, t, recv.raw(), cnt, t, comm, &o.reqs.back()),
+             "MPI_Iallgather");
   };
   return submit(std::move(op));
 }

@@ -54,9 +54,11 @@ struct Issue {
 // send[sum(counts.send)] -> recv[sum(counts.recv)], packed in group-rank order (displacements are prefix sums).
 Event all_to_all(const Group& g, Tensor send, Tensor recv, const SplitCounts& counts, std::string tag,
                  const Issue& how = {});
-// recv = concat over group ranks of send (recv.numel() == size * send.numel()).
+// recv = concat over group ranks of send (recv.numel() == size * send.numel()). In place: send may be recv's block
+// `rank` (its own contribution already there).
 Event all_gather(const Group& g, Tensor send, Tensor recv, std::string tag, const Issue& how = {});
-// recv = block `rank` of the reduction of send over the group (send.numel() == size * recv.numel()).
+// recv = block `rank` of the reduction of send over the group (send.numel() == size * recv.numel()). In place: recv
+// may be send's block `rank` (only the other blocks are sent; the sum is written after they arrived).
 Event reduce_scatter(const Group& g, Tensor send, Tensor recv, Reduce op, std::string tag, const Issue& how = {});
 // In place: data = reduction of data over the group.
 Event all_reduce(const Group& g, Tensor data, Reduce op, std::string tag, const Issue& how = {});

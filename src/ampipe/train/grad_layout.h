@@ -36,6 +36,9 @@ struct GradRun {
   int64_t owned_end() const { return sharded ? owned_begin() + shard_size() : end; }
 };
 
+// (The trainer reduce-scatters and gathers in place: a sharded piece's values live at the parameter's offset in the
+// flat buffer, inside this rank's own block of the run; shard_begin and shard_at place the same values in the
+// concatenation of this rank's shards, the optimizer state's order.)
 // One parameter's elements that this rank's optimizer updates: [begin, end) of parameter `param`, at `shard_at` in its
 // buffer's shard (sharded runs only; -1 for whole parameters of an unsharded run).
 struct GradPiece {

@@ -65,11 +65,8 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
     for (const model::LayerConfig& lc : layers) expert += int64_t(schedule::expert_layer_params(lc));
     const int64_t dense_group = std::max<int64_t>(1, int64_t(cfg.data_parallel_size(world)) * l.cp());
     const int64_t expert_group = std::max<int64_t>(1, dense_group / std::max(1, l.expert_model_parallel_size));
-    const int64_t owned = (params - expert + dense_group - 1) / dense_group + (expert + expert_group - 1) / expert_group;
-    state = 8 * owned;
-    // the reduce-scatter's and the gather's shard buffers beside the flat ones (train/trainer.h), each group's share
-    if (dense_group > 1 || expert_group > 1)
-      e.add("distributed optimizer shard buffers", checked_mul(owned, 4, "the shard buffers"));
+    // (the gradients are reduce-scattered and the parameters gathered in place, in the flat reduction buffers)
+    state = 8 * ((params - expert + dense_group - 1) / dense_group + (expert + expert_group - 1) / expert_group);
   }
   e.add("optimizer state (AdamW, 2 fp32 moments)", state);
   e.add("gradient all-reduce buffers", param_bytes);

@@ -67,8 +67,6 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   // zeros: a sharded run's padding is reduced and gathered with it, and must stay finite
   dense_buf_ = Tensor::zeros({std::max<int64_t>(layout_.buffer_size(false), 1)});
   expert_buf_ = Tensor::zeros({std::max<int64_t>(layout_.buffer_size(true), 1)});
-  dense_shard_ = Tensor::zeros({std::max<int64_t>(layout_.shard_buffer_size(false), 1)});
-  expert_shard_ = Tensor::zeros({std::max<int64_t>(layout_.shard_buffer_size(true), 1)});
   scalars_ = Tensor::empty({5});
   // every layer of the model: each stage counts its own, the others stay 0 and the all-reduce joins them
   moe_counts_.assign(size_t(cfg.num_layers) * size_t(cfg.layer.num_experts + 2), 0);
@@ -153,40 +151,39 @@ void Trainer::pack_bucket(int layer, schedule::Bucket b) {
 }
 
 // The step Plan's grad_reduce: the bucket's all-reduce (dense over dp x cp, expert over the expert-data-parallel
-// group), one per run; with the distributed optimizer its reduce-scatter into this rank's shard. Every rank runs the
+// group), one per run; with the distributed optimizer its reduce-scatter into this rank's own block of the run, in
+// place (grad_layout.h: where this rank's shard of the run lies in the flat buffer). Every rank runs the
 // same step Plan, so the groups see identical collective sequences.
 void Trainer::reduce_bucket(int layer, schedule::Bucket b) {
   const bool dense = b == schedule::Bucket::dense;
   const comm::Group& grp = dense ? g_.dp_cp : g_.edp;
   Tensor& buf = dense ? dense_buf_ : expert_buf_;
-  Tensor& shard = dense ? dense_shard_ : expert_shard_;
   for_bucket_runs(layer, b, [&](const GradRun& r) {
     const std::string tag = fmt::format("{}.L{}.{}", dense ? "grad.dense" : "grad.expert", layer, r.begin);
     if (r.sharded)
       pending_.push_back(comm::reduce_scatter(grp, buf.rows(r.begin, r.padded_end),
-                                              shard.rows(r.shard_begin, r.shard_begin + r.shard_size()),
+                                              buf.rows(r.owned_begin(), r.owned_end()),
                                               comm::Reduce::sum, tag));
     else
       pending_.push_back(comm::all_reduce(grp, buf.rows(r.begin, r.end), comm::Reduce::sum, tag));
   });
 }
 
-// The distributed optimizer's gather of one sharded run: this rank's shard packed (src(k): piece k's values) and
-// all-gathered over the run in the flat buffer; finished by unpack_gathered. param_gather: the updated parameters
+// The distributed optimizer's gather of one sharded run: this rank's shard packed in place, into its own block of the
+// run in the flat buffer (src(k): piece k's values), and all-gathered over the run; finished by unpack_gathered. param_gather: the updated parameters
 // of a bucket's runs; a checkpoint: the moments of every run.
 template <class Src>
 void Trainer::gather_run(const GradRun& r, Src&& src, const char* what) {
   if (!r.sharded) return;
   Tensor& buf = r.expert ? expert_buf_ : dense_buf_;
-  Tensor& shard = r.expert ? expert_shard_ : dense_shard_;
   const auto& pieces = layout_.pieces();
   for (size_t k = 0; k < pieces.size(); ++k) {
     const GradPiece& p = pieces[k];
-    if (p.expert != r.expert || p.shard_at < r.shard_begin || p.shard_at >= r.shard_begin + r.shard_size()) continue;
-    std::memcpy(shard.data<float>() + p.shard_at, src(k), size_t(p.seg.end - p.seg.begin) * 4);
+    const int64_t at = layout_.offset(p.seg.param) + p.seg.begin;  // in the flat buffer
+    if (p.expert != r.expert || p.shard_at < 0 || at < r.owned_begin() || at >= r.owned_end()) continue;
+    std::memcpy(buf.data<float>() + at, src(k), size_t(p.seg.end - p.seg.begin) * 4);
   }
-  pending_.push_back(comm::all_gather(r.expert ? g_.edp : g_.dp_cp,
-                                      shard.rows(r.shard_begin, r.shard_begin + r.shard_size()),
+  pending_.push_back(comm::all_gather(r.expert ? g_.edp : g_.dp_cp, buf.rows(r.owned_begin(), r.owned_end()),
                                       buf.rows(r.begin, r.padded_end),
                                       fmt::format("{}.{}.L{}.{}", what, r.expert ? "expert" : "dense", r.layer, r.begin)));
 }
@@ -255,7 +252,7 @@ void Trainer::reduce_gradients() {
   double expert_whole_sq = 0;  // expert tensors that are not cut over tp: the same on every tp rank
   // Each optimizer piece (grad_layout.h): a whole parameter of an unsharded buffer, or this rank's slice of one in a
   // sharded buffer (its reduce-scattered elements, copied into the parameter's gradient where AdamW reads them).
-  auto unpack = [&](bool expert, const Tensor& buf, const Tensor& shard, const comm::Group& grp) {
+  auto unpack = [&](bool expert, const Tensor& buf, const comm::Group& grp) {
     double sq = 0;
     for (const GradPiece& pc : layout_.pieces()) {
       if (pc.expert != expert) continue;
@@ -263,7 +260,7 @@ void Trainer::reduce_gradients() {
       Tensor gv = p.grad.view({p.grad.numel()}).rows(pc.seg.begin, pc.seg.end);
       float* g = gv.data<float>();
       const int64_t n = pc.seg.end - pc.seg.begin;
-      const float* src = pc.shard_at >= 0   ? shard.data<float>() + pc.shard_at
+      const float* src = pc.shard_at >= 0   ? buf.data<float>() + layout_.offset(pc.seg.param) + pc.seg.begin
                          : grp.size() > 1 ? buf.data<float>() + layout_.offset(pc.seg.param)
                                           : g;
       for (int64_t k = 0; k < n; ++k) g[k] = src[k] * inv;
@@ -276,8 +273,8 @@ void Trainer::reduce_gradients() {
     }
     return sq;
   };
-  dense_sumsq_ = unpack(false, dense_buf_, dense_shard_, g_.dp_cp);
-  expert_sumsq_ = unpack(true, expert_buf_, expert_shard_, g_.edp);
+  dense_sumsq_ = unpack(false, dense_buf_, g_.dp_cp);
+  expert_sumsq_ = unpack(true, expert_buf_, g_.edp);
   tp_sharded_sumsq_ = tp_sharded_sq;
   expert_whole_sumsq_ = expert_whole_sq;
 }

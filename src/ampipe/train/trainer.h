@@ -181,7 +181,6 @@ class Trainer {
   std::vector<size_t> dense_idx_, expert_idx_;
   GradLayout layout_;  // the flat buffers' runs and this rank's shards
   Tensor dense_buf_, expert_buf_;
-  Tensor dense_shard_, expert_shard_;  // the distributed optimizer's reduce-scattered gradients (and gather sources)
   bool gathers_params_ = false;        // the step Plan gathers the parameters after the optimizer (param_unpack)
   Tensor scalars_;  // [2] the step's few all-reduced scalars (losses, norms), allocated once
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
