@@ -176,7 +176,7 @@ TEST(StepPlan, LayersOnly) {
 // The step Plan of a pipeline stage: stage 0 of 2 (K = 3, one layer) and stage 1, with tied embeddings. Receives are
 // posted one micro-batch ahead; the last stage hands its tied LM-head gradient to the first before the first stage's
 // outer bucket, and gets the weight back.
-TEST(StepPlan, PipelineStagesSendReceiveReplayAndTiedEmbedding) {
+TEST(StepPlan, PipelineStagesSendReceiveAndTiedEmbedding) {
   ModelShape m = two_layer_model(/*ep=*/1, /*tp=*/1, false);
   m.num_layers = 1;
   m.recompute = {};
@@ -222,4 +222,32 @@ TEST(StepPlan, PipelineStagesSendReceiveReplayAndTiedEmbedding) {
   }
   EXPECT_EQ(p.collective_bytes(StepOp::pp_send), 3 * c.pp_bytes);
   EXPECT_EQ(p.collective_bytes(StepOp::tied_grad), c.tied_bytes);
+}
+
+// model_step_config for pipeline stages (what ampipe simulate and plan --step cost), by hand: 2 layers on 2 stages,
+// h 32, V 100, s 64, b 2, learned positions, tied embeddings. Stage 0: layer 0 and the embedding V h + s h; stage 1:
+// layer 1, the final LayerNorm 2h and no output layer (the tied copy is not a parameter). One activation is
+// T h fp32 = 128 x 32 x 4 bytes; the tied exchange V h x 4 bytes.
+TEST(StepPlan, ModelStepConfigOfPipelineStagesByHand) {
+  ModelShape m = two_layer_model(/*ep=*/1, /*tp=*/1, false);
+  m.recompute = {};
+  m.pp = 2;
+  const double dense = layer_bytes(m.layer, false) / 4, expert = layer_bytes(m.layer, true) / 4;  // elements
+  for (int q = 0; q < 2; ++q) {
+    SCOPED_TRACE("stage " + std::to_string(q));
+    m.pp_rank = q;
+    const StepConfig c = model_step_config(m, 1);
+    ASSERT_EQ(c.layers.size(), 1u);
+    EXPECT_EQ(c.layers[0].tasks.front().layer, q);  // the model-wide layer index
+    EXPECT_EQ(c.pp_size, 2);
+    EXPECT_EQ(c.pp_rank, q);
+    EXPECT_DOUBLE_EQ(c.pp_bytes, 128.0 * 32 * 4);
+    EXPECT_DOUBLE_EQ(c.tied_bytes, 100.0 * 32 * 4);
+    EXPECT_DOUBLE_EQ(c.outer_dense_bytes, 4.0 * (q == 0 ? 100 * 32 + 64 * 32 : 2 * 32));
+    EXPECT_DOUBLE_EQ(c.params, dense + expert + c.outer_dense_bytes / 4);
+  }
+  m.untie_embeddings = true;  // the last stage's output layer is a parameter
+  m.pp_rank = 1;
+  EXPECT_DOUBLE_EQ(model_step_config(m, 1).outer_dense_bytes, 4.0 * (2 * 32 + 100 * 32));
+  EXPECT_DOUBLE_EQ(model_step_config(m, 1).tied_bytes, 0.0);
 }

@@ -410,7 +410,7 @@ void Trainer::run_step_task(const schedule::StepTask& t, StepState& s) {
     case StepOp::layer:
     case StepOp::recompute: return model_.run_layer(t);
     case StepOp::pp_recv: return pp_recv(t);
-    case StepOp::pp_wait: return pp_wait(t, s);
+    case StepOp::pp_wait: return pp_wait(t);
     case StepOp::pp_send: return pp_send(t, s);
     case StepOp::tied_grad: return exchange_tied(true);
     case StepOp::tied_param: return exchange_tied(false);
@@ -677,7 +677,7 @@ void Trainer::pp_recv(const schedule::StepTask& t) {
                                      fmt::format("pp.{}.mb{}", fwd ? "activation" : "grad", m), on_lane(fwd));
 }
 
-void Trainer::pp_wait(const schedule::StepTask& t, StepState&) {
+void Trainer::pp_wait(const schedule::StepTask& t) {
   const bool fwd = t.dir == model::Dir::fwd;
   const int m = t.micro_batch;
   const auto it = pp_recv_ev_.find({m, fwd});

@@ -163,7 +163,7 @@ class Trainer {
   // micro-batch's slot, waited for and handed to the layers; sends from a copy of the stage's output or input
   // gradient (so a later forward may overwrite them); the tied embedding between the first and last stage; the stage's share of the step's statistics after each forward.
   void pp_recv(const schedule::StepTask& t);
-  void pp_wait(const schedule::StepTask& t, StepState& s);
+  void pp_wait(const schedule::StepTask& t);
   void pp_send(const schedule::StepTask& t, StepState& s);
   void exchange_tied(bool grad);  // tied_grad (last -> first stage, added) or tied_param (first -> last, copied)
   void after_forward(StepState& s);
