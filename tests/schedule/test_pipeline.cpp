@@ -71,3 +71,58 @@ TEST(Pipeline, BubbleIsTheClosedFormForEqualStages) {
       EXPECT_NEAR(pipeline_bubble(t, P), double(P - 1) / double(K + P - 1), 1e-12) << "P " << P << " K " << K;
     }
 }
+
+// Megatron's interleaved order (forward_backward_pipelining_with_interleaving), by hand from its schedule table. Its
+// own example, P = 2, v = 2, group 2, K = 4: the forwards run micro-batches 0 1 0 1 2 3 2 3 with chunks
+// 0 0 1 1 0 0 1 1 on every rank; rank 0 warms up with 2 (P - 1 - 0) + (v - 1) 2 = 4 forwards, rank 1 with 2; the
+// backwards take the same table with the chunks reversed.
+TEST(Pipeline, InterleavedOrderByHand) {
+  using S = PipelineStep;
+  const bool F = true, B = false;
+  EXPECT_EQ(pipeline_order(4, 2, 0, 2),
+            (std::vector<S>{{0, 0, F}, {1, 0, F}, {0, 1, F}, {1, 1, F}, {2, 0, F}, {0, 1, B}, {3, 0, F}, {1, 1, B},
+                            {2, 1, F}, {0, 0, B}, {3, 1, F}, {1, 0, B}, {2, 1, B}, {3, 1, B}, {2, 0, B}, {3, 0, B}}));
+  EXPECT_EQ(pipeline_order(4, 2, 1, 2),
+            (std::vector<S>{{0, 0, F}, {1, 0, F}, {0, 1, F}, {0, 1, B}, {1, 1, F}, {1, 1, B}, {2, 0, F}, {0, 0, B},
+                            {3, 0, F}, {1, 0, B}, {2, 1, F}, {2, 1, B}, {3, 1, F}, {3, 1, B}, {2, 0, B}, {3, 0, B}}));
+  // Megatron's second example, group 3, K = 5: forwards 0 1 2 0 1 2 3 4 3 4 (chunks 0 0 0 1 1 1 0 0 1 1); the last
+  // rank warms up with (v - 1) 3 = 3 forwards
+  std::vector<std::pair<int, int>> fwd, bwd;
+  for (const S& s : pipeline_order(5, 2, 1, 2, 3)) (s.forward ? fwd : bwd).push_back({s.micro_batch, s.chunk});
+  EXPECT_EQ(fwd, (std::vector<std::pair<int, int>>{{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 0}, {4, 0},
+                                                   {3, 1}, {4, 1}}));
+  EXPECT_EQ(bwd, (std::vector<std::pair<int, int>>{{0, 1}, {1, 1}, {2, 1}, {0, 0}, {1, 0}, {2, 0}, {3, 1}, {4, 1},
+                                                   {3, 0}, {4, 0}}));
+  EXPECT_EQ(pipeline_order(5, 2, 1, 2, 3)[3], (S{0, 1, F}));  // the first step after the warm-up is a forward
+  // one chunk is 1F1B
+  std::vector<S> plain;
+  for (const auto& [m, f] : one_f_one_b(5, 4, 1)) plain.push_back({m, 0, f});
+  EXPECT_EQ(pipeline_order(5, 4, 1), plain);
+  // in flight: 1F1B's min(P - p, K); rank 0 of the first example holds all 4 micro-batches of chunk 0 at once,
+  // rank 1 three
+  EXPECT_EQ(max_in_flight(pipeline_order(5, 4, 1)), 3);
+  EXPECT_EQ(max_in_flight(pipeline_order(2, 4, 0)), 2);
+  EXPECT_EQ(max_in_flight(pipeline_order(4, 2, 0, 2)), 4);
+  EXPECT_EQ(max_in_flight(pipeline_order(4, 2, 1, 2)), 3);  // chunk 0's micro-batches 0, 1, 2 after F(2, 0)
+}
+
+// Equal stages, K a multiple of P, no send time: the interleaved schedule's bubble is (P - 1) / v of a micro-batch's
+// forward and backward (Narayanan et al. 2021, section 2.2.2): busy K (f + b) of a makespan K (f + b) +
+// (P - 1) (f + b) / v per stage. The chunks' letters mark the drawing; P = 2, K = 2, v = 2, a chunk's forward 1 and
+// backward 2, by hand: rank 1's B0b waits for its own F0b only, rank 0's B0b for rank 1's (done at 8), rank 1's B0a
+// for rank 0's B0b (at 8) and its own B1b (at 9): 15 in all, the bubble 1 - 24 / 30.
+TEST(Pipeline, InterleavedBubbleIsTheClosedForm) {
+  for (int P : {2, 4})
+    for (int v : {2, 3})
+      for (int K : {P, 2 * P, 4 * P}) {
+        const std::vector<PipelineSlot> t = pipeline_timeline(K, std::vector<double>(size_t(P), 1.0),
+                                                              std::vector<double>(size_t(P), 2.0), 0, v);
+        const double idle = double(P - 1) / v;
+        EXPECT_NEAR(pipeline_bubble(t, P), idle / (K + idle), 1e-12) << "P " << P << " v " << v << " K " << K;
+      }
+  const std::vector<PipelineSlot> t = pipeline_timeline(2, {2, 2}, {4, 4}, 0, 2);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(t, 2), 1.0 - 24.0 / 30.0);
+  EXPECT_EQ(draw_pipeline(t, 2, 1.0),
+            "  stage  0 |F0aF1aF0bF1b  .  .B0bB0b  .B1bB1bB0aB0aB1aB1a\n"
+            "  stage  1 |  .F0aF1aF0bB0bB0bF1bB1bB1bB0aB0aB1aB1a  .  .\n");
+}

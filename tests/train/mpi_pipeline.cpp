@@ -4,7 +4,9 @@
 // the tied embedding's two gradient halves are summed): pp 2 (tied and untied embeddings, an uneven split, full
 // recomputation per stage, a DeepSeek-like model with a dense first layer and the router's expert bias) and, on 4
 // ranks, pp 4, pp 2 x tp 2 + SP x degree 2 with the tp overlap, pp 2 x ep 2, pp 2 x cp 2, pp 2 x dp 2 with the
-// distributed optimizer; a checkpoint saved at pp 2 resumes at pp 1 (and the reverse) as the uninterrupted run.
+// distributed optimizer; the interleaved schedule (pp 2 and pp 4 with 2 virtual stages, with recompute, Megatron's
+// micro-batch groups, the distributed optimizer); a checkpoint saved at pp 2 resumes at pp 1, and one saved at pp 1
+// at pp 2 with virtual stages, as the uninterrupted run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -88,6 +90,42 @@ TEST(MpiPipeline, UnevenStagesWithRecomputeTrainAsOne) {
   expect_trains_as_one_stage(make, 1, 1, 1, 2);
 }
 
+// The interleaved schedule (virtual stages): 2 model chunks of one layer per rank (rank 0 holds layers 0 and 2, rank 1
+// layers 1 and 3; chunk 0's output on rank 1 goes back to rank 0), tied embeddings; and with K = 12 micro-batches
+// (6 on 4 ranks) in groups of 3 (--microbatch-group-size-per-virtual-pipeline-stage), degree 2, untied, every layer
+// recomputed.
+TEST(MpiPipeline, InterleavedStagesTrainAsOne) {
+  {
+    SCOPED_TRACE("pp 2, 2 virtual stages, tied embeddings");
+    expect_trains_as_one_stage(
+        [](int pp) {
+          train::TrainConfig c = pp_config(pp);
+          if (pp > 1) c.num_layers_per_virtual_pipeline_stage = 1;
+          return c;
+        },
+        1, 1, 1, 2);
+  }
+  {
+    SCOPED_TRACE("pp 2, 2 virtual stages, micro-batches in groups of 3, degree 2, untied, recompute");
+    expect_trains_as_one_stage(
+        [](int pp) {
+          train::TrainConfig c = pp_config(pp);
+          c.global_batch_size = 12;
+          c.layer.micro_batch_size = 1;  // 12 micro-batches at pp 2 (6 at pp 2 x dp 2), 3 per rank at dp 4
+          c.untie_embeddings_and_output_weights = true;
+          c.ampipe_degree = 2;
+          c.recompute_granularity = "full";
+          c.recompute_method = "uniform";
+          if (pp > 1) {
+            c.num_virtual_stages_per_pipeline_rank = 2;
+            c.microbatch_group_size_per_vp_stage = 3;
+          }
+          return c;
+        },
+        1, 1, 1, 2);
+  }
+}
+
 // A DeepSeek-like model (block 0 dense, sigmoid router with the expert bias, a gated shared expert, RMSNorm, RoPE,
 // SwiGLU): the dense stage and the MoE stage, the bias moving with the loads every stage counts.
 TEST(MpiPipeline, DeepSeekLikeTrainsAsOne) {
@@ -154,6 +192,28 @@ TEST(MpiPipeline, FourRankLayoutsTrainAsOne) {
         1, 2, 1, 2);
   }
   {
+    SCOPED_TRACE("pp 4, 2 virtual stages");
+    expect_trains_as_one_stage(
+        [](int pp) {
+          train::TrainConfig c = pp_config(pp);
+          c.num_layers = 8;
+          if (pp > 1) c.num_virtual_stages_per_pipeline_rank = 2;
+          return c;
+        },
+        1, 1, 1, 4);
+  }
+  {
+    SCOPED_TRACE("pp 2 x dp 2, 2 virtual stages, distributed optimizer");
+    expect_trains_as_one_stage(
+        [](int pp) {
+          train::TrainConfig c = pp_config(pp);
+          c.use_distributed_optimizer = c.overlap_grad_reduce = pp > 1;
+          if (pp > 1) c.num_layers_per_virtual_pipeline_stage = 1;
+          return c;
+        },
+        1, 1, 1, 2);
+  }
+  {
     SCOPED_TRACE("pp 2 x dp 2, distributed optimizer with both overlap flags");
     expect_trains_as_one_stage(
         [](int pp) {
@@ -170,23 +230,24 @@ TEST(MpiPipeline, FourRankLayoutsTrainAsOne) {
 TEST(MpiPipeline, CheckpointsLoadAcrossStageCounts) {
   const std::string dir = (std::filesystem::temp_directory_path() / "ampipe_mpi_pipeline_ckpt").string();
   comm::Runtime& rt = comm::Runtime::current();
-  auto config = [](int pp) {
+  auto config = [](int pp, bool interleaved = false) {
     train::TrainConfig c = pp_config(pp);
     c.train_iters = 6;
     c.use_distributed_optimizer = pp > 1;
+    if (interleaved) c.num_layers_per_virtual_pipeline_stage = 1;
     return c;
   };
   groups_for(1, 1, 1, 1);
   const RunResult full = run_training(config(1), groups_for(1, 1, 1, 1));
   for (bool first_pipelined : {true, false}) {
-    SCOPED_TRACE(first_pipelined ? "pp 2 -> pp 1" : "pp 1 -> pp 2");
+    SCOPED_TRACE(first_pipelined ? "pp 2 -> pp 1" : "pp 1 -> pp 2 with 2 virtual stages");
     if (rt.rank() == 0) std::filesystem::remove_all(dir);
     comm::barrier_sync(groups_for(1, 1, 1, 1).world);
     train::TrainConfig first = config(first_pipelined ? 2 : 1);
     first.save = dir;
     first.exit_interval = 3;
     run_training(first, groups_for(1, 1, 1, first_pipelined ? 2 : 1));
-    train::TrainConfig second = config(first_pipelined ? 1 : 2);
+    train::TrainConfig second = config(first_pipelined ? 1 : 2, !first_pipelined);
     second.load = dir;
     const RunResult tail = run_training(second, groups_for(1, 1, 1, first_pipelined ? 1 : 2));
     ASSERT_EQ(tail.losses.size(), 3u);

@@ -41,7 +41,8 @@ TEST(TrainConfig, TensorParallelRules) {
   c.use_flash_attn = true;
   EXPECT_EQ(message(c, 2), "");
   c.layer.tensor_model_parallel_size = 1;
-  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--ampipe-tp-sp-comm-overlap needs --tensor-model-parallel-size > 1"));
+  EXPECT_THAT(message(c, 1), 
+              ::testing::HasSubstr("--ampipe-tp-sp-comm-overlap needs --tensor-model-parallel-size > 1"));
 }
 
 TEST(TrainConfig, ContextParallelWorldSize) {
@@ -52,7 +53,8 @@ TEST(TrainConfig, ContextParallelWorldSize) {
   c.ampipe_degree = 2;
   c.use_flash_attn = true;
   c.layer.seq_length = 12;  // not divisible by 2 x 2 x 2
-  EXPECT_THAT(message(c, 4), ::testing::HasSubstr("is not divisible by 2 x --ampipe-degree 2 x --context-parallel-size 2"));
+  EXPECT_THAT(message(c, 4), 
+              ::testing::HasSubstr("is not divisible by 2 x --ampipe-degree 2 x --context-parallel-size 2"));
   c.layer.seq_length = 16;
   c.layer.context_parallel_algo = "ulysses_cp_algo";
   EXPECT_THAT(message(c, 4), ::testing::HasSubstr("--context-parallel-algo ulysses_cp_algo is not supported"));
@@ -72,6 +74,67 @@ TEST(TrainConfig, GlobalBatchDividesOverDataParallelRanks) {
   EXPECT_THAT(message(c, 2), ::testing::HasSubstr("--global-batch-size 6 is not divisible by --micro-batch-size 2 x "
                                                   "data-parallel size 2"));
   EXPECT_EQ(message(c, 3), "");
+}
+
+// Virtual pipeline stages, Megatron's rules (megatron/training/arguments.py and its interleaved schedule): the chunks
+// of each rank and their layers, one of the two flags, an even split, and the micro-batch groups.
+TEST(TrainConfig, VirtualStagesFollowMegatronsRules) {
+  train::TrainConfig c;
+  c.layer.num_experts = 4;
+  c.num_layers = 8;
+  c.layer.micro_batch_size = 1;
+  c.pipeline_model_parallel_size = 2;
+  c.num_layers_per_virtual_pipeline_stage = 2;  // 4 layers per rank: 2 chunks of 2
+  c.global_batch_size = 4;
+  EXPECT_EQ(message(c, 2), "");
+  EXPECT_EQ(c.virtual_stages(), 2);
+  EXPECT_EQ(c.stage_layers(0), (std::vector<int>{0, 1, 4, 5}));  // virtual stages 0 and 2
+  EXPECT_EQ(c.stage_layers(1), (std::vector<int>{2, 3, 6, 7}));  // 1 and 3
+  c.recompute_granularity = "full";
+  c.recompute_method = "block";
+  c.recompute_num_layers = 1;  // the first layer of each chunk
+  EXPECT_EQ(c.stage_recompute(1), (std::vector<bool>{true, false, true, false}));
+  c.recompute_granularity = c.recompute_method = "";
+  // in flight: rank 0 of P = 2, v = 2, K = 4 holds all four micro-batches of its first chunk, rank 1 three
+  EXPECT_EQ(c.pipeline_in_flight(0, 4), 4);
+  EXPECT_EQ(c.pipeline_in_flight(1, 4), 3);
+  train::TrainConfig b = c;
+  b.num_virtual_stages_per_pipeline_rank = 2;
+  EXPECT_THAT(message(b, 2), ::testing::HasSubstr("both given"));
+  b = c;
+  b.num_layers_per_virtual_pipeline_stage = 3;
+  EXPECT_THAT(message(b, 2), 
+              ::testing::HasSubstr("--num-layers-per-virtual-pipeline-stage 3 does not divide the 4 layers of each pipeline stage"));
+  b = c;
+  b.pipeline_model_parallel_size = 1;
+  EXPECT_THAT(message(b, 1), 
+              ::testing::HasSubstr("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"));
+  b = c;
+  b.decoder_first_pipeline_num_layers = 2;
+  EXPECT_THAT(message(b, 2), 
+              ::testing::HasSubstr("give the virtual stages as --num-virtual-stages-per-pipeline-rank for an uneven split"));
+  b = c;
+  b.num_layers_per_virtual_pipeline_stage = 0;
+  b.num_virtual_stages_per_pipeline_rank = 3;
+  EXPECT_THAT(message(b, 2), 
+              ::testing::HasSubstr("--num-layers 8 is not divisible by --pipeline-model-parallel-size 2 x 3 virtual stages"));
+  b = c;
+  b.global_batch_size = 1;  // one micro-batch for two stages
+  EXPECT_THAT(message(b, 2), 
+              ::testing::HasSubstr("--microbatch-group-size-per-virtual-pipeline-stage 2 must be in [--pipeline-model-parallel-size 2, "
+              "micro-batches per rank 1]"));
+  b = c;
+  b.global_batch_size = 5;  // groups of 2: the last holds 1 < P
+  EXPECT_THAT(message(b, 2), ::testing::HasSubstr("leave a last group of 1"));
+  b.microbatch_group_size_per_vp_stage = 3;  // groups 3 + 2: Megatron runs it, this engine whole groups only
+  EXPECT_THAT(message(b, 2), ::testing::HasSubstr("runs the interleaved schedule over whole groups only"));
+  b.global_batch_size = 6;  // groups 3 + 3
+  EXPECT_EQ(message(b, 2), "");
+  b = c;
+  b.num_layers_per_virtual_pipeline_stage = 4;  // one chunk per rank: the plain 1F1B schedule
+  EXPECT_EQ(message(b, 2), "");
+  EXPECT_EQ(b.virtual_stages(), 1);
+  EXPECT_EQ(b.stage_layers(1), (std::vector<int>{4, 5, 6, 7}));
 }
 
 TEST(TrainConfig, DegreeOneAcceptsTheDefaults) {
@@ -247,7 +310,9 @@ TEST(TrainConfig, CheckpointKeysAndModelArgsComeFromOneTable) {
       // the distributed optimizer: a layout choice (checkpoints hold whole tensors and load either way)
       "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
       // the pipeline stages: a layout choice too (checkpoints hold every stage's tensors)
-      "pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"};
+      "pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+      "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+      "microbatch_group_size_per_virtual_pipeline_stage"};
   const train::TrainConfig defaults;
   const nlohmann::json recorded_json = train::to_json(defaults);
   std::set<std::string> keys;
@@ -343,14 +408,16 @@ TEST(LearningRate, DecayStylesAndDecayIters) {
   c.lr_decay_iters = 0;  // 0: decay to --train-iters
   EXPECT_NEAR(train::learning_rate(c, 60), 0.55, 1e-12);
   c.lr_decay_style = "exponential";
-  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-decay-style exponential is not one of constant, linear, cosine"));
+  EXPECT_THAT(message(c, 1), 
+              ::testing::HasSubstr("--lr-decay-style exponential is not one of constant, linear, cosine"));
   c.lr_decay_style = "linear";
   c.lr_decay_iters = 5;
   EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-decay-iters 5 is invalid: it must be >= --lr-warmup-iters 10"));
   // A warm-up may outlast the run only with a decay that does (Megatron's lr_warmup_steps < lr_decay_steps)
   c.lr_warmup_iters = 200;
   c.lr_decay_iters = 0;
-  EXPECT_THAT(message(c, 1), ::testing::HasSubstr("--lr-warmup-iters 200 is invalid: it must be in [0, --train-iters 110]"));
+  EXPECT_THAT(message(c, 1), 
+              ::testing::HasSubstr("--lr-warmup-iters 200 is invalid: it must be in [0, --train-iters 110]"));
   c.lr_decay_iters = 1000;
   EXPECT_NO_THROW(c.validate(1));
   EXPECT_NEAR(train::learning_rate(c, 99), 0.5, 1e-12);  // still warming up at iteration 100 of 110

@@ -149,6 +149,19 @@ TEST(MemoryEstimate, PipelineStagesByHand) {
   t.untie_embeddings_and_output_weights = true;
   EXPECT_EQ(train::estimate_train_memory(t, 0, 2, 1).bytes("parameters"), (layer + 64 + 8192) * 4);
   EXPECT_EQ(train::estimate_train_memory(t, 0, 2, 0).bytes("parameters"), (layer + 8192 + 512) * 4);
+  // 4 layers in 2 virtual stages per rank (rank 0: layers 0 and 2): the same parameters per stage as 2 layers
+  // each, but rank 0 keeps all 4 micro-batches of its first chunk in flight (the interleaved warm-up of
+  // 2 (P - 1) + (v - 1) P = 4 forwards), rank 1 three; the received inputs per chunk: in flight + 1 each
+  t.untie_embeddings_and_output_weights = false;
+  t.num_layers = 4;
+  t.num_layers_per_virtual_pipeline_stage = 1;
+  const schedule::MemoryEstimate v0 = train::estimate_train_memory(t, 0, 2, 0);
+  const schedule::MemoryEstimate v1 = train::estimate_train_memory(t, 0, 2, 1);
+  EXPECT_EQ(v0.bytes("parameters"), (2 * layer + 8192 + 512) * 4);
+  EXPECT_EQ(v0.bytes("activations + communication (planned)"), 4 * 2 * saved + shared);
+  EXPECT_EQ(v1.bytes("activations + communication (planned)"), 3 * 2 * saved + shared);
+  EXPECT_EQ(v0.bytes("pipeline stage buffers"), Th * (2 * (4 + 1) + 6) * 4);
+  EXPECT_EQ(v1.bytes("pipeline stage buffers"), Th * (2 * (3 + 1) + 6) * 4);
 }
 
 TEST(MemoryEstimate, FitRules) {

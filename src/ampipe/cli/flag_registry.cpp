@@ -119,9 +119,6 @@ constexpr const char* kHighAvailability = "NPU fault tolerance";
 constexpr const char* kNoPipeline =
     "the pipeline stages here are --pipeline-model-parallel-size with --decoder-first-pipeline-num-layers / "
     "--decoder-last-pipeline-num-layers for an uneven split";
-constexpr const char* kNoInterleaving =
-    "the interleaved pipeline schedule (virtual stages) is not built yet: --pipeline-model-parallel-size runs "
-    "Megatron's 1F1B schedule";
 constexpr const char* kTokenizer =
     "a Hugging Face tokenizer is --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json here (the "
     "other tokenizers: SentencePieceTokenizer, GPT2BPETokenizer)";
@@ -593,8 +590,6 @@ void add_refused_training_flags(std::vector<FlagSpec>& v) {
   for (const char* f : {"--num-layer-list", "--schedules-method", "--pipeline-model-parallel-layout",
                         "--pipeline-num-transformer-layers"})
     v.push_back(refused(f, G::text, kNoPipeline));
-  for (const char* f : {"--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage"})
-    v.push_back(refused(f, G::integer, kNoInterleaving));
   for (const char* f : {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"})
     v.push_back(refused(f, G::on_off, kNoPipeline));
   for (const char* f : {"--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy"})
@@ -909,6 +904,9 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
                    "with --step: pipeline stages (an even split of --num-layers): the 1F1B timeline and each stage's "
                    "step Plan",
                    AT(plan->pipeline_model_parallel_size), kDef));
+  v.push_back(flag("--num-virtual-stages-per-pipeline-rank", kPlan, kGroupParallel, G::integer,
+                   "with --step: model chunks per pipeline stage, run in Megatron's interleaved schedule",
+                   AT(plan->num_virtual_stages_per_pipeline_rank)));
 }
 
 // `ampipe train` (and `ampipe simulate`, which takes the train flags): the model and the parallelism.
@@ -957,6 +955,16 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--decoder-last-pipeline-num-layers", T, kGroupParallel, G::integer,
                    "layers of the last pipeline stage (the others split the rest evenly)",
                    AT(train->cfg.decoder_last_pipeline_num_layers)));
+  v.push_back(flag("--num-layers-per-virtual-pipeline-stage", T, kGroupParallel, G::integer,
+                   "layers per virtual pipeline stage: each rank holds num-layers / (P x this) model chunks, run in "
+                   "Megatron's interleaved schedule",
+                   AT(train->cfg.num_layers_per_virtual_pipeline_stage)));
+  v.push_back(flag("--num-virtual-stages-per-pipeline-rank", T, kGroupParallel, G::integer,
+                   "model chunks (virtual stages) per pipeline rank, run in Megatron's interleaved schedule",
+                   AT(train->cfg.num_virtual_stages_per_pipeline_rank)));
+  v.push_back(flag("--microbatch-group-size-per-virtual-pipeline-stage", T, kGroupParallel, G::integer,
+                   "micro-batches a virtual stage runs in a row in the interleaved schedule (default: P)",
+                   AT(train->cfg.microbatch_group_size_per_vp_stage)));
   v.push_back(flag("--use-distributed-optimizer", T, kGroupParallel, G::on_off,
                    "shard AdamW's state over each data-parallel group (ZeRO-1, Megatron's distributed optimizer): "
                    "gradients reduce-scattered, each rank updating its shard, parameters all-gathered",
@@ -1161,7 +1169,6 @@ void add_train_output_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--moe-per-layer-logging", T, kGroupLogging, G::on_off,
                    "one log line per MoE layer: tokens kept per expert, max/mean load, dropped share",
                    AT(train->cfg.moe_per_layer_logging)));
-  v.push_back(refused("--num-layers-per-virtual-pipeline-stage", G::text, kNoInterleaving));
   v.push_back(
       refused("--fp16", G::on_off, "fp16 training needs loss scaling, which this engine does not have; use --bf16"));
   v.push_back(refused("--loss-scale", G::text,

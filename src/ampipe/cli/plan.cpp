@@ -238,10 +238,16 @@ void print_step_plan(const PlanArgs& a, const schedule::ModelShape& m, int64_t G
 // vocabulary on every tp rank), task by task; a layer task stands for its layer Plan (`ampipe plan` without --step).
 int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstream& json_out, bool rank0) {
   const int P = a.pipeline_model_parallel_size;
+  const int v = std::max(1, a.num_virtual_stages_per_pipeline_rank);
   if (P < 1) throw ConfigError(fmt::format("--pipeline-model-parallel-size {} is invalid: it must be >= 1", P));
-  if (a.num_layers % P != 0)
-    throw ConfigError(fmt::format("--num-layers {} is not divisible by --pipeline-model-parallel-size {}",
-                                  a.num_layers, P));
+  if (a.num_virtual_stages_per_pipeline_rank < 0 || (v > 1 && P == 1))
+    throw ConfigError(fmt::format("--num-virtual-stages-per-pipeline-rank {} is invalid: it must be >= 1 and needs "
+                                  "--pipeline-model-parallel-size > 1",
+                                  a.num_virtual_stages_per_pipeline_rank));
+  if (a.num_layers % (P * v) != 0)
+    throw ConfigError(fmt::format("--num-layers {} is not divisible by --pipeline-model-parallel-size {}{}",
+                                  a.num_layers, P,
+                                  v > 1 ? fmt::format(" x {} virtual stages per rank", v) : std::string()));
   const int tpcp = cfg.tp() * cfg.cp() * P;
   if (a.world_size < 1 || a.world_size % tpcp != 0)
     throw ConfigError(fmt::format("--world-size {} is invalid: it must be a positive multiple of tp x cp{} = {}",
@@ -264,15 +270,29 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
                                   G, cfg.micro_batch_size, m.dp));
   m.micro_batches = int(G / per_iter);
   m.pp = P;
-  if (P > 1 && rank0) {  // the 1F1B timeline in units of one forward (a backward: two), every stage alike
+  m.chunks = v;
+  if (v > 1 && m.micro_batches < P)
+    throw ConfigError(fmt::format("{} micro-batches per data-parallel rank are fewer than the {} pipeline stages: the "
+                                  "interleaved schedule needs at least as many (Megatron's rule; raise "
+                                  "--global-batch-size)",
+                                  m.micro_batches, P));
+  if (v > 1 && m.micro_batches % P != 0)
+    throw ConfigError(fmt::format("{} micro-batches per data-parallel rank leave a last group of {} of the {} stages: "
+                                  "the interleaved schedule needs a multiple of them (Megatron's rule)",
+                                  m.micro_batches, m.micro_batches % P, P));
+  if (P > 1 && rank0) {  // the timeline in units of one chunk's forward (a backward: two), every stage alike
     const std::vector<schedule::PipelineSlot> t = schedule::pipeline_timeline(
-        m.micro_batches, std::vector<double>(size_t(P), 1.0), std::vector<double>(size_t(P), 2.0));
-    fmt::print("ampipe plan --step: {} pipeline stages of {} layer{}, {} micro-batches per data-parallel rank: "
-               "Megatron's 1F1B schedule, a forward one column, a backward two\n{}"
-               "  bubble: {:.1f}% of the stages' time ((P - 1) / (K + P - 1) = {:.1f}%)\n\n",
-               P, a.num_layers / P, a.num_layers / P == 1 ? "" : "s", m.micro_batches,
-               schedule::draw_pipeline(t, P, 1.0), 100 * schedule::pipeline_bubble(t, P),
-               100.0 * double(P - 1) / double(m.micro_batches + P - 1));
+        m.micro_batches, std::vector<double>(size_t(P), v), std::vector<double>(size_t(P), 2.0 * v), 0, v);
+    const double idle = double(P - 1) / v;
+    fmt::print("ampipe plan --step: {} pipeline stages of {} layer{}{}, {} micro-batches per data-parallel rank: "
+               "Megatron's {} schedule, a forward one column, a backward two\n{}"
+               "  bubble: {:.1f}% of the stages' time ({} = {:.1f}%)\n\n",
+               P, a.num_layers / P, a.num_layers / P == 1 ? "" : "s",
+               v > 1 ? fmt::format(" in {} virtual stages (chunks a, b, ...)", v) : std::string(), m.micro_batches,
+               v > 1 ? "interleaved" : "1F1B", schedule::draw_pipeline(t, P, 1.0),
+               100 * schedule::pipeline_bubble(t, P),
+               v > 1 ? "((P - 1) / v) / (K + (P - 1) / v)" : "(P - 1) / (K + P - 1)",
+               100.0 * idle / (double(m.micro_batches) + idle));
   }
   for (int stage = 0; stage < P; ++stage) {
     m.pp_rank = stage;

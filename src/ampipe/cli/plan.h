@@ -22,6 +22,7 @@ struct PlanArgs {
   int world_size = 1;
   int64_t vocab_size = 256;
   int pipeline_model_parallel_size = 1;  // --step: the stages' timeline and each stage's step Plan
+  int num_virtual_stages_per_pipeline_rank = 0;  // --step: model chunks per stage (the interleaved schedule)
   void add_to(CLI::App& app);  // the flags of flag_registry.cpp for plan
 };
 

@@ -167,7 +167,8 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
       one.push_back(schedule::build_step_plan(schedule::model_step_config(sq, M)));
       for (const schedule::Plan& pl : one.back().config.layers) p.layer_flops += pl.flops() / double(shape.pp);
     }
-    p.pipeline = sim::simulate_pipeline(one, lay.nmb, prof, lay.opts);
+    p.pipeline = sim::simulate_pipeline(one, lay.nmb, prof, lay.opts, cfg.virtual_stages(),
+                                        cfg.microbatch_group_size_per_vp_stage);
     shape.pp_rank = p.pipeline->slowest;
   }
   p.step = schedule::build_step_plan(schedule::model_step_config(shape, M));
@@ -254,11 +255,15 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
       std::string stages;
       for (size_t q = 0; q < ps.fwd_s.size(); ++q)
         stages += fmt::format("{}{}/{}", q ? ", " : "", ms(ps.fwd_s[q]), ms(ps.bwd_s[q]));
-      fmt::print("  degree {}: {} pipeline stages (1F1B), forward/backward ms of one micro-batch per stage {}; "
-                 "activation send {} ms{}; bubble {:.1f}% of the stages' time ((P - 1) / (K + P - 1) = {:.1f}%)\n",
-                 p.M, ps.fwd_s.size(), stages, ms(ps.send_s), o.pp_spans_nodes ? " (across nodes)" : "",
-                 100 * ps.bubble,
-                 100.0 * double(ps.fwd_s.size() - 1) / double(lay.nmb + int(ps.fwd_s.size()) - 1));
+      // the ideal bubble: (P - 1) / v idle micro-batch times of K + (P - 1) / v
+      const double idle = double(ps.fwd_s.size() - 1) / ps.chunks;
+      fmt::print("  degree {}: {} pipeline stages ({}), forward/backward ms of one micro-batch per stage {}; "
+                 "activation send {} ms{}; bubble {:.1f}% of the stages' time ({} = {:.1f}%)\n",
+                 p.M, ps.fwd_s.size(),
+                 ps.chunks > 1 ? fmt::format("interleaved, {} virtual stages each", ps.chunks) : std::string("1F1B"),
+                 stages, ms(ps.send_s), o.pp_spans_nodes ? " (across nodes)" : "", 100 * ps.bubble,
+                 ps.chunks > 1 ? "((P - 1) / v) / (K + (P - 1) / v)" : "(P - 1) / (K + P - 1)",
+                 100.0 * idle / (double(lay.nmb) + idle));
     }
   for (const std::string& sk : skipped) fmt::print("  skipped: {}\n", sk);
   fmt::print("{:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>14} {:>16}\n", "degree", "iteration ms",
@@ -293,7 +298,8 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
     if (p.pipeline)
       pipeline = {{"stages", p.pipeline->fwd_s.size()}, {"forward_s", p.pipeline->fwd_s},
                   {"backward_s", p.pipeline->bwd_s}, {"tail_s", p.pipeline->tail_s},
-                  {"send_s", p.pipeline->send_s}, {"bubble_fraction", p.pipeline->bubble}};
+                  {"send_s", p.pipeline->send_s}, {"bubble_fraction", p.pipeline->bubble},
+                  {"virtual_stages", p.pipeline->chunks}};
     configs.push_back({{"ampipe_degree", p.M},
                        {"pipeline", pipeline},
                        {"step_s", p.step_s},

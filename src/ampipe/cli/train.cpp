@@ -151,7 +151,10 @@ void print_header(const RunInfo& r) {
   const int64_t G = cfg.global_batch(r.world), rss_now = r.rss_now, start = r.start;
   std::string tp = l.tp() == 1 ? "" : fmt::format("tp={}{} ", l.tp(), l.sp() ? " (sequence parallel)" : "");
   if (l.cp() > 1) tp += fmt::format("cp={} ({}) ", l.cp(), l.context_parallel_algo);
-  if (cfg.pp() > 1) tp += fmt::format("pp={} (1F1B) ", cfg.pp());
+  if (cfg.pp() > 1)
+    tp += cfg.virtual_stages() > 1
+              ? fmt::format("pp={} (interleaved, {} virtual stages per rank) ", cfg.pp(), cfg.virtual_stages())
+              : fmt::format("pp={} (1F1B) ", cfg.pp());
   fmt::print("ampipe train: GPT-MoE L={} s={} h={} F={} heads={} E={} top-{} V={}{} ({:.2f} M parameters, {}) | "
              "ranks={} {}ep={} dp={} ampipe-degree={}{} | global batch {} x {} tokens, micro-batch {}\n",
              cfg.num_layers, l.seq_length, l.hidden_size, l.ffn_hidden_size, l.num_attention_heads, l.num_experts,

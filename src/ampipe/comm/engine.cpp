@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/error.h"
@@ -236,7 +237,13 @@ bool Engine::step() {
     if (!in.empty()) progressed = true;
   }
   if (fail_for_peer()) return true;  // a peer that left never completes them
-  for (auto& q : lanes_) {
+  for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+    auto& q = lanes_[lane];
+    // The pipeline's lanes start every op at once: their sends and receives go to different peers or are matched in
+    // order by MPI, and a receive posted ahead must never hold up a send behind it (a model chunk's activation on
+    // the last rank is sent to the first while the first waits for it).
+    const bool p2p = lane == size_t(lane_index(Lane::pp_fwd)) || lane == size_t(lane_index(Lane::pp_bwd));
+    const int depth = p2p ? std::numeric_limits<int>::max() : opts_.lane_depth;
     int seen = 0;
     for (auto it = q.begin(); it != q.end();) {
       Op& op = **it;
@@ -290,7 +297,7 @@ bool Engine::step() {
           }
         }
       }
-      if (!remove && seen < opts_.lane_depth) {
+      if (!remove && seen < depth) {
         if (!op.started && !op.check_pending) {
           bool deps_done = true;
           std::string dep_error;

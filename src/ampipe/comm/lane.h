@@ -13,7 +13,8 @@ namespace ampipe::comm {
 // waiting for its dispatch never holds up the attention side's tp collectives, nor the other way round.
 // pp_fwd, pp_bwd: pipeline parallelism's sends and receives of activations (downstream) and of their gradients
 // (upstream), one queue per direction, so that a send waiting for its receiver never holds up a message flowing the
-// other way (docs/training.md, "Pipeline parallelism").
+// other way; their ops start at once, in issue order (engine.cpp), so a receive posted ahead never holds up a send
+// (docs/training.md, "Pipeline parallelism").
 enum class Lane : uint8_t { compute, ep, tp, cp, dp, etp, pp_fwd, pp_bwd };
 
 inline constexpr int kNumLanes = 8;

@@ -10,7 +10,9 @@
 // per-lane queues. An op on a lane starts (its non-blocking MPI call is posted on the group's communicator for
 // that lane) when
 //   - it is among the first `lane_depth` (default 1) unfinished ops of its lane, so a lane starts ops in issue
-//     order and, with depth 1, runs one at a time (chunk 0's all-to-all gets the link before chunk 1's);
+//     order and, with depth 1, runs one at a time (chunk 0's all-to-all gets the link before chunk 1's); the
+//     pipeline's point-to-point lanes (pp_fwd, pp_bwd) have no depth limit: a receive posted ahead never holds up
+//     a send;
 //   - all its `after` events are done (a failed `after` fails the op without starting it);
 //   - in --check-collectives mode, its fingerprint exchange on the group's debug communicator completed and all
 //     members agree (otherwise the op fails on every member with the same message and is never started).

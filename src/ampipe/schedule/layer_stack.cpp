@@ -23,7 +23,7 @@ LayerStack::LayerStack(std::vector<model::LayerConfig> cfgs, int M, int ep_rank,
   for (size_t i = 0; i < cfgs.size(); ++i) {
     auto e = std::make_unique<Entry>();
     e->cfg = cfgs[i];
-    e->cfg.layer_index = first_layer + int(i);
+    if (first_layer >= 0) e->cfg.layer_index = first_layer + int(i);
     e->params = model::init_params(e->cfg, ep_rank, tp_rank_);
     e->grads = model::zeros_like_params(e->cfg);
     layers_.push_back(std::move(e));
@@ -72,6 +72,12 @@ void LayerStack::set_slots(int n) {
   if (n == slots_) return;
   slots_ = n;
   build(M_);
+}
+
+void LayerStack::set_chunks(int v) {
+  AMPIPE_CHECK(v >= 1 && num_layers() % v == 0, "set_chunks: {} layers in {} chunks", num_layers(), v);
+  chunks_ = v;
+  chunk_ = 0;
 }
 
 void LayerStack::set_degree(int M) {
@@ -146,6 +152,8 @@ void LayerStack::run(const StepTask& t) {
   Entry& e = *layers_[i];
   const Plan& plan = step_.layer(t.layer);
   slot_ = t.micro_batch > 0 ? t.micro_batch % slots_ : 0;  // the micro-batch's copy of the saved activations
+  chunk_ = t.layer / (num_layers() / chunks_);
+  const auto [first, end] = chunk_range(chunk_);
   const size_t w = size_t(slot_);
   model::Layer& layer = e.at(slot_);
   if (t.op == StepOp::recompute) {  // refill what the backward reads: the same forward, the same random numbers
@@ -153,12 +161,12 @@ void LayerStack::run(const StepTask& t) {
     layer.begin_forward(e.input[w], e.token_base[w], /*recompute=*/true);
     ex_.run(plan, Dir::fwd, layer);
   } else if (t.dir == Dir::fwd) {
-    e.input[w] = i == 0 ? x_ : layers_[i - 1]->at(slot_).output();
+    e.input[w] = int(i) == first ? x_ : layers_[i - 1]->at(slot_).output();
     e.token_base[w] = token_base_;
     layer.begin_forward(e.input[w], e.token_base[w]);
     ex_.run(plan, Dir::fwd, layer);
   } else {
-    layer.begin_backward(i + 1 == layers_.size() ? dy_ : layers_[i + 1]->at(slot_).input_grad(), d_aux_);
+    layer.begin_backward(int(i) + 1 == end ? dy_ : layers_[i + 1]->at(slot_).input_grad(), d_aux_);
     ex_.run(plan, Dir::bwd, layer);
   }
 }
@@ -167,6 +175,15 @@ Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
   set_input(x, token_base);
   for (const StepTask& t : step_.tasks)
     if (t.op == StepOp::layer && t.dir == Dir::fwd) run(t);
+  return output();
+}
+
+Tensor LayerStack::forward_chunk(int c) {
+  for (const StepTask& t : step_.tasks)
+    if (t.op == StepOp::layer && t.dir == Dir::fwd && t.layer >= chunk_range(c).first &&
+        t.layer < chunk_range(c).second)
+      run(t);
+  chunk_ = c;
   return output();
 }
 
@@ -182,19 +199,19 @@ Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<v
 
 double LayerStack::z_loss() const {
   double z = 0;
-  for (const auto& e : layers_) z += e->at(slot_).z_loss_value();
+  for (int i = chunk_layers().first; i < chunk_layers().second; ++i) z += layer(i).z_loss_value();
   return z;
 }
 
 double LayerStack::aux_loss() const {
   double a = 0;
-  for (const auto& e : layers_) a += e->at(slot_).aux_loss_value();
+  for (int i = chunk_layers().first; i < chunk_layers().second; ++i) a += layer(i).aux_loss_value();
   return a;
 }
 
 double LayerStack::flops() const {
   double f = 0;
-  for (const auto& e : layers_) f += e->at(slot_).flops();
+  for (int i = chunk_layers().first; i < chunk_layers().second; ++i) f += layer(i).flops();
   return f;
 }
 

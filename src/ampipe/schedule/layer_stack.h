@@ -26,7 +26,8 @@ namespace ampipe::schedule {
 
 class LayerStack {
  public:
-  // cfg.layer_index is ignored: layer i gets index first_layer + i (it keys its random numbers and names its tasks).
+  // cfg.layer_index is ignored: layer i gets index first_layer + i (it keys its random numbers and names its tasks);
+  // first_layer < 0 (the second form): each config's layer_index is kept (a stage of model chunks).
   // groups: this rank's process groups (null: one rank); with cfg.tp() > 1 the tp group's size must be tp, and this
   // rank keeps its tp shard of every layer. arena: memory shared with other stacks that never run at the same time
   // (null: a private one).
@@ -51,12 +52,19 @@ class LayerStack {
   // backward, and keeps only its output and input gradient in between (model::LayerConfig::recompute). Re-plans
   // the memory; parameters and gradients are kept. `layers` has one entry per layer.
   void set_recompute(const std::vector<bool>& layers);
-  // Pipeline stages (1F1B): n copies of every layer's saved activations, one per micro-batch in flight on this stage
+  // Pipeline stages: n copies of every layer's saved activations, one per micro-batch in flight on this stage
   // (the parameters, gradients and bf16 weights shared), in one arena. A layer task of micro-batch m uses copy m % n,
   // and output(), input_grad(), layer(i), aux_loss() are those of the copy the last layer task used. Re-plans the
   // memory; parameters and gradients are kept.
   void set_slots(int n);
   int slots() const { return slots_; }
+  // Virtual pipeline stages: the layers are v model chunks of num_layers / v consecutive layers each; a chunk's first
+  // layer reads set_input's x and its last layer's backward set_output_grad's dy. output(), input_grad(),
+  // aux_loss(), z_loss(), flops() and chunk_layers() are those of the chunk of the last layer task. Default: 1.
+  void set_chunks(int v);
+  int chunks() const { return chunks_; }
+  // [first, end): the layers of the last layer task's chunk (every layer with one chunk).
+  std::pair<int, int> chunk_layers() const { return chunk_range(chunk_); }
   // Evaluation mode (false): no dropout and no gate noise in the following forwards.
   void set_training(bool on);
   // The parameters changed outside the stack (optimizer step, checkpoint load): the bf16 weight copies are
@@ -75,8 +83,11 @@ class LayerStack {
   void set_input(const Tensor& x, uint64_t token_base);
   void set_output_grad(const Tensor& dy, float d_aux);
   void run(const StepTask& t);
-  Tensor output() const { return layers_.back()->at(slot_).output(); }         // the last layer's, [s, b, h]
-  Tensor input_grad() const { return layers_.front()->at(slot_).input_grad(); }  // layer 0's, [s, b, h]
+  // the chunk's last layer's output and first layer's input gradient, [s, b, h]
+  Tensor output() const { return layers_[size_t(chunk_layers().second - 1)]->at(slot_).output(); }
+  Tensor input_grad() const { return layers_[size_t(chunk_layers().first)]->at(slot_).input_grad(); }
+  // The forward of chunk c alone (set_input first): its layers in order; returns its output.
+  Tensor forward_chunk(int c);
   // The stack's own step Plan: its layers alone, one micro-batch (forward, then backward with the replays).
   const StepPlan& step_plan() const { return step_; }
   // Changes whenever the layers are re-planned (degree, pipe-experts, recomputation): a step Plan built from
@@ -123,6 +134,11 @@ class LayerStack {
 
   int M_, ep_rank_, tp_rank_ = 0, cp_rank_ = 0;
   int slots_ = 1, slot_ = 0;  // set_slots; the slot of the last layer task
+  int chunks_ = 1, chunk_ = 0;  // set_chunks; the chunk of the last layer task
+  std::pair<int, int> chunk_range(int c) const {
+    const int n = num_layers() / chunks_;
+    return {c * n, (c + 1) * n};
+  }
   std::vector<std::unique_ptr<Entry>> layers_;
   StepPlan step_;  // the layers' Plans (layer i: step_.layer(i)) and their layers-only step
   uint64_t generation_ = 0;

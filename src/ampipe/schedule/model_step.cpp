@@ -31,11 +31,16 @@ double expert_layer_params(const model::LayerConfig& l) {
 StepConfig model_step_config(const ModelShape& m, int M) {
   const model::LayerConfig& l = m.layer;
   StepConfig c;
-  AMPIPE_CHECK(m.pp >= 1 && m.pp_rank >= 0 && m.pp_rank < m.pp && m.num_layers % m.pp == 0,
-               "model step of stage {} of {} over {} layers", m.pp_rank, m.pp, m.num_layers);
-  const int per_stage = m.num_layers / m.pp, first = m.pp_rank * per_stage, end = first + per_stage;
+  AMPIPE_CHECK(m.pp >= 1 && m.pp_rank >= 0 && m.pp_rank < m.pp && m.chunks >= 1 &&
+                   m.num_layers % (m.pp * m.chunks) == 0,
+               "model step of stage {} of {} in {} chunks over {} layers", m.pp_rank, m.pp, m.chunks, m.num_layers);
+  // the stage's layers, chunk by chunk (chunk c: virtual stage c pp + pp_rank)
+  const int per_chunk = m.num_layers / (m.pp * m.chunks);
+  std::vector<int> stage_layers;
+  for (int ch = 0; ch < m.chunks; ++ch)
+    for (int i = 0; i < per_chunk; ++i) stage_layers.push_back((ch * m.pp + m.pp_rank) * per_chunk + i);
   auto layer_at = [&](int i) -> const model::LayerConfig& { return m.layers.empty() ? l : m.layers.at(size_t(i)); };
-  for (int i = first; i < end; ++i) {
+  for (int i : stage_layers) {
     model::LayerConfig lc = layer_at(i);
     lc.layer_index = i;
     lc.recompute = !m.recompute.empty() && m.recompute[size_t(i)];
@@ -44,13 +49,14 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   const double h = double(l.hidden_size), s = double(l.seq_length), tp = double(l.tp());
   const double V = m.vocab_parallel ? double(m.vocab) / tp : double(m.vocab);
   c.micro_batches = m.micro_batches;
-  if (!m.recompute.empty()) c.recompute.assign(m.recompute.begin() + first, m.recompute.begin() + end);
+  for (int i : stage_layers)
+    if (!m.recompute.empty()) c.recompute.push_back(m.recompute[size_t(i)]);
   c.tokens = l.seq_length * l.micro_batch_size / l.cp();
   c.hidden = l.hidden_size;
   c.head_vocab = int64_t(V);
   c.sp_tp = l.sp() ? l.tp() : 1;
   double params = 0, bf16_weights = 0, dense_params = 0, expert_params = 0;
-  for (int i = first; i < end; ++i) {
+  for (int i : stage_layers) {
     const model::LayerConfig& li = layer_at(i);
     const double dense = dense_layer_params(li), expert = expert_layer_params(li);
     c.layer_dense_bytes.push_back(4 * dense);
@@ -68,6 +74,8 @@ StepConfig model_step_config(const ModelShape& m, int M) {
                        (last_stage ? final_norm + (m.untie_embeddings ? V * h : 0) : 0);
   c.pp_size = m.pp;
   c.pp_rank = m.pp_rank;
+  c.chunks = m.chunks;
+  c.microbatch_group = m.microbatch_group;
   c.pp_bytes = 4.0 * double(c.tokens) / double(c.sp_tp) * h;
   if (m.pp > 1 && !m.untie_embeddings) c.tied_bytes = 4 * V * h;
   c.outer_dense_bytes = 4 * outer;

@@ -35,6 +35,9 @@ struct ModelShape {
   // pipeline stages (an even split of num_layers): the step Plan of stage pp_rank of pp, its layers only, the
   // embedding on the first, the head on the last (layers, recompute: the whole model's, one per layer)
   int pp = 1, pp_rank = 0;
+  // virtual stages: the stage's layers are `chunks` model chunks (chunk c: virtual stage c pp + pp_rank), run in
+  // Megatron's interleaved order with micro-batch groups of `microbatch_group` (0: pp)
+  int chunks = 1, microbatch_group = 0;
 };
 
 // Parameters of one layer on this device: dense, expert.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "ampipe/core/error.h"
 #include "ampipe/schedule/pipeline.h"
@@ -37,11 +38,13 @@ std::string StepTask::name() const {
   switch (op) {
     case StepOp::layer: return fmt::format("{}L{}.{}", mb, layer, model::dir_name(dir));
     case StepOp::recompute: return fmt::format("{}L{}.recompute", mb, layer);
-    case StepOp::embedding:
-    case StepOp::sp_gather:
     case StepOp::pp_recv:
     case StepOp::pp_wait:
     case StepOp::pp_send:
+      return fmt::format("{}{}{}.{}", mb, chunk > 0 ? fmt::format("c{}.", chunk) : std::string(), step_op_name(op),
+                         model::dir_name(dir));
+    case StepOp::embedding:
+    case StepOp::sp_gather:
     case StepOp::head: return fmt::format("{}{}.{}", mb, step_op_name(op), model::dir_name(dir));
     case StepOp::grad_pack:
     case StepOp::grad_reduce:
@@ -134,49 +137,66 @@ void check_config(const StepConfig& c) {
   AMPIPE_CHECK(c.sp_tp >= 1, "step plan: sequence-parallel tp {}", c.sp_tp);
   AMPIPE_CHECK(c.pp_size >= 1 && c.pp_rank >= 0 && c.pp_rank < c.pp_size, "step plan: stage {} of {}", c.pp_rank,
                c.pp_size);
+  AMPIPE_CHECK(c.chunks >= 1 && n % size_t(c.chunks) == 0 && (c.chunks == 1 || c.pp_size > 1),
+               "step plan: {} layers in {} chunks of {} stages", n, c.chunks, c.pp_size);
 }
 
 }  // namespace
 
 namespace {
 
-// The step Plan's order, a micro-batch's forward or backward at a time (one_f_one_b), for one stage.
+// The step Plan's order, one chunk of a micro-batch's forward or backward at a time (pipeline_order), for one stage.
 struct StepBuilder {
   explicit StepBuilder(StepPlan& plan) : p(plan) {}
   StepPlan& p;
   Builder b{p};
   const StepConfig& k = p.config;
   const int n = int(k.layers.size());
+  const int v = k.chunks, per_chunk = n / v;
   const double T = double(k.tokens), h = double(k.hidden), V = double(k.head_vocab);
   const bool pipeline = k.pp_size > 1;
-  const bool embedding = k.model && k.first_stage(), head = k.model && k.last_stage();
   std::vector<uint32_t> reduces;
-  std::map<std::pair<int, bool>, uint32_t> recv_of;  // (micro-batch, forward?) -> its pp_recv task
+  // The receives of each direction in the order the stage takes them (forward: every chunk's forward but the first
+  // virtual stage's; backward: every chunk's backward but the last virtual stage's), and how many are posted.
+  std::vector<PipelineStep> recvs[2];
+  size_t posted[2] = {0, 0};
+  std::map<std::tuple<int, int, bool>, uint32_t> recv_of;  // (micro-batch, chunk, forward?) -> its pp_recv task
 
   static double bucket_bytes(const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[size_t(i)]; }
+  // The first virtual stage (its forward starts from the embedding) and the last (ends with the head).
+  bool first_virtual(int c) const { return k.first_stage() && c == 0; }
+  bool last_virtual(int c) const { return k.last_stage() && c == v - 1; }
 
-  // The receive of micro-batch m's activation (fwd) or output gradient (bwd), posted one micro-batch ahead.
-  void post_recv(int m, bool fwd) {
-    if (m >= k.micro_batches || (fwd ? k.first_stage() : k.last_stage())) return;
-    recv_of[{m, fwd}] = b.collective(StepOp::pp_recv, fwd ? Dir::fwd : Dir::bwd, m, CollKind::send_recv,
-                                     comm::GroupKind::pp, fwd ? Lane::pp_fwd : Lane::pp_bwd, k.pp_bytes, {});
+  // Posts the next receive of direction fwd, if any: one ahead of the one being taken.
+  void post_next(bool fwd) {
+    std::vector<PipelineStep>& r = recvs[fwd];
+    size_t& i = posted[fwd];
+    if (i >= r.size()) return;
+    const PipelineStep s = r[i++];
+    const uint32_t t = b.collective(StepOp::pp_recv, fwd ? Dir::fwd : Dir::bwd, s.micro_batch, CollKind::send_recv,
+                                    comm::GroupKind::pp, fwd ? Lane::pp_fwd : Lane::pp_bwd, k.pp_bytes, {});
+    p.tasks[t].chunk = s.chunk;
+    recv_of[{s.micro_batch, s.chunk, fwd}] = t;
   }
-  void wait_recv(int m, bool fwd) {
-    p.tasks[b.compute(StepOp::pp_wait, fwd ? Dir::fwd : Dir::bwd, m, -1)].deps = {recv_of.at({m, fwd})};
-    post_recv(m + 1, fwd);
+  void wait_recv(int m, int c, bool fwd) {
+    const uint32_t w = b.compute(StepOp::pp_wait, fwd ? Dir::fwd : Dir::bwd, m, -1);
+    p.tasks[w].chunk = c;
+    p.tasks[w].deps = {recv_of.at({m, c, fwd})};
+    post_next(fwd);
   }
-  uint32_t send(int m, bool fwd) {
-    return b.collective(StepOp::pp_send, fwd ? Dir::fwd : Dir::bwd, m, CollKind::send_recv, comm::GroupKind::pp,
-                        fwd ? Lane::pp_fwd : Lane::pp_bwd, k.pp_bytes, {});
+  void send(int m, int c, bool fwd) {
+    const uint32_t t = b.collective(StepOp::pp_send, fwd ? Dir::fwd : Dir::bwd, m, CollKind::send_recv,
+                                    comm::GroupKind::pp, fwd ? Lane::pp_fwd : Lane::pp_bwd, k.pp_bytes, {});
+    p.tasks[t].chunk = c;
   }
 
-  void forward(int m) {
+  void forward(int m, int c) {
     // the embedding (read a word and a position row, write x: 12 T h bytes), or the previous stage's activation
-    if (embedding) b.compute(StepOp::embedding, Dir::fwd, m, -1, 0, 0, 12 * T * h);
-    if (pipeline && !k.first_stage()) wait_recv(m, true);
-    for (int i = 0; i < n; ++i) b.compute(StepOp::layer, Dir::fwd, m, i);
-    if (pipeline && !k.last_stage()) send(m, true);
-    if (!head) return;
+    if (k.model && first_virtual(c)) b.compute(StepOp::embedding, Dir::fwd, m, -1, 0, 0, 12 * T * h);
+    if (pipeline && !first_virtual(c)) wait_recv(m, c, true);
+    for (int i = c * per_chunk; i < (c + 1) * per_chunk; ++i) b.compute(StepOp::layer, Dir::fwd, m, i);
+    if (pipeline && !last_virtual(c)) send(m, c, true);
+    if (!k.model || !last_virtual(c)) return;
     std::vector<uint32_t> deps;
     if (k.sp_tp > 1)  // this rank's T / tp rows of the last layer's output, fp32, to every tp rank
       deps.push_back(b.collective(StepOp::sp_gather, Dir::fwd, m, CollKind::all_gather, comm::GroupKind::tp, Lane::tp,
@@ -186,12 +206,14 @@ struct StepBuilder {
         deps;
   }
 
-  void backward(int m, bool last) {
+  void backward(int m, int c) {
     // the head's backward (the cross-entropy gradient over the logits 8 T V, the GEMMs dW and dxn 4 T h V, the LN
     // backward reads dxn and y, writes dy: 12 T h), or the next stage's gradient
-    if (head) b.compute(StepOp::head, Dir::bwd, m, -1, 4 * T * h * V, std::min({T, h, V}), 12 * T * h + 8 * T * V);
-    if (pipeline && !k.last_stage()) wait_recv(m, false);
-    for (int i = n - 1; i >= 0; --i) {
+    if (k.model && last_virtual(c))
+      b.compute(StepOp::head, Dir::bwd, m, -1, 4 * T * h * V, std::min({T, h, V}), 12 * T * h + 8 * T * V);
+    if (pipeline && !last_virtual(c)) wait_recv(m, c, false);
+    const bool last = m == k.micro_batches - 1;  // the chunk's last backward
+    for (int i = (c + 1) * per_chunk - 1; i >= c * per_chunk; --i) {
       if (!k.recompute.empty() && k.recompute[size_t(i)]) b.compute(StepOp::recompute, Dir::fwd, m, i);
       b.compute(StepOp::layer, Dir::bwd, m, i);
       // The last backward completes layer i's gradients: its buckets reduce under the layers below.
@@ -200,8 +222,8 @@ struct StepBuilder {
         b.bucket(i, Bucket::expert, bucket_bytes(k.layer_expert_bytes, i), k.expert_group_size, reduces);
       }
     }
-    if (pipeline && !k.first_stage()) send(m, false);
-    if (!embedding) return;
+    if (pipeline && !first_virtual(c)) send(m, c, false);
+    if (!k.model || !first_virtual(c)) return;
     std::vector<uint32_t> deps;
     if (k.sp_tp > 1)
       deps.push_back(b.collective(StepOp::sp_gather, Dir::bwd, m, CollKind::all_gather, comm::GroupKind::tp, Lane::tp,
@@ -259,14 +281,17 @@ struct StepBuilder {
   }
 
   void build() {
-    post_recv(0, true);
-    post_recv(0, false);
-    int backwards = 0;
-    for (const auto& [m, fwd] : one_f_one_b(k.micro_batches, k.pp_size, k.pp_rank)) {
-      if (fwd)
-        forward(m);
+    const std::vector<PipelineStep> order =
+        pipeline_order(k.micro_batches, k.pp_size, k.pp_rank, v, k.microbatch_group);
+    for (const PipelineStep& s : order)
+      if (pipeline && (s.forward ? !first_virtual(s.chunk) : !last_virtual(s.chunk))) recvs[s.forward].push_back(s);
+    post_next(true);
+    post_next(false);
+    for (const PipelineStep& s : order) {
+      if (s.forward)
+        forward(s.micro_batch, s.chunk);
       else
-        backward(m, ++backwards == k.micro_batches);
+        backward(s.micro_batch, s.chunk);
     }
     finish();
   }

@@ -30,6 +30,13 @@
 // The layers keep one copy of their saved activations per micro-batch in flight (LayerStack::set_slots). With tied
 // embeddings the last stage's LM-head gradient goes to the first stage (tied_grad, before the first stage's outer
 // bucket) and the updated embedding comes back (tied_param, after the optimizer).
+//
+// Virtual stages (v model chunks per rank, Megatron's interleaved schedule; schedule::pipeline_order): the stage's
+// layers are v chunks of layers / v each (chunk c: layers [c n, (c + 1) n)), and every forward and backward above is
+// one chunk's (the task's `chunk`): the first rank's chunk 0 starts from the embedding, the last rank's chunk v - 1
+// ends with the head, every other chunk receives its input from the previous rank (the first rank: from the last, its
+// chunk c - 1) and sends its output to the next (the last rank: to the first). A chunk's buckets are reduced after its
+// last backward.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +83,7 @@ struct StepTask {
   StepOp op = StepOp::layer;
   Dir dir = Dir::fwd;
   int micro_batch = -1;  // -1: once per step
+  int chunk = 0;  // virtual stages: the model chunk of a pp_recv / pp_wait / pp_send (layer tasks: their layer's)
   int layer = -1;        // layer ops; grad_pack / grad_reduce: the bucket's layer (-1: outside the layers)
   Bucket bucket = Bucket::dense;  // grad_pack / grad_reduce
   Lane lane = Lane::compute;
@@ -95,7 +103,7 @@ struct StepTask {
   bool is_layer() const { return op == StepOp::layer || op == StepOp::recompute; }
   // "mb0.embedding.fwd", "mb0.L1.fwd", "mb0.L1.recompute", "mb1.head.bwd", "grad_reduce.dense.L1",
   // "grad_reduce.dense.outer", "grad_finish", "optimizer", "param_gather.expert.L0", "param_unpack",
-  // "mb2.pp_recv.fwd", "mb2.pp_send.bwd", "tied_grad": the one name the runners,
+  // "mb2.pp_recv.fwd", "mb2.pp_send.bwd" ("mb2.c1.pp_send.bwd": chunk 1), "tied_grad": the one name the runners,
   // the trace and the tests use (L{i}: the stage's layer i).
   std::string name() const;
 };
@@ -125,6 +133,10 @@ struct StepConfig {
   // gradient the same); tied embeddings: bytes of the word embedding exchanged between the first and last stage.
   int pp_size = 1, pp_rank = 0;
   double pp_bytes = 0, tied_bytes = 0;
+  // Virtual stages: model chunks on this rank (the layers split evenly among them) and Megatron's micro-batch group
+  // (0: pp_size).
+  int chunks = 1, microbatch_group = 0;
+  int chunk_of(int layer) const { return layer / (int(layers.size()) / chunks); }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
 };

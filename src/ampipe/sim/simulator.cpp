@@ -574,8 +574,9 @@ SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const
 }
 
 PipelineSim simulate_pipeline(const std::vector<schedule::StepPlan>& stages, int K, const Profile& profile,
-                              const SimOptions& opts) {
+                              const SimOptions& opts, int chunks, int group) {
   PipelineSim ps;
+  ps.chunks = chunks;
   const int P = int(stages.size());
   AMPIPE_CHECK(P >= 1 && K >= 1, "simulate_pipeline: {} stages, {} micro-batches", P, K);
   double most = -1;
@@ -624,7 +625,7 @@ PipelineSim simulate_pipeline(const std::vector<schedule::StepPlan>& stages, int
       ps.slowest = q;
     }
   }
-  ps.timeline = schedule::pipeline_timeline(K, ps.fwd_s, ps.bwd_s, ps.send_s);
+  ps.timeline = schedule::pipeline_timeline(K, ps.fwd_s, ps.bwd_s, ps.send_s, chunks, group);
   double end = 0;
   for (const schedule::PipelineSlot& sl : ps.timeline) end = std::max(end, sl.end);
   ps.step_s = end + *std::max_element(ps.tail_s.begin(), ps.tail_s.end());

@@ -101,8 +101,11 @@ SimResult simulate(const schedule::StepPlan& step, const Profile& profile, const
 // Pipeline stages (docs/simulator.md, "Pipeline stages"): each stage's step Plan of one micro-batch simulated on its
 // own gives its forward (to its first backward task), its backward (to its last) and its tail (the gradient
 // reductions left, the norm and the optimizer); the stages' 1F1B timeline over K micro-batches
-// (schedule::pipeline_timeline) with one activation's send between neighbours adds the slowest tail.
+// (schedule::pipeline_timeline) with one activation's send between neighbours adds the slowest tail. With v virtual
+// stages (chunks), the timeline is Megatron's interleaved one: each chunk takes 1/v of its stage's forward and
+// backward (the embedding and head are not told apart from the layers there), and every chunk's activation is sent.
 struct PipelineSim {
+  int chunks = 1;
   std::vector<double> fwd_s, bwd_s, tail_s;  // per stage, one micro-batch
   double send_s = 0;                         // one activation (or its gradient) to the neighbouring stage
   std::vector<schedule::PipelineSlot> timeline;
@@ -111,7 +114,8 @@ struct PipelineSim {
   int slowest = 0;     // the stage with the most work per micro-batch
 };
 PipelineSim simulate_pipeline(const std::vector<schedule::StepPlan>& one_micro_batch, int micro_batches,
-                              const Profile& profile, const SimOptions& opts = {});
+                              const Profile& profile, const SimOptions& opts = {}, int chunks = 1,
+                              int microbatch_group = 0);
 
 // The layer as the simulator costs it. A dropless router's capacity is known only after routing, so its Plan is
 // built for the bound (every token of a chunk to one expert); the simulator costs it at a balanced load instead,

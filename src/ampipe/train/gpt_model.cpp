@@ -47,15 +47,23 @@ PipelineStage pipeline_stage(const TrainConfig& cfg, int stage) {
   PipelineStage st;
   st.rank = stage;
   st.size = cfg.pp();
-  std::tie(st.first_layer, st.end_layer) = cfg.stage_layers(stage);
+  st.chunks = cfg.virtual_stages();
+  st.layers = cfg.stage_layers(stage);
   return st;
+}
+
+int PipelineStage::local(int model_layer) const {
+  const auto it = std::find(layers.begin(), layers.end(), model_layer);
+  return it == layers.end() ? -1 : int(it - layers.begin());
 }
 
 namespace {
 // This stage's layer configs (each keeps its model-wide layer_index).
 std::vector<model::LayerConfig> stage_configs(const TrainConfig& cfg, const PipelineStage& st) {
   const std::vector<model::LayerConfig> all = cfg.layer_configs();
-  return {all.begin() + st.first_layer, all.begin() + st.end_layer};
+  std::vector<model::LayerConfig> out;
+  for (int i : st.layers) out.push_back(all[size_t(i)]);
+  return out;
 }
 }  // namespace
 
@@ -70,11 +78,12 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
       cp_(cfg.layer.cp()),
       sl_(s_ / cp_),
       Tl_(sl_ * b_),
-      stack_(stage_configs(cfg, stage_), cfg.ampipe_degree, ep_rank, groups, stage_.first_layer),
+      stack_(stage_configs(cfg, stage_), cfg.ampipe_degree, ep_rank, groups, /*first_layer=*/-1),
       groups_(groups) {
   AMPIPE_CHECK(V_ >= 1, "the vocabulary is not sized: padded_vocab_size {} (train::size_vocabulary sets it)", V_);
-  // --recompute-granularity full (its block method counts this stage's layers)
-  stack_.set_recompute(cfg.recompute_layers(stage_.first_layer, stage_.end_layer));
+  stack_.set_chunks(stage_.chunks);
+  // --recompute-granularity full (its block method counts the layers of each model chunk)
+  stack_.set_recompute(cfg.stage_recompute(stage_.rank));
   const bool learned_positions = cfg.layer.position_embedding == model::PositionEmbedding::learned_absolute;
   if (stage_.first()) {
     wte_ = normal_init({V_, h_}, cfg, 1);
@@ -87,7 +96,7 @@ GptModel::GptModel(const TrainConfig& cfg, int ep_rank, const comm::Groups* grou
   for (int i = 0; i < stack_.num_layers(); ++i) {
     auto p = stack_.params(i).named(), g = stack_.grads(i).named();
     for (size_t k = 0; k < p.size(); ++k)
-      params_.push_back({fmt::format("layers.{}.{}", stage_.first_layer + i, p[k].first), p[k].second, g[k].second,
+      params_.push_back({fmt::format("layers.{}.{}", stage_.global(i), p[k].first), p[k].second, g[k].second,
                          model::LayerParams::is_expert(p[k].first),
                          (p[k].second.dim() >= 2 && !p[k].first.ends_with(".bias")) ||  // the experts' [L, *] biases
                              (cfg.apply_wd_to_qk_layernorm && model::LayerParams::is_qk_norm(p[k].first)),
@@ -131,7 +140,7 @@ std::vector<std::pair<std::string, Tensor>> GptModel::buffers() {
   std::vector<std::pair<std::string, Tensor>> out;
   for (int i = 0; i < stack_.num_layers(); ++i)
     if (const Tensor& b = stack_.params(i).expert_bias; b.defined())
-      out.push_back({fmt::format("layers.{}.moe.gate.expert_bias", stage_.first_layer + i), b});
+      out.push_back({fmt::format("layers.{}.moe.gate.expert_bias", stage_.global(i)), b});
   return out;
 }
 
@@ -158,15 +167,17 @@ void GptModel::take_batch(std::span<const int32_t> tokens, std::span<const int32
   take_rows(tokens, targets);
 }
 
-void GptModel::forward_layers() {
+void GptModel::forward_layers(int chunk) {
+  const int n = stack_.num_layers() / stack_.chunks();
   for (const schedule::StepTask& t : stack_.step_plan().tasks)
-    if (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd) run_layer(t);
+    if (t.op == schedule::StepOp::layer && t.dir == model::Dir::fwd && t.layer / n == chunk) run_layer(t);
 }
 
-// FLOPs of the last micro-batch's forward + backward on this stage: model::Layer::flops of every layer, and on the
-// last stage the LM head's three GEMMs 3 x 2 T h V (docs/training.md).
+// FLOPs of the last micro-batch's forward + backward on this stage (its model chunk): model::Layer::flops of its
+// layers, and after the last one the LM head's three GEMMs 3 x 2 T h V (docs/training.md).
 double GptModel::flops_per_micro_batch() const {
-  return stack_.flops() + (stage_.last() ? 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_) : 0.0);
+  const bool head = stage_.last() && stack_.chunk_layers().second == stack_.num_layers();
+  return stack_.flops() + (head ? 3.0 * 2.0 * double(Tl_) * double(h_) * double(V_) : 0.0);
 }
 
 // Context parallel: local row i holds global position pos_[i] (the layer's row order at the stack's degree now;

@@ -65,13 +65,17 @@ struct StepTimes {  // microseconds, accumulated over calls
   int64_t head_us = 0;    // embedding, final LayerNorm, LM head, cross-entropy
 };
 
-// This rank's pipeline stage (--pipeline-model-parallel-size): its layers [first_layer, end_layer) of the model; the
-// first stage holds the embedding, the last the final norm, LM head and loss. One stage: the whole model.
+// This rank's pipeline stage (--pipeline-model-parallel-size): its layers of the model (model-wide indices, chunk by
+// chunk with virtual stages: TrainConfig::stage_layers); the first stage holds the embedding, the last the final
+// norm, LM head and loss. One stage: the whole model.
 struct PipelineStage {
   int rank = 0, size = 1;
-  int first_layer = 0, end_layer = 0;
+  int chunks = 1;           // model chunks (virtual stages) on this rank
+  std::vector<int> layers;  // stage layer i -> model layer
   bool first() const { return rank == 0; }
   bool last() const { return rank == size - 1; }
+  int global(int i) const { return layers[size_t(i)]; }
+  int local(int model_layer) const;  // -1: not on this stage
 };
 
 class GptModel {
@@ -118,8 +122,8 @@ class GptModel {
   void set_stage_output_grad(const Tensor& dy, float d_aux) { stack_.set_output_grad(dy, d_aux); }
   Tensor stage_input_grad() const { return stack_.input_grad(); }
   Shape stage_activation_shape() const;  // [rows, b, h]: what stages send each other
-  // The layers' forward alone, in the stack's order (evaluation of a stage).
-  void forward_layers();
+  // The layers' forward alone, in the stack's order (evaluation of a stage): model chunk `chunk`'s layers.
+  void forward_layers(int chunk = 0);
   // Tied embeddings across stages: the first stage's word embedding and its gradient; on the last stage the LM
   // head's copy of it (trained as one: its gradient is added to the first stage's, the updated weight copied back).
   // Undefined elsewhere, and with one stage or untied weights.

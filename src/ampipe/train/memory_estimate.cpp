@@ -34,16 +34,17 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
     }
     return best;
   }
-  const auto [first_layer, end_layer] = cfg.stage_layers(stage);
   const bool first = stage == 0, last = stage == P - 1;
   const std::vector<model::LayerConfig> all = cfg.layer_configs();
-  const std::vector<model::LayerConfig> layers(all.begin() + first_layer, all.begin() + end_layer);
-  // 1F1B: min(P - stage, K) micro-batches in flight, each with its copy of the layers' saved buffers
+  std::vector<model::LayerConfig> layers;
+  for (int i : cfg.stage_layers(stage)) layers.push_back(all[size_t(i)]);
+  // 1F1B: min(P - stage, K) micro-batches in flight (interleaved: the most of any chunk), each with its copy of the
+  // layers' saved buffers
   const int64_t K =
       std::max<int64_t>(1, cfg.global_batch(world) / (l.micro_batch_size * cfg.data_parallel_size(world)));
-  const int in_flight = int(std::min<int64_t>(P - stage, K));
-  schedule::MemoryEstimate e = schedule::estimate_layer_stack(
-      layers, cfg.ampipe_degree, cfg.recompute_layers(first_layer, end_layer), P > 1 ? in_flight : 1);
+  const int in_flight = cfg.pipeline_in_flight(stage, K);
+  schedule::MemoryEstimate e =
+      schedule::estimate_layer_stack(layers, cfg.ampipe_degree, cfg.stage_recompute(stage), in_flight);
   // Local parameter elements: the layers' (each block's: dense and MoE blocks differ) and the embedding-level ones.
   int64_t layer_params = 0;
   for (const model::LayerConfig& lc : layers)
@@ -81,8 +82,9 @@ schedule::MemoryEstimate estimate_train_memory(const TrainConfig& cfg, int64_t t
   }
   if (l.sp()) act = checked_add(act, checked_add(checked_mul(Th, 3, "sp"), 2 * (Th / l.tp()), "sp"), "sp");
   e.add("embedding + LM head buffers", checked_mul(act, 4, "the head's buffer bytes"));
-  if (P > 1) {  // the received activations kept per micro-batch in flight (+1), two gradient and four send slots
-    const int64_t slots = in_flight + 1 + 6;
+  if (P > 1) {  // the received activations kept per micro-batch in flight (+1) of each model chunk, two gradient and
+               // four send slots
+    const int64_t slots = int64_t(cfg.virtual_stages()) * (in_flight + 1) + 6;
     e.add("pipeline stage buffers", checked_mul(checked_mul(Th / (l.sp() ? l.tp() : 1), slots, "slots"), 4, "slots"));
   }
   if (train_samples > 0) e.add("data order", checked_mul(train_samples, 8, "the data order"));

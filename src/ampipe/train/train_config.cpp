@@ -8,6 +8,7 @@
 
 #include "ampipe/core/error.h"
 #include "ampipe/model/size_check.h"
+#include "ampipe/schedule/pipeline.h"
 #include "ampipe/train/megatron_args.h"
 #include "ampipe/train/vocab_size.h"
 
@@ -76,6 +77,49 @@ void TrainConfig::validate_ampipe() const {
   (void)layer.check_pipe_experts(M);
 }
 
+// Megatron's rules on the virtual stages (megatron/training/arguments.py).
+void TrainConfig::validate_virtual_stages() const {
+  const int P = pipeline_model_parallel_size, n = num_layers_per_virtual_pipeline_stage,
+            v = num_virtual_stages_per_pipeline_rank;
+  if (n < 0 || v < 0 || microbatch_group_size_per_vp_stage < 0)
+    throw ConfigError(fmt::format("--{} {} is invalid: it must be >= 1",
+                                  n < 0 ? "num-layers-per-virtual-pipeline-stage"
+                                  : v < 0 ? "num-virtual-stages-per-pipeline-rank"
+                                          : "microbatch-group-size-per-virtual-pipeline-stage",
+                                  n < 0 ? n : v < 0 ? v : microbatch_group_size_per_vp_stage));
+  if (n > 0 && v > 0)
+    throw ConfigError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank are both "
+                      "given: set at most one (Megatron's rule)");
+  if (n == 0 && v == 0) return;
+  if (n > 0) {
+    if (decoder_first_pipeline_num_layers > 0 || decoder_last_pipeline_num_layers > 0)
+      throw ConfigError("--num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-num-layers: give "
+                        "the virtual stages as --num-virtual-stages-per-pipeline-rank for an uneven split (Megatron's "
+                        "rule)");
+    if (num_layers % P != 0)
+      throw ConfigError(fmt::format("--num-layers {} is not divisible by --pipeline-model-parallel-size {}",
+                                    num_layers, P));
+    if ((num_layers / P) % n != 0)
+      throw ConfigError(fmt::format("--num-layers-per-virtual-pipeline-stage {} does not divide the {} layers of "
+                                    "each pipeline stage (--num-layers {} / --pipeline-model-parallel-size {})",
+                                    n, num_layers / P, num_layers, P));
+  }
+  const int vs = virtual_stages();
+  if (vs == 1) return;
+  if (P == 1)
+    throw ConfigError(fmt::format("{} needs --pipeline-model-parallel-size > 1 (the interleaved schedule runs "
+                                  "virtual stages across pipeline ranks)",
+                                  n > 0 ? "--num-layers-per-virtual-pipeline-stage"
+                                        : "--num-virtual-stages-per-pipeline-rank"));
+  if (decoder_first_pipeline_num_layers > 0 || decoder_last_pipeline_num_layers > 0)
+    throw ConfigError("virtual pipeline stages with --decoder-first/last-pipeline-num-layers (an uneven interleaved "
+                      "split) are not built here: the interleaved schedule needs the layers split evenly");
+  if (num_layers % (P * vs) != 0)
+    throw ConfigError(fmt::format("--num-layers {} is not divisible by --pipeline-model-parallel-size {} x {} virtual "
+                                  "stages per rank: every virtual stage needs the same number of layers",
+                                  num_layers, P, vs));
+}
+
 // Megatron's rules for the stages (megatron/training/arguments.py, transformer_config.py): the layers divide evenly
 // over the stages, or over the stages between a first and a last stage of given sizes.
 void TrainConfig::validate_pipeline() const {
@@ -89,6 +133,7 @@ void TrainConfig::validate_pipeline() const {
   if ((first > 0 || last > 0) && P == 1)
     throw ConfigError(fmt::format("--decoder-{}-pipeline-num-layers needs --pipeline-model-parallel-size > 1",
                                   first > 0 ? "first" : "last"));
+  validate_virtual_stages();
   if (P == 1) return;
   if (P > num_layers)
     throw ConfigError(fmt::format("--pipeline-model-parallel-size {} is more than --num-layers {}: every stage needs "
@@ -108,19 +153,76 @@ void TrainConfig::validate_pipeline() const {
                                   num_layers, first, last, rest, middle, P));
 }
 
-std::pair<int, int> TrainConfig::stage_layers(int stage) const {
+int TrainConfig::virtual_stages() const {
+  const int P = pipeline_model_parallel_size;
+  if (num_virtual_stages_per_pipeline_rank > 0) return num_virtual_stages_per_pipeline_rank;
+  if (num_layers_per_virtual_pipeline_stage > 0 && P >= 1 && num_layers % P == 0)
+    return std::max(1, num_layers / P / num_layers_per_virtual_pipeline_stage);
+  return 1;
+}
+
+std::vector<int> TrainConfig::stage_layers(int stage) const {
   const int P = pipeline_model_parallel_size, first = decoder_first_pipeline_num_layers,
-            last = decoder_last_pipeline_num_layers;
+            last = decoder_last_pipeline_num_layers, v = virtual_stages();
   AMPIPE_CHECK(stage >= 0 && stage < P, "stage {} of {}", stage, P);
-  if (P == 1) return {0, num_layers};
+  std::vector<int> out;
+  if (v > 1) {  // chunk c: virtual stage c P + stage
+    const int n = num_layers / (P * v);
+    for (int c = 0; c < v; ++c)
+      for (int i = 0; i < n; ++i) out.push_back((c * P + stage) * n + i);
+    return out;
+  }
   const int middle = P - (first > 0) - (last > 0);
-  const int per = middle > 0 ? (num_layers - first - last) / middle : 0;
+  const int per = P == 1 ? num_layers : middle > 0 ? (num_layers - first - last) / middle : 0;
   std::vector<int> sizes;
   for (int q = 0; q < P; ++q)
-    sizes.push_back(q == 0 && first > 0 ? first : q == P - 1 && last > 0 ? last : per);
+    sizes.push_back(P > 1 && q == 0 && first > 0 ? first : P > 1 && q == P - 1 && last > 0 ? last : per);
   int begin = 0;
   for (int q = 0; q < stage; ++q) begin += sizes[size_t(q)];
-  return {begin, begin + sizes[size_t(stage)]};
+  for (int i = begin; i < begin + sizes[size_t(stage)]; ++i) out.push_back(i);
+  return out;
+}
+
+std::vector<bool> TrainConfig::stage_recompute(int stage) const {
+  const int v = virtual_stages();
+  const int n = int(stage_layers(stage).size()) / v;
+  std::vector<bool> on;
+  for (int c = 0; c < v; ++c) {
+    const std::vector<bool> chunk = recompute_layers(0, n);
+    on.insert(on.end(), chunk.begin(), chunk.end());
+  }
+  return on;
+}
+
+int TrainConfig::pipeline_in_flight(int stage, int64_t K) const {
+  if (pipeline_model_parallel_size == 1) return 1;
+  return schedule::max_in_flight(schedule::pipeline_order(int(std::max<int64_t>(K, 1)), pipeline_model_parallel_size,
+                                                          stage, virtual_stages(), microbatch_group_size_per_vp_stage));
+}
+
+void TrainConfig::validate_virtual_microbatches(int64_t K) const {
+  if (virtual_stages() == 1) return;
+  const int P = pipeline_model_parallel_size;
+  const int64_t N = microbatch_group_size_per_vp_stage > 0 ? microbatch_group_size_per_vp_stage : P;
+  // Megatron's forward_backward_pipelining_with_interleaving
+  if (N < P || N > K)
+    throw ConfigError(fmt::format("--microbatch-group-size-per-virtual-pipeline-stage {} must be in "
+                                  "[--pipeline-model-parallel-size {}, micro-batches per rank {}] with the interleaved "
+                                  "schedule{}",
+                                  N, P, K, K < P ? " (fewer micro-batches than stages: raise --global-batch-size)"
+                                                 : ""));
+  if (K % N != 0 && K % N < P)
+    throw ConfigError(fmt::format("the {} micro-batches per rank leave a last group of {} (--microbatch-group-size-"
+                                  "per-virtual-pipeline-stage {}): it must be 0 or at least --pipeline-model-parallel-"
+                                  "size {} (Megatron's rule: fewer stalls the interleaved schedule)",
+                                  K, K % N, N, P));
+  // Megatron runs a shorter last group of at least P; there a last-stage head's forward can come before the backward
+  // of an earlier micro-batch's head, and this engine's head keeps one micro-batch's state (train/gpt_model.h)
+  if (K % N != 0)
+    throw ConfigError(fmt::format("the {} micro-batches per rank leave a last group of {} (--microbatch-group-size-per-"
+                                  "virtual-pipeline-stage {}): this engine runs the interleaved schedule over whole "
+                                  "groups only (make the micro-batches per rank a multiple of the group)",
+                                  K, K % N, N));
 }
 
 void TrainConfig::validate(int world) const {
@@ -179,6 +281,7 @@ void TrainConfig::validate(int world) const {
     throw ConfigError(fmt::format("--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel "
                                   "size {}: every rank must process the same number of micro-batches",
                                   global_batch_size, b, dp));
+  validate_virtual_microbatches((global_batch_size > 0 ? global_batch_size : b * dp) / (b * dp));
   if (train_iters < 1) throw ConfigError(fmt::format("--train-iters {} is invalid: it must be >= 1", train_iters));
   if (exit_interval < 0)
     throw ConfigError(fmt::format("--exit-interval {} is invalid: it must be >= 0", exit_interval));
@@ -427,6 +530,10 @@ std::vector<ConfigKey> layer_config_keys() {
       AMPIPE_FIELD(pipeline_model_parallel_size, kC | kA, kNo, c.pipeline_model_parallel_size),
       AMPIPE_FIELD(decoder_first_pipeline_num_layers, kC | kA, kNo, c.decoder_first_pipeline_num_layers),
       AMPIPE_FIELD(decoder_last_pipeline_num_layers, kC | kA, kNo, c.decoder_last_pipeline_num_layers),
+      AMPIPE_FIELD(num_layers_per_virtual_pipeline_stage, kC | kA, kNo, c.num_layers_per_virtual_pipeline_stage),
+      AMPIPE_FIELD(num_virtual_stages_per_pipeline_rank, kC | kA, kNo, c.num_virtual_stages_per_pipeline_rank),
+      AMPIPE_FIELD(microbatch_group_size_per_virtual_pipeline_stage, kC | kA, kNo,
+                   c.microbatch_group_size_per_vp_stage),
   };
 }
 

@@ -52,9 +52,25 @@ struct TrainConfig {
   // (0: not given) give the first / last stage that many layers and split the rest evenly over the others.
   int pipeline_model_parallel_size = 1;
   int decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
-  // Stage `stage`'s layers [first, end) (after validate).
-  std::pair<int, int> stage_layers(int stage) const;
+  // Virtual stages (Megatron's interleaved schedule, schedule::pipeline_order): --num-layers-per-virtual-pipeline-stage
+  // n (v = num_layers / P / n) or --num-virtual-stages-per-pipeline-rank v (0: not given; v = 1: no interleaving);
+  // --microbatch-group-size-per-virtual-pipeline-stage (0: P, Megatron's default).
+  int num_layers_per_virtual_pipeline_stage = 0;
+  int num_virtual_stages_per_pipeline_rank = 0;
+  int microbatch_group_size_per_vp_stage = 0;
+  // v: model chunks per pipeline rank (1: the plain 1F1B schedule; after validate).
+  int virtual_stages() const;
+  // Stage `stage`'s layers, model-wide indices (after validate): [first, end) without virtual stages; with v of them,
+  // chunk by chunk, chunk c being virtual stage c P + stage's num_layers / (P v) layers.
+  std::vector<int> stage_layers(int stage) const;
+  // Which of them recompute (recompute_layers counted per model chunk, as Megatron's TransformerBlock does).
+  std::vector<bool> stage_recompute(int stage) const;
   int pp() const { return pipeline_model_parallel_size; }
+  // The most micro-batches in flight on stage `stage` (between a chunk's forward and its backward) over K
+  // micro-batches per rank: the copies of its layers' saved activations it keeps (1 without stages).
+  int pipeline_in_flight(int stage, int64_t micro_batches) const;
+  // Megatron's rules on the micro-batches of the interleaved schedule (K of them per rank).
+  void validate_virtual_microbatches(int64_t micro_batches) const;
   // --tensor-model-parallel-size, --sequence-parallel, --ampipe-tp-sp-comm-overlap are layer options:
   // layer.tensor_model_parallel_size, layer.sequence_parallel, layer.ampipe_tp_sp_comm_overlap.
   // --context-parallel-size, --context-parallel-algo: layer flags (layer.context_parallel_size, _algo).
@@ -154,6 +170,7 @@ struct TrainConfig {
   void validate(int world) const;
   void validate_ampipe() const;  // the seed's four AMPipe constraints (part of validate)
   void validate_pipeline() const;  // the stages (part of validate)
+  void validate_virtual_stages() const;  // of validate_pipeline
   // pipe-experts with nothing to pipeline (model::LayerConfig::check_pipe_experts's notice: one local expert and
   // --pipe-experts-multi-data 1) runs without it: turns layer.use_pipe_experts off and returns the notice, for rank 0
   // to print. Returns "" otherwise, also when the pipe-experts rules fail (validate reports those).

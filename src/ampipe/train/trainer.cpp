@@ -58,7 +58,7 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   for (size_t i = 0; i < ps.size(); ++i) {
     (ps[i].expert ? expert_idx_ : dense_idx_).push_back(i);
     int layer = -1;  // the stage's layer index (the step Plan's), from the model-wide one of the name
-    if (ps[i].name.rfind("layers.", 0) == 0) layer = std::stoi(ps[i].name.substr(7)) - stage.first_layer;
+    if (ps[i].name.rfind("layers.", 0) == 0) layer = stage.local(std::stoi(ps[i].name.substr(7)));
     layer_of_.push_back(layer);
   }
   layout_ = GradLayout(ps, layer_of_, g_.dp_cp.size(), g_.dp_cp.rank(), g_.edp.size(), g_.edp.rank(),
@@ -71,12 +71,16 @@ Trainer::Trainer(const TrainConfig& cfg, const comm::Groups& groups, std::shared
   // every layer of the model: each stage counts its own, the others stay 0 and the all-reduce joins them
   moe_counts_.assign(size_t(cfg.num_layers) * size_t(cfg.layer.num_experts + 2), 0);
   moe_buf_ = Tensor::empty({int64_t(2 * moe_counts_.size())});
-  if (stage.size > 1) {  // the pipeline's slots (schedule/step_plan.h: receives posted one micro-batch ahead)
+  if (stage.size > 1) {  // the pipeline's slots (schedule/step_plan.h: receives posted one ahead)
     const Shape a = model_.stage_activation_shape();
-    // 1F1B: at most min(P - stage, K) micro-batches between their forward and their backward on this stage
-    const int64_t in_flight = std::min<int64_t>(stage.size - stage.rank, K_);
-    model_.stack().set_slots(int(in_flight));  // the layers' saved activations of each
-    for (int64_t k = 0; k < in_flight + 1; ++k) pp_in_.push_back(Tensor::empty(a));  // their inputs, and one coming
+    // 1F1B: at most min(P - stage, K) micro-batches between their forward and their backward on this stage (a model
+    // chunk's most, interleaved)
+    const int in_flight = cfg.pipeline_in_flight(stage.rank, K_);
+    model_.stack().set_slots(in_flight);  // the layers' saved activations of each
+    // each chunk's inputs of the micro-batches in flight, and one coming
+    pp_in_.resize(size_t(stage.chunks));
+    for (std::vector<Tensor>& chunk : pp_in_)
+      for (int k = 0; k < in_flight + 1; ++k) chunk.push_back(Tensor::empty(a));
     for (int k = 0; k < 2; ++k) {
       pp_grad_in_.push_back(Tensor::empty(a));
       pp_out_.push_back(Tensor::empty(a));
@@ -235,6 +239,8 @@ void Trainer::plan_step() {
   const PipelineStage& stage = model_.stage();
   c.pp_size = stage.size;
   c.pp_rank = stage.rank;
+  c.chunks = stage.chunks;
+  c.microbatch_group = cfg_.microbatch_group_size_per_vp_stage;
   c.pp_bytes = 4.0 * double(shape_numel(model_.stage_activation_shape()));
   if (model_.tied_weight().defined()) c.tied_bytes = double(model_.tied_weight().nbytes());
   step_ = schedule::build_step_plan(std::move(c));
@@ -324,7 +330,7 @@ double Trainer::grad_norm() {
 // chunk of this rank's tokens.
 void Trainer::count_drops(double& dropped, double& choices) {
   schedule::LayerStack& stack = model_.stack();
-  for (int i = 0; i < stack.num_layers(); ++i)
+  for (int i = stack.chunk_layers().first; i < stack.chunk_layers().second; ++i)
     for (int c = 0; c < stack.degree(); ++c)
       for (int32_t slot : stack.layer(i).gate_ctx(c).routing.slot) {
         dropped += slot < 0;
@@ -337,9 +343,9 @@ void Trainer::count_drops(double& dropped, double& choices) {
 void Trainer::count_expert_loads() {
   schedule::LayerStack& stack = model_.stack();
   const size_t E = size_t(cfg_.layer.num_experts);
-  for (int i = 0; i < stack.num_layers(); ++i) {
+  for (int i = stack.chunk_layers().first; i < stack.chunk_layers().second; ++i) {
     if (stack.layer(i).config().dense()) continue;  // no router: its counts stay 0
-    int64_t* c = moe_counts_.data() + size_t(model_.stage().first_layer + i) * (E + 2);
+    int64_t* c = moe_counts_.data() + size_t(model_.stage().global(i)) * (E + 2);
     for (int ch = 0; ch < stack.degree(); ++ch) {
       const model::GateRouting& r = stack.layer(i).gate_ctx(ch).routing;
       AMPIPE_CHECK(r.expert_count.size() == E, "gate routing of layer {} has {} expert counts, expected {}", i,
@@ -669,32 +675,43 @@ comm::Issue on_lane(bool fwd) {
 }
 }  // namespace
 
+// The peers of this stage's pipeline messages: activations come from the previous rank and go to the next, gradients
+// the other way; with model chunks the first and the last rank are neighbours too (chunk c's output on the last rank
+// is chunk c + 1's input on the first).
+namespace {
+int pp_peer(const comm::Group& pp, bool from_previous) {
+  const int P = pp.size();
+  return (pp.rank() + (from_previous ? P - 1 : 1)) % P;
+}
+}  // namespace
+
 void Trainer::pp_recv(const schedule::StepTask& t) {
   const bool fwd = t.dir == model::Dir::fwd;
   const int m = t.micro_batch;
-  Tensor slot = fwd ? pp_in_[size_t(m) % pp_in_.size()] : pp_grad_in_[size_t(m) % pp_grad_in_.size()];
-  pp_recv_ev_[{m, fwd}] = comm::recv(g_.pp, slot, g_.pp.rank() + (fwd ? -1 : 1),
-                                     fmt::format("pp.{}.mb{}", fwd ? "activation" : "grad", m), on_lane(fwd));
+  const std::vector<Tensor>& ring = pp_in_[size_t(t.chunk)];
+  Tensor buf = fwd ? ring[size_t(m) % ring.size()] : pp_grad_in_[size_t(pp_grads_received_++) % pp_grad_in_.size()];
+  const std::string tag = fmt::format("pp.{}.mb{}.c{}", fwd ? "activation" : "grad", m, t.chunk);
+  pp_recv_ev_[{m, t.chunk, fwd}] = {comm::recv(g_.pp, buf, pp_peer(g_.pp, fwd), tag, on_lane(fwd)), buf};
 }
 
 void Trainer::pp_wait(const schedule::StepTask& t) {
   const bool fwd = t.dir == model::Dir::fwd;
   const int m = t.micro_batch;
-  const auto it = pp_recv_ev_.find({m, fwd});
+  const auto it = pp_recv_ev_.find({m, t.chunk, fwd});
   AMPIPE_CHECK(it != pp_recv_ev_.end(), "{}: no receive posted", t.name());
   {
     comm::TraceScope trace(comm::Lane::compute, fwd ? "pp.wait (activation)" : "pp.wait (gradient)");
-    comm::wait_all({it->second});
+    comm::wait_all({it->second.ev});
   }
+  const Tensor buf = it->second.buf;
   pp_recv_ev_.erase(it);
-  if (!fwd) return model_.set_stage_output_grad(pp_grad_in_[size_t(m) % pp_grad_in_.size()],
-                                                float(cfg_.moe_aux_loss_coeff));
+  if (!fwd) return model_.set_stage_output_grad(buf, float(cfg_.moe_aux_loss_coeff));
   const int64_t first = first_sample(m);
-  if (model_.stage().last()) {  // the head's targets
+  if (model_.stage().last() && t.chunk == model_.stage().chunks - 1) {  // the head's targets
     fill_batch(first, Split::train);
     model_.take_batch(tokens_, targets_);
   }
-  model_.set_stage_input(pp_in_[size_t(m) % pp_in_.size()], uint64_t(first * s_));
+  model_.set_stage_input(buf, uint64_t(first * s_));
 }
 
 void Trainer::pp_send(const schedule::StepTask& t, StepState& s) {
@@ -706,11 +723,11 @@ void Trainer::pp_send(const schedule::StepTask& t, StepState& s) {
     s.st.flops += model_.flops_per_micro_batch();
   std::vector<Tensor>& bufs = fwd ? pp_out_ : pp_grad_out_;
   std::vector<comm::Event>& evs = fwd ? pp_out_ev_ : pp_grad_out_ev_;
-  const size_t k = size_t(m) % bufs.size();
+  const size_t k = size_t(pp_sent_[fwd]++) % bufs.size();
   if (evs[k].state()) comm::wait_all({evs[k]});  // the slot's previous send
   bufs[k].copy_from(fwd ? model_.stage_output() : model_.stage_input_grad());
-  evs[k] = comm::send(g_.pp, bufs[k], g_.pp.rank() + (fwd ? 1 : -1),
-                      fmt::format("pp.{}.mb{}", fwd ? "activation" : "grad", m), on_lane(fwd));
+  evs[k] = comm::send(g_.pp, bufs[k], pp_peer(g_.pp, !fwd),
+                      fmt::format("pp.{}.mb{}.c{}", fwd ? "activation" : "grad", m, t.chunk), on_lane(fwd));
 }
 
 // Tied embeddings over the stages (Megatron's embedding group): the last stage's LM-head gradient is added to the
@@ -746,20 +763,24 @@ double Trainer::evaluate_pipeline(bool test, int64_t iters) {
       const int64_t first = e * G_ + (dp_rank_ * K_ + j) * b_;
       const uint64_t base = uint64_t(first * s_);
       fill_batch(first, test ? Split::test : Split::valid);
-      if (st.first()) {
-        model_.embedding_forward(tokens_, targets_, base);
-      } else {
-        comm::wait_all({comm::recv(g_.pp, pp_in_[0], g_.pp.rank() - 1, "eval.pp.activation", on_lane(true))});
-        model_.take_batch(tokens_, targets_);
-        model_.set_stage_input(pp_in_[0], base);
-      }
-      model_.forward_layers();
-      if (st.last()) {
-        if (cfg_.layer.sp()) model_.sp_gather(model::Dir::fwd);
-        sum += model_.head_forward();
-      } else {
-        pp_out_[0].copy_from(model_.stage_output());
-        comm::wait_all({comm::send(g_.pp, pp_out_[0], g_.pp.rank() + 1, "eval.pp.activation", on_lane(true))});
+      for (int c = 0; c < st.chunks; ++c) {  // the micro-batch's path: chunk 0 on every stage, then chunk 1, ...
+        if (st.first() && c == 0) {
+          model_.embedding_forward(tokens_, targets_, base);
+        } else {
+          Tensor in = pp_in_[0][0];
+          comm::wait_all({comm::recv(g_.pp, in, pp_peer(g_.pp, true), "eval.pp.activation", on_lane(true))});
+          model_.take_batch(tokens_, targets_);
+          model_.set_stage_input(in, base);
+        }
+        model_.forward_layers(c);
+        if (st.last() && c == st.chunks - 1) {
+          if (cfg_.layer.sp()) model_.sp_gather(model::Dir::fwd);
+          sum += model_.head_forward();
+        } else {
+          pp_out_[0].copy_from(model_.stage_output());
+          comm::wait_all(
+              {comm::send(g_.pp, pp_out_[0], pp_peer(g_.pp, false), "eval.pp.activation", on_lane(true))});
+        }
       }
     }
   model_.stack().set_training(true);

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <vector>
@@ -195,11 +196,18 @@ class Trainer {
   std::unique_ptr<EventWriter> tb_;  // rank 0 with --tensorboard-dir, opened by the first train()
   SaveOptions save_opts_;
   bool report_a2a_hidden_ = false;
-  // pipeline slots: received activations (the layers' inputs, kept to the backward: one per micro-batch in flight,
-  // plus the one being received), received gradients, and the send copies (each reused once its send is done)
-  std::vector<Tensor> pp_in_, pp_grad_in_, pp_out_, pp_grad_out_;
+  // pipeline slots: received activations (per model chunk: the layers' inputs, kept to the backward: one per
+  // micro-batch in flight, plus the one being received), received gradients (the one taken and the one coming, in
+  // the order received), and the send copies (each reused once its send is done, in the order sent)
+  std::vector<std::vector<Tensor>> pp_in_;
+  std::vector<Tensor> pp_grad_in_, pp_out_, pp_grad_out_;
   std::vector<comm::Event> pp_out_ev_, pp_grad_out_ev_;
-  std::map<std::pair<int, bool>, comm::Event> pp_recv_ev_;  // (micro-batch, forward?) -> its receive
+  int64_t pp_sent_[2] = {0, 0}, pp_grads_received_ = 0;  // per direction (bwd, fwd); gradient receives posted
+  struct PpReceive {
+    comm::Event ev;
+    Tensor buf;
+  };
+  std::map<std::tuple<int, int, bool>, PpReceive> pp_recv_ev_;  // (micro-batch, chunk, forward?) -> its receive
   Tensor tied_buf_;                                          // the first stage's receive of the tied gradient
 };
 
