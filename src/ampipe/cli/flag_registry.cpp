@@ -947,7 +947,8 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
   const char* kIncompatible = "(incompatible with AMPipe)";
   v.push_back(flag("--use-ascend-mc2", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.use_ascend_mc2)));
   v.push_back(flag("--pipeline-model-parallel-size", T, kGroupParallel, G::integer,
-                   "pipeline stages P: the layers split into P consecutive stages, run in Megatron's 1F1B schedule",
+                   "pipeline stages P: the layers split into P consecutive stages, run in Megatron's 1F1B schedule "
+                   "(interleaved with virtual stages)",
                    AT(train->cfg.pipeline_model_parallel_size), kDef));
   v.push_back(flag("--decoder-first-pipeline-num-layers", T, kGroupParallel, G::integer,
                    "layers of the first pipeline stage (the others split the rest evenly)",
