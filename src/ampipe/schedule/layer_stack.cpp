@@ -178,15 +178,6 @@ Tensor LayerStack::forward(const Tensor& x, uint64_t token_base) {
   return output();
 }
 
-Tensor LayerStack::forward_chunk(int c) {
-  for (const StepTask& t : step_.tasks)
-    if (t.op == StepOp::layer && t.dir == Dir::fwd && t.layer >= chunk_range(c).first &&
-        t.layer < chunk_range(c).second)
-      run(t);
-  chunk_ = c;
-  return output();
-}
-
 Tensor LayerStack::backward(const Tensor& dy, float d_aux, const std::function<void(int)>& after_layer) {
   set_output_grad(dy, d_aux);
   for (const StepTask& t : step_.tasks) {

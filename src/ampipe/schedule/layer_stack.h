@@ -86,8 +86,6 @@ class LayerStack {
   // the chunk's last layer's output and first layer's input gradient, [s, b, h]
   Tensor output() const { return layers_[size_t(chunk_layers().second - 1)]->at(slot_).output(); }
   Tensor input_grad() const { return layers_[size_t(chunk_layers().first)]->at(slot_).input_grad(); }
-  // The forward of chunk c alone (set_input first): its layers in order; returns its output.
-  Tensor forward_chunk(int c);
   // The stack's own step Plan: its layers alone, one micro-batch (forward, then backward with the replays).
   const StepPlan& step_plan() const { return step_; }
   // Changes whenever the layers are re-planned (degree, pipe-experts, recomputation): a step Plan built from

@@ -1,7 +1,6 @@
 #include "ampipe/train/gpt_model.h"
 
 #include <algorithm>
-#include <tuple>
 #include <chrono>
 #include <cstring>
 
