@@ -140,6 +140,49 @@ TEST(StepPlan, DistributedOptimizerShardsTheUpdateAndGathersEachBucket) {
   EXPECT_DOUBLE_EQ(p.tasks[size_t(unpack)].bytes, 8 * params);
 }
 
+// --overlap-param-gather (Megatron's: each bucket's all-gather waited for by its layer's forward pre-hook in the next
+// step): the layers' gathers open the step (the previous step's update, nothing before them), each layer's
+// parameters are unpacked right before its first forward, and only the outer bucket is gathered and unpacked after
+// the optimizer. The same bytes are gathered as without the overlap.
+TEST(StepPlan, OverlapParamGatherGathersEachLayerUnderTheForwardsBefore) {
+  ModelShape m = two_layer_model(/*ep=*/1, /*tp=*/1, false);
+  m.distributed_optimizer = true;
+  const StepPlan plain = build_step_plan(model_step_config(m, 2));
+  m.overlap_param_gather = true;
+  const StepPlan p = build_step_plan(model_step_config(m, 2));
+  const double h = 32, s = 64, V = 100;
+  const double outer = V * h + s * h + 2 * h;
+  const std::vector<std::string> n = names(p);
+  ASSERT_GE(n.size(), 4u);
+  EXPECT_EQ(std::vector<std::string>(n.begin(), n.begin() + 4),
+            (std::vector<std::string>{"param_gather.dense.L0", "param_gather.expert.L0", "param_gather.dense.L1",
+                                      "param_gather.expert.L1"}));
+  for (int i = 0; i < 2; ++i) {
+    const int unpack = p.index_of(StepOp::param_unpack, Dir::fwd, -1, i);
+    ASSERT_GE(unpack, 0) << i;
+    const StepTask& u = p.tasks[size_t(unpack)];
+    EXPECT_EQ(u.name(), "param_unpack.L" + std::to_string(i));
+    EXPECT_EQ(u.deps, (std::vector<uint32_t>{uint32_t(2 * i), uint32_t(2 * i + 1)}));
+    EXPECT_EQ(p.tasks[size_t(unpack) + 1].name(), "mb0.L" + std::to_string(i) + ".fwd");  // its first forward
+    const double layer = (layer_bytes(m.layer, false) + layer_bytes(m.layer, true)) / 4;
+    EXPECT_DOUBLE_EQ(u.bytes, 8 * layer);
+    for (uint32_t g : u.deps) {
+      EXPECT_TRUE(p.tasks[g].deps.empty());
+      EXPECT_EQ(p.tasks[g].lane, Lane::dp);
+      EXPECT_EQ(p.tasks[g].kind, CollKind::all_gather);
+    }
+  }
+  const int opt = p.index_of(StepOp::optimizer, Dir::fwd, -1, -1);
+  const int unpack = p.index_of(StepOp::param_unpack, Dir::fwd, -1, -1);
+  ASSERT_EQ(unpack, int(p.tasks.size()) - 1);
+  EXPECT_EQ(n[size_t(unpack) - 1], "param_gather.dense.outer");
+  EXPECT_EQ(p.tasks[size_t(unpack) - 1].deps, std::vector<uint32_t>{uint32_t(opt)});
+  EXPECT_EQ(opt, unpack - 2);
+  EXPECT_DOUBLE_EQ(p.tasks[size_t(unpack)].bytes, 8 * outer);
+  EXPECT_DOUBLE_EQ(p.collective_bytes(StepOp::param_gather), plain.collective_bytes(StepOp::param_gather));
+  EXPECT_EQ(p.tasks.size(), plain.tasks.size() + 2);  // an unpack per layer besides the outer one
+}
+
 TEST(StepPlan, ExpertBucketsOverAOneRankGroupAndSequenceParallelGathers) {
   // ep 2 with dp 2: the expert-data-parallel group has one rank, so the expert buckets are not reduced; tp 2 with
   // sequence parallelism: the head gets every tp rank's rows (all-gather over tp) and so does the embedding's

@@ -420,6 +420,52 @@ TEST(Simulator, StepPlanOverlapsEachLayersGradientReductionWithTheBackwardBelow)
   EXPECT_NEAR(opt->end_s, 15.688, 1e-9);
 }
 
+// The distributed optimizer on the step above (dp 2): the reductions are reduce-scatters and the updated halves are
+// all-gathered after the optimizer (each layer bucket's .125e9 B, the embedding's .25e9 B), then unpacked.
+// With --overlap-param-gather the layers' gathers open the step instead and each layer waits for its own before its
+// first forward: L0's right after the embedding's forward, L1's under L0's forward; the outer one stays at the end.
+TEST(Simulator, OverlapParamGatherHidesTheLayersGathersUnderTheForward) {
+  StepConfig c;
+  c.layers = {fwd_comm_bwd_layer(0, 1), fwd_comm_bwd_layer(1, 1)};
+  c.micro_batches = 2;
+  c.tokens = c.hidden = c.head_vocab = 1000;
+  c.layer_dense_bytes = {0.25e9, 0.25e9};
+  c.outer_dense_bytes = 0.5e9;
+  c.dense_group_size = 2;
+  c.params = 1e6;
+  c.distributed_optimizer = true;
+  c.optimizer_params = 0.5e6;
+  Profile p = unit_profile();
+  p.fp32 = ComputeRates{1, 0, 1, 1};
+  SimOptions o;
+  o.dp_size = 2;
+  const SimResult plain = simulate(build_step_plan(c), p, o);
+  c.overlap_param_gather = true;
+  const SimResult r = simulate(build_step_plan(c), p, o);
+  for (const char* name : {"param_gather.dense.L0", "param_gather.dense.L1", "param_gather.dense.outer"}) {
+    const SimRecord* a = find(plain, name);
+    const SimRecord* b = find(r, name);
+    ASSERT_NE(a, nullptr) << name;
+    ASSERT_NE(b, nullptr) << name;
+    EXPECT_NEAR(b->end_s - b->start_s, a->end_s - a->start_s, 1e-12) << name;  // the same gather, elsewhere
+  }
+  const double g = find(r, "param_gather.dense.L0")->end_s - find(r, "param_gather.dense.L0")->start_s;
+  EXPECT_NEAR(find(r, "param_gather.dense.L0")->start_s, 0, 1e-12);
+  EXPECT_NEAR(find(r, "param_gather.dense.L1")->start_s, g, 1e-12);  // the dp lane: one after the other
+  // L0 waits for its gather after the embedding (.012 s), L1's is done under L0's forward (1 s)
+  const SimRecord* u0 = find(r, "param_unpack.L0");
+  const SimRecord* u1 = find(r, "param_unpack.L1");
+  ASSERT_NE(u0, nullptr);
+  ASSERT_NE(u1, nullptr);
+  EXPECT_NEAR(u0->start_s, g, 1e-12);
+  EXPECT_EQ(find(r, "wait:param_gather.dense.L1"), nullptr);
+  // the step is shorter by what the layers' gathers and their unpacks cost after the optimizer, less what L0's
+  // gather still holds up before its forward (g - .012)
+  const double unpack_layers = 2 * 8 * 0.25e9 / 4 / 1e9;  // 8 bytes per parameter, 1 GB/s
+  EXPECT_NEAR(plain.step_s - r.step_s, 2 * g - (g - 0.012), 1e-9);
+  EXPECT_NEAR(u0->end_s - u0->start_s + u1->end_s - u1->start_s, unpack_layers, 1e-12);
+}
+
 TEST(Simulator, LayersRunForwardThenBackwardInReverse) {
   const SimResult r = simulate({fwd_comm_bwd_layer(0, 1), fwd_comm_bwd_layer(1, 1)}, unit_profile());
   std::vector<std::string> compute_order;

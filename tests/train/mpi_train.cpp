@@ -261,26 +261,35 @@ TEST(MpiTrainer, RecomputeTrainsAsKeepingTheActivations) {
 
 // The distributed optimizer (--use-distributed-optimizer, ZeRO-1) trains as the unsharded optimizer on the same
 // ranks (itself checked against one rank above) over 20 iterations: dp = world, with the overlap flags, and at ep 2 x
-// degree 2 (the expert buffer sharded over its own group where it has more than one rank).
+// degree 2 (the expert buffer sharded over its own group where it has more than one rank). The validation losses
+// too: with --overlap-param-gather the layers' parameters are gathered in the next step, so an evaluation between
+// two steps must gather them first.
 TEST(MpiTrainer, DistributedOptimizerTrainsAsUnsharded) {
   groups_for(1);
-  const RunResult ref = run_training(tp_config(1, 1, 1, 20), groups_for(1));
+  auto with_eval = [](train::TrainConfig c) {
+    c.eval_interval = 7;
+    c.eval_iters = 1;
+    return c;
+  };
+  const RunResult ref = run_training(with_eval(tp_config(1, 1, 1, 20)), groups_for(1));
+  ASSERT_EQ(ref.evals.size(), 3u);  // iterations 7, 14 and the last
   for (bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "dp, with --overlap-grad-reduce --overlap-param-gather" : "dp");
-    train::TrainConfig c = tp_config(1, 1, 1, 20);
+    train::TrainConfig c = with_eval(tp_config(1, 1, 1, 20));
     c.use_distributed_optimizer = true;
     c.overlap_grad_reduce = c.overlap_param_gather = overlap;
     expect_same_run(run_training(c, groups_for(1)), ref, 1e-5);
   }
   {
-    SCOPED_TRACE("ep 2, degree 2");
-    train::TrainConfig c = tp_config(1, 2, 2, 20);
-    c.use_distributed_optimizer = true;
+    SCOPED_TRACE("ep 2, degree 2, with both overlap flags");
+    train::TrainConfig c = with_eval(tp_config(1, 2, 2, 20));
+    c.use_distributed_optimizer = c.overlap_grad_reduce = c.overlap_param_gather = true;
     expect_same_run(run_training(c, groups_for(2)), ref, 1e-5);
   }
 }
 
-// Checkpoints hold whole tensors: one saved with the distributed optimizer (ep 2, degree 2) resumes without it (and
+// Checkpoints hold whole tensors: one saved with the distributed optimizer (ep 2, degree 2; with
+// --overlap-param-gather, so the save gathers the layers' parameters the next step would) resumes without it (and
 // the reverse) as the uninterrupted run.
 TEST(MpiTrainer, DistributedOptimizerCheckpointResumesEitherWay) {
   const std::string dir = (std::filesystem::temp_directory_path() / "ampipe_mpi_train_distopt").string();
@@ -292,7 +301,7 @@ TEST(MpiTrainer, DistributedOptimizerCheckpointResumesEitherWay) {
     if (rt.rank() == 0) std::filesystem::remove_all(dir);
     comm::barrier_sync(groups_for(1).world);
     train::TrainConfig first = mpi_config(2, 2);
-    first.use_distributed_optimizer = first_sharded;
+    first.use_distributed_optimizer = first.overlap_grad_reduce = first.overlap_param_gather = first_sharded;
     first.save = dir;
     first.exit_interval = 3;
     run_training(first, groups_for(2));

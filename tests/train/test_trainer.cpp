@@ -253,7 +253,7 @@ TEST(Trainer, ResumeEqualsUninterrupted) {
   second.ampipe_degree = 2;  // a checkpoint of degree 1 loads with degree 2
   const RunResult tail = run_training(second, *g_groups);
   ASSERT_EQ(tail.losses.size(), 4u);
-  RunResult joined{head.losses, tail.weights};
+  RunResult joined{head.losses, tail.weights, {}};
   joined.losses.insert(joined.losses.end(), tail.losses.begin(), tail.losses.end());
   expect_same_run(joined, full, 1e-5);
   fs::remove_all(dir);

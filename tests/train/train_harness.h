@@ -57,6 +57,7 @@ inline std::shared_ptr<const train::TextData> corpus_data(const train::TrainConf
 struct RunResult {
   std::vector<double> losses;
   std::map<std::string, Tensor> weights;
+  std::vector<double> evals;  // validation losses (with --eval-interval)
 };
 
 inline RunResult run_training(const train::TrainConfig& c, const comm::Groups& g) {
@@ -66,6 +67,7 @@ inline RunResult run_training(const train::TrainConfig& c, const comm::Groups& g
   const train::TrainResult r = t.train();
   RunResult out;
   for (const auto& it : r.iterations) out.losses.push_back(it.lm_loss);
+  for (const auto& e : r.evals) out.evals.push_back(e.lm_loss);
   out.weights = t.full_params();
   return out;
 }
@@ -86,6 +88,9 @@ inline void expect_same_run(const RunResult& got, const RunResult& ref, double t
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_LE(std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]), tol) << "loss of iteration " << i + 1;
+  ASSERT_EQ(got.evals.size(), ref.evals.size());
+  for (size_t i = 0; i < ref.evals.size(); ++i)
+    EXPECT_LE(std::abs(got.evals[i] - ref.evals[i]) / std::abs(ref.evals[i]), tol) << "validation loss " << i + 1;
   ASSERT_EQ(got.weights.size(), ref.weights.size());
   for (const auto& [name, w] : ref.weights) {
     ASSERT_TRUE(got.weights.count(name)) << name;

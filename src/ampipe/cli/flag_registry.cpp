@@ -974,8 +974,9 @@ void add_train_model_flags(std::vector<FlagSpec>& v) {
                    "overlap each layer's data-parallel gradient reduction with the backward (always done here)",
                    AT(train->cfg.overlap_grad_reduce)));
   v.push_back(flag("--overlap-param-gather", T, kGroupParallel, G::on_off,
-                   "accepted (needs --use-distributed-optimizer and --overlap-grad-reduce); the parameter "
-                   "all-gathers run right after the optimizer step here, not under the next forward",
+                   "all-gather each layer's updated parameters under the next step's forward, each waited for "
+                   "right before the layer's first forward (needs --use-distributed-optimizer and "
+                   "--overlap-grad-reduce)",
                    AT(train->cfg.overlap_param_gather)));
   v.push_back(flag("--use-nanopipe", T, kGroupNotRun, G::on_off, kIncompatible, AT(train->cfg.use_nanopipe)));
   v.push_back(

@@ -155,6 +155,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
   shape.micro_batches = lay.nmb;
   shape.recompute = cfg.recompute_layers();
   shape.distributed_optimizer = cfg.use_distributed_optimizer;
+  shape.overlap_param_gather = cfg.overlap_param_gather;
   Prediction p;
   p.M = M;
   shape.pp = cfg.pp();

@@ -84,6 +84,7 @@ StepConfig model_step_config(const ModelShape& m, int M) {
   c.params = params + outer;
   // The distributed optimizer updates 1/D of each group's parameters (padding aside).
   c.distributed_optimizer = m.distributed_optimizer;
+  c.overlap_param_gather = m.overlap_param_gather;
   c.optimizer_params = m.distributed_optimizer ? (dense_params + outer) / double(c.dense_group_size) +
                                                      expert_params / double(std::max(1, c.expert_group_size))
                                                : c.params;

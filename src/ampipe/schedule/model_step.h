@@ -32,6 +32,7 @@ struct ModelShape {
   int micro_batches = 1;           // per device per iteration
   std::vector<bool> recompute;     // per layer; empty: none
   bool distributed_optimizer = false;  // --use-distributed-optimizer: the optimizer state sharded over the groups
+  bool overlap_param_gather = false;   // --overlap-param-gather: the layers' gathers under the next forward
   // pipeline stages (an even split of num_layers): the step Plan of stage pp_rank of pp, its layers only, the
   // embedding on the first, the head on the last (layers, recompute: the whole model's, one per layer)
   int pp = 1, pp_rank = 0;

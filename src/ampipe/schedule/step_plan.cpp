@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "ampipe/core/error.h"
 #include "ampipe/schedule/pipeline.h"
@@ -51,9 +52,9 @@ std::string StepTask::name() const {
     case StepOp::param_gather:
       return fmt::format("{}.{}.{}", step_op_name(op), bucket_name(bucket),
                          layer >= 0 ? fmt::format("L{}", layer) : std::string("outer"));
+    case StepOp::param_unpack: return layer >= 0 ? fmt::format("param_unpack.L{}", layer) : "param_unpack";
     case StepOp::grad_finish:
     case StepOp::optimizer:
-    case StepOp::param_unpack:
     case StepOp::tied_grad:
     case StepOp::tied_param: return step_op_name(op);
   }
@@ -161,6 +162,9 @@ struct StepBuilder {
   std::vector<PipelineStep> recvs[2];
   size_t posted[2] = {0, 0};
   std::map<std::tuple<int, int, bool>, uint32_t> recv_of;  // (micro-batch, chunk, forward?) -> its pp_recv task
+  // --overlap-param-gather: each layer's param_gather tasks at the start of the step (unpacked before the layer's
+  // first forward; emptied then)
+  std::vector<std::vector<uint32_t>> layer_gathers;
 
   static double bucket_bytes(const std::vector<double>& v, int i) { return v.empty() ? 0.0 : v[size_t(i)]; }
   // The first virtual stage (its forward starts from the embedding) and the last (ends with the head).
@@ -194,7 +198,10 @@ struct StepBuilder {
     // the embedding (read a word and a position row, write x: 12 T h bytes), or the previous stage's activation
     if (k.model && first_virtual(c)) b.compute(StepOp::embedding, Dir::fwd, m, -1, 0, 0, 12 * T * h);
     if (pipeline && !first_virtual(c)) wait_recv(m, c, true);
-    for (int i = c * per_chunk; i < (c + 1) * per_chunk; ++i) b.compute(StepOp::layer, Dir::fwd, m, i);
+    for (int i = c * per_chunk; i < (c + 1) * per_chunk; ++i) {
+      if (!layer_gathers.empty() && !layer_gathers[size_t(i)].empty()) unpack_layer(i);
+      b.compute(StepOp::layer, Dir::fwd, m, i);
+    }
     if (pipeline && !last_virtual(c)) send(m, c, true);
     if (!k.model || !last_virtual(c)) return;
     std::vector<uint32_t> deps;
@@ -261,17 +268,18 @@ struct StepBuilder {
       const uint32_t opt =
           b.compute(StepOp::optimizer, Dir::fwd, -1, -1, 0, 0, 44 * own + (reduces.empty() ? 6 * k.bf16_weights : 0));
       done = opt;
+      // (--overlap-param-gather: the layers' gathers are the next step's, at its start; the outer bucket's stay here:
+      // the next forward starts with the embedding, and the last stage's tied LM head needs it now)
       std::vector<uint32_t> gathers;
+      double unpacked = 0;
       for (uint32_t r : reduces) {
         const StepTask red = p.tasks[r];
-        const int g = red.bucket == Bucket::dense ? k.dense_group_size : k.expert_group_size;
-        const uint32_t t = b.collective(StepOp::param_gather, Dir::fwd, -1, CollKind::all_gather, red.group, Lane::dp,
-                                        red.bytes / g, {opt}, red.layer);
-        p.tasks[t].bucket = red.bucket;
-        gathers.push_back(t);
+        if (k.overlap_param_gather && red.layer >= 0) continue;
+        gathers.push_back(gather(red, {opt}));
+        unpacked += red.bytes / 4;
       }
       if (!gathers.empty()) {
-        done = b.compute(StepOp::param_unpack, Dir::fwd, -1, -1, 0, 0, 8 * k.params + 6 * k.bf16_weights);
+        done = b.compute(StepOp::param_unpack, Dir::fwd, -1, -1, 0, 0, 8 * unpacked + 6 * k.bf16_weights);
         p.tasks[done].deps = gathers;
       }
     }
@@ -280,7 +288,45 @@ struct StepBuilder {
                    k.tied_bytes, {done});
   }
 
+  // One bucket's all-gather of its updated shards (1/D of what its reduction sent), after `deps`.
+  uint32_t gather(const StepTask& red, std::vector<uint32_t> deps) {
+    const int g = red.bucket == Bucket::dense ? k.dense_group_size : k.expert_group_size;
+    const uint32_t t = b.collective(StepOp::param_gather, Dir::fwd, -1, CollKind::all_gather, red.group, Lane::dp,
+                                    red.bytes / g, std::move(deps), red.layer);
+    p.tasks[t].bucket = red.bucket;
+    return t;
+  }
+
+  // --overlap-param-gather (Megatron: the first bucket's all-gather dispatched as the next step starts, each one
+  // waited for by a forward pre-hook of its layer): the layers' gathers of the previous step's update issued first,
+  // each layer's unpacked right before its first forward, so they run under the forwards of the layers before.
+  void issue_layer_gathers() {
+    if (!k.model || !k.distributed_optimizer || !k.overlap_param_gather) return;
+    layer_gathers.assign(size_t(n), {});
+    for (int i = 0; i < n; ++i)
+      for (Bucket bk : {Bucket::dense, Bucket::expert}) {
+        const double bytes = bucket_bytes(bk == Bucket::dense ? k.layer_dense_bytes : k.layer_expert_bytes, i);
+        const int g = bk == Bucket::dense ? k.dense_group_size : k.expert_group_size;
+        if (g <= 1 || bytes <= 0) continue;  // not reduced, so not sharded (Builder::bucket)
+        StepTask red = Builder::make(StepOp::grad_reduce, Dir::bwd, -1, i);
+        red.bucket = bk;
+        red.bytes = bytes;
+        red.group = bk == Bucket::dense ? comm::GroupKind::dp_cp : comm::GroupKind::edp;
+        layer_gathers[size_t(i)].push_back(gather(red, {}));
+      }
+  }
+  // Waits for layer i's gathers and copies its parameters out (8 bytes each); their bf16 copies are refreshed at
+  // the end of the step's param_unpack as without the overlap (the layer refreshes a stale copy as it runs).
+  void unpack_layer(int i) {
+    const double elements =
+        (bucket_bytes(k.layer_dense_bytes, i) * (k.dense_group_size > 1) +
+         bucket_bytes(k.layer_expert_bytes, i) * (k.expert_group_size > 1)) / 4;
+    const uint32_t u = b.compute(StepOp::param_unpack, Dir::fwd, -1, i, 0, 0, 8 * elements);
+    p.tasks[u].deps = std::exchange(layer_gathers[size_t(i)], {});
+  }
+
   void build() {
+    issue_layer_gathers();
     const std::vector<PipelineStep> order =
         pipeline_order(k.micro_batches, k.pp_size, k.pp_rank, v, k.microbatch_group);
     for (const PipelineStep& s : order)

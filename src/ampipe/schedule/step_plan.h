@@ -16,6 +16,9 @@
 //   grad_finish (waits for every reduction; scale, sums over tp, sums of squares, loss all-reduce) -> optimizer
 //   distributed optimizer: the buckets' reductions are reduce-scatters, and after the optimizer (its shard only)
 //   param_gather of every bucket (in the order of the reductions) -> param_unpack
+//   with --overlap-param-gather (Megatron's: the gathers under the next forward), the layers' param_gather tasks
+//   come first in the step (the previous step's update), a param_unpack of layer i (its parameters copied out)
+//   right before L{i}'s first forward, and only the outer bucket's gather and unpack after the optimizer
 // A reduction over a one-rank group is left out (nothing to reduce).
 //
 // Pipeline parallelism (pp_size P > 1; docs/training.md, "Pipeline parallelism"): this rank's stage runs its layers
@@ -63,6 +66,7 @@ enum class StepOp : uint8_t {
                 // refreshed (unless param_unpack follows)
   param_gather,  // distributed optimizer, collective: a bucket's updated shard packed and all-gathered over its group
   param_unpack,  // distributed optimizer: waits for the gathers, copies the parameters out, refreshes the bf16 copies
+                 // (layer >= 0, --overlap-param-gather: that layer's gathers and parameters only)
   // pipeline parallelism (pp_size > 1)
   pp_recv,     // collective: post the receive of the micro-batch's activation (fwd) or output gradient (bwd)
   pp_wait,     // fwd: wait for the activation, the layers' input (the stage's "embedding"); bwd: wait for the output
@@ -129,6 +133,9 @@ struct StepConfig {
   // this rank's shard (optimizer_params elements; 0: params), the updated shards all-gathered after the step.
   bool distributed_optimizer = false;
   double optimizer_params = 0;
+  // --overlap-param-gather: the layers' buckets gathered at the start of the step (the previous step's update) and
+  // each layer's unpacked before its first forward; only the outer bucket's gather follows the optimizer.
+  bool overlap_param_gather = false;
   // Pipeline parallelism: P stages, this rank's stage; bytes of one micro-batch's activation between stages (its
   // gradient the same); tied embeddings: bytes of the word embedding exchanged between the first and last stage.
   int pp_size = 1, pp_rank = 0;

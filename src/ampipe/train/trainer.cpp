@@ -173,11 +173,11 @@ void Trainer::reduce_bucket(int layer, schedule::Bucket b) {
   });
 }
 
-// The distributed optimizer's gather of one sharded run: this rank's shard packed in place, into its own block of the
-// run in the flat buffer (src(k): piece k's values), and all-gathered over the run; finished by unpack_gathered. param_gather: the updated parameters
-// of a bucket's runs; a checkpoint: the moments of every run.
+// The distributed optimizer's gather of one sharded run: this rank's shard packed in place, into its own block of
+// the run in the flat buffer (src(k): piece k's values), and all-gathered over the run, its event added to `into`.
+// param_gather: the updated parameters of a bucket's runs; a checkpoint: the moments of every run.
 template <class Src>
-void Trainer::gather_run(const GradRun& r, Src&& src, const char* what) {
+void Trainer::gather_run(const GradRun& r, Src&& src, const char* what, std::vector<comm::Event>& into) {
   if (!r.sharded) return;
   Tensor& buf = r.expert ? expert_buf_ : dense_buf_;
   const auto& pieces = layout_.pieces();
@@ -187,23 +187,9 @@ void Trainer::gather_run(const GradRun& r, Src&& src, const char* what) {
     if (p.expert != r.expert || p.shard_at < 0 || at < r.owned_begin() || at >= r.owned_end()) continue;
     std::memcpy(buf.data<float>() + at, src(k), size_t(p.seg.end - p.seg.begin) * 4);
   }
-  pending_.push_back(comm::all_gather(r.expert ? g_.edp : g_.dp_cp, buf.rows(r.owned_begin(), r.owned_end()),
-                                      buf.rows(r.begin, r.padded_end),
-                                      fmt::format("{}.{}.L{}.{}", what, r.expert ? "expert" : "dense", r.layer, r.begin)));
-}
-
-// Waits for the gathers and copies every parameter of a sharded buffer out of it: dst(i) is where parameter i's
-// local elements go.
-template <class Dst>
-void Trainer::unpack_gathered(Dst&& dst) {
-  comm::wait_all(pending_);
-  pending_.clear();
-  auto& ps = model_.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (!layout_.sharded(ps[i].expert)) continue;
-    const Tensor& buf = ps[i].expert ? expert_buf_ : dense_buf_;
-    std::memcpy(dst(i), buf.data<float>() + layout_.offset(i), size_t(ps[i].param.numel()) * 4);
-  }
+  into.push_back(comm::all_gather(r.expert ? g_.edp : g_.dp_cp, buf.rows(r.owned_begin(), r.owned_end()),
+                                  buf.rows(r.begin, r.padded_end),
+                                  fmt::format("{}.{}.L{}.{}", what, r.expert ? "expert" : "dense", r.layer, r.begin)));
 }
 
 // The step Plan of one iteration (schedule/step_plan.h) for this rank: the stack's layer Plans, K micro-batches,
@@ -235,6 +221,7 @@ void Trainer::plan_step() {
   c.dense_group_size = g_.dp_cp.size();
   c.expert_group_size = g_.edp.size();
   c.distributed_optimizer = cfg_.use_distributed_optimizer;
+  c.overlap_param_gather = cfg_.overlap_param_gather;
   c.optimizer_params = double(layout_.owned_elements());
   const PipelineStage& stage = model_.stage();
   c.pp_size = stage.size;
@@ -434,7 +421,7 @@ void Trainer::run_step_task(const schedule::StepTask& t, StepState& s) {
     case StepOp::grad_finish: return finish_gradients(s);
     case StepOp::optimizer: return optimizer_step(s);
     case StepOp::param_gather: return param_gather(t.layer, t.bucket);
-    case StepOp::param_unpack: return param_unpack(s);
+    case StepOp::param_unpack: return param_unpack(t.layer, s);
   }
 }
 
@@ -500,9 +487,14 @@ AdamW Trainer::whole_optimizer_state() {
     auto theirs = [&](size_t i) -> Tensor& { return moment == 0 ? whole.exp_avg(i) : whole.exp_avg_sq(i); };
     for (size_t k = 0; k < pieces.size(); ++k)
       if (pieces[k].shard_at < 0) std::memcpy(theirs(pieces[k].seg.param).raw(), mine(k).raw(), mine(k).nbytes());
+    std::vector<comm::Event> gathers;
     for (const GradRun& r : layout_.runs())
-      gather_run(r, [&](size_t k) { return mine(k).data<float>(); }, moment == 0 ? "ckpt.m" : "ckpt.v");
-    unpack_gathered([&](size_t i) { return theirs(i).data<float>(); });
+      gather_run(r, [&](size_t k) { return mine(k).data<float>(); }, moment == 0 ? "ckpt.m" : "ckpt.v", gathers);
+    comm::wait_all(gathers);
+    for (size_t i = 0; i < ps.size(); ++i)  // every parameter of a sharded buffer, out of it
+      if (layout_.sharded(ps[i].expert))
+        std::memcpy(theirs(i).raw(), (ps[i].expert ? expert_buf_ : dense_buf_).data<float>() + layout_.offset(i),
+                    theirs(i).nbytes());
   }
   return whole;
 }
@@ -527,6 +519,9 @@ void Trainer::optimizer_step(StepState& s) {
     comm::TraceScope trace(comm::Lane::compute, "optimizer (clip, AdamW)");
     opt_.step(model_.params(), st.lr, cfg_.weight_decay, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, clip);
   }
+  // the distributed optimizer updated this rank's shard of every sharded bucket: the others' parts are stale here
+  for (const GradRun& r : layout_.runs())
+    if (r.sharded) stale_.insert({r.layer, r.expert});
   // the bf16 weight copies: once per optimizer step (the distributed optimizer: once the parameters are gathered)
   if (!gathers_params_) {
     model_.stack().weights_changed();
@@ -534,25 +529,56 @@ void Trainer::optimizer_step(StepState& s) {
   }
 }
 
-// The distributed optimizer after its step: every rank's updated shard gathered (param_gather per bucket), then the
-// parameters copied out of the flat buffers (param_unpack).
+// The distributed optimizer after its step: every rank's updated shard gathered (param_gather per bucket, right
+// after the step, or with --overlap-param-gather the layers' at the start of the next), then the parameters copied
+// out of the flat buffers (param_unpack: all at once, or each layer's before its first forward).
 void Trainer::param_gather(int layer, schedule::Bucket b) {
+  const bool expert = b == schedule::Bucket::expert;
+  if (stale_.erase({layer, expert}) == 0) return;  // the first step, or gathered since (sync_params)
   const auto& pieces = layout_.pieces();
   auto& ps = model_.params();
+  std::vector<comm::Event>& into = param_gathers_[{layer, expert}];
   for (const GradRun& r : layout_.runs())
-    if (r.layer == layer && r.expert == (b == schedule::Bucket::expert))
+    if (r.layer == layer && r.expert == expert)
       gather_run(r, [&](size_t k) { return ps[pieces[k].seg.param].param.data<float>() + pieces[k].seg.begin; },
-                 "param.gather");
+                 "param.gather", into);
 }
 
-void Trainer::param_unpack(StepState& s) {
-  {
-    comm::TraceScope trace(comm::Lane::compute, "param.unpack (wait for the gathers, copy)");
-    auto& ps = model_.params();
-    unpack_gathered([&](size_t i) { return ps[i].param.data<float>(); });
+void Trainer::unpack_params(int layer) {
+  auto& ps = model_.params();
+  for (auto it = param_gathers_.begin(); it != param_gathers_.end();) {
+    const auto [l, expert] = it->first;
+    if (layer >= 0 && l != layer) {
+      ++it;
+      continue;
+    }
+    comm::wait_all(it->second);
+    const Tensor& buf = expert ? expert_buf_ : dense_buf_;
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (layer_of_[i] == l && ps[i].expert == expert)
+        std::memcpy(ps[i].param.raw(), buf.data<float>() + layout_.offset(i), ps[i].param.nbytes());
+    if (l >= 0) model_.stack().params(l);  // the layer's bf16 copies refreshed as it next runs
+    it = param_gathers_.erase(it);
   }
+}
+
+void Trainer::param_unpack(int layer, StepState& s) {
+  {
+    comm::TraceScope trace(comm::Lane::compute, layer >= 0 ? "param.unpack (the layer's gathers)"
+                                                           : "param.unpack (wait for the gathers, copy)");
+    unpack_params(layer);
+  }
+  if (layer >= 0) return;
   model_.stack().weights_changed();
   s.st.optim_ms = ms_since(s.t_opt);
+}
+
+void Trainer::sync_params() {
+  if (stale_.empty() && param_gathers_.empty()) return;
+  for (const auto& [layer, expert] : std::set<std::pair<int, bool>>(stale_))
+    param_gather(layer, expert ? schedule::Bucket::expert : schedule::Bucket::dense);
+  unpack_params(-1);
+  model_.stack().weights_changed();
 }
 
 IterationStats Trainer::train_step() {
@@ -585,6 +611,7 @@ int64_t Trainer::test_eval_iters() const { return std::min(cfg_.eval_iters, data
 double Trainer::evaluate(bool test) {
   const int64_t iters = test ? test_eval_iters() : cfg_.eval_iters;
   AMPIPE_CHECK(iters > 0, "evaluate: no global batch to evaluate");
+  sync_params();
   if (g_.pp.size() > 1) return evaluate_pipeline(test, iters);
   double sum = 0;
   for (int64_t e = 0; e < iters; ++e)
@@ -600,6 +627,7 @@ double Trainer::evaluate(bool test) {
 }
 
 std::map<std::string, Tensor> Trainer::full_params() {
+  sync_params();
   std::map<std::string, Tensor> out;
   for (NamedParam& p : model_.params()) out[p.name] = full_tensor(p.param, p, cfg_.layer, g_, "full." + p.name).clone();
   for (const auto& [name, t] : model_.buffers()) out[name] = t.clone();  // whole on every rank
@@ -627,6 +655,7 @@ int64_t Trainer::maybe_load() {
 }
 
 void Trainer::save(int64_t iteration) {
+  sync_params();
   CheckpointMeta meta;
   meta.iteration = iteration;
   meta.consumed_samples = consumed_;
@@ -969,6 +998,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
                     std::exp(vl)));
     evaluate_test(res, say);
   }
+  sync_params();  // the model whole for whoever reads it next
   if (tb_) tb_->flush();
   comm::Trace::clear();
   comm::Trace::set_enabled(false);

@@ -20,8 +20,10 @@
 #include <cstdio>
 #include <functional>
 #include <map>
-#include <tuple>
 #include <memory>
+#include <set>
+#include <tuple>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -146,12 +148,16 @@ class Trainer {
   void for_bucket_runs(int layer, schedule::Bucket b, F&& f);
   // The distributed optimizer (grad_layout.h): gathers of sharded runs, the parameters after the step, and the
   // whole optimizer state for checkpoints.
+  // gather_run: one run's gather, its event added to `into`; param_gather: a bucket's updated parameters, if the
+  // optimizer changed them since their last gather; param_unpack / unpack_params: waits for the gathers of a layer
+  // (-1: of every bucket in flight) and copies its parameters out; sync_params: every parameter whole again (before
+  // anything outside the step reads them: --overlap-param-gather leaves the layers' gathers to the next step).
   template <class Src>
-  void gather_run(const GradRun& r, Src&& src, const char* what);
-  template <class Dst>
-  void unpack_gathered(Dst&& dst);
+  void gather_run(const GradRun& r, Src&& src, const char* what, std::vector<comm::Event>& into);
   void param_gather(int layer, schedule::Bucket b);
-  void param_unpack(StepState& s);
+  void param_unpack(int layer, StepState& s);
+  void unpack_params(int layer);
+  void sync_params();
   AdamW whole_optimizer_state();
   void take_optimizer_state(AdamW& whole);
   void pack_bucket(int layer, schedule::Bucket b);
@@ -183,6 +189,8 @@ class Trainer {
   GradLayout layout_;  // the flat buffers' runs and this rank's shards
   Tensor dense_buf_, expert_buf_;
   bool gathers_params_ = false;        // the step Plan gathers the parameters after the optimizer (param_unpack)
+  std::set<std::pair<int, bool>> stale_;  // (layer, expert) buckets updated by the optimizer and not yet gathered
+  std::map<std::pair<int, bool>, std::vector<comm::Event>> param_gathers_;  // gathered, not yet unpacked
   Tensor scalars_;  // [2] the step's few all-reduced scalars (losses, norms), allocated once
   std::vector<int> layer_of_;    // per parameter: the block it belongs to ("layers.{i}."), -1 for the others
   std::vector<comm::Event> pending_;  // reductions in flight
