@@ -650,6 +650,16 @@ TEST(Profile, LoadsIgnoresUnknownKeysAndRoundTrips) {
   EXPECT_EQ(l.fp32.gemm_peak_tflops, 62.5);
   EXPECT_EQ(l.fp32.attention_fwd_tflops, 45);
   EXPECT_EQ(l.fp32.gemm_half_rate_dim, 256);
+  EXPECT_EQ(l.device_memory_gib, 0);  // not given: memory is not checked
+  EXPECT_EQ(l.memory_reserve_gib, 0);
+  // The device memory and the framework's reserve round-trip.
+  Profile mem = l;
+  mem.device_memory_gib = 64;
+  mem.memory_reserve_gib = 2.98;
+  save_profile(mem, out);
+  const Profile mb = load_profile(out);
+  EXPECT_EQ(mb.device_memory_gib, 64);
+  EXPECT_EQ(mb.memory_reserve_gib, 2.98);
   std::filesystem::remove(path);
   std::filesystem::remove(out);
 }
@@ -698,6 +708,14 @@ TEST(Profile, BadProfilesNameTheFileAndTheField) {  // (h)
                                 R"("other": {"gemm_peak_tflops": 60.0, "gemm_half_rate_dim": 128,)");
   m = load_error(no_fp32, "no_fp32.json");
   EXPECT_NE(m.find(": field compute.fp32 is missing"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("devices_per_node": 8)", R"("devices_per_node": 8, "device_memory_gib": 0)"),
+                 "memory.json");
+  EXPECT_NE(m.find(": field device_memory_gib is 0: it must be a positive number"), std::string::npos) << m;
+  m = load_error(replace(kGoodProfile, R"("devices_per_node": 8)",
+                         R"("devices_per_node": 8, "device_memory_gib": 4, "memory_reserve_gib": 4)"),
+                 "reserve.json");
+  EXPECT_NE(m.find(": field memory_reserve_gib is 4: it must be less than device_memory_gib 4"), std::string::npos)
+      << m;
 }
 
 TEST(Profile, ShippedProfilesLoad) {
@@ -709,6 +727,8 @@ TEST(Profile, ShippedProfilesLoad) {
     EXPECT_EQ(p.links.count("inter"), 1u) << name;
     EXPECT_GT(p.bf16.gemm_peak_tflops, p.fp32.gemm_peak_tflops) << name;
     EXPECT_FALSE(p.source.empty()) << name;
+    EXPECT_GT(p.device_memory_gib, p.memory_reserve_gib) << name;
+    EXPECT_GT(p.memory_reserve_gib, 0) << name;
     // A real Plan runs on it.
     model::LayerConfig cfg = small_config(2);
     cfg.bf16 = true;

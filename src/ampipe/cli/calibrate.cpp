@@ -52,6 +52,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/attention.h"
 #include "ampipe/kernels/dropout.h"
@@ -466,6 +467,11 @@ sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& na
     std::fflush(stdout);
   }
 
+  // Memory: what this host can still give each rank, and what a rank holds before it allocates anything (code, MPI:
+  // the "process now" part of ampipe train's memory banner, the framework's reserve here).
+  const core::HostMemory avail = core::available_memory();
+  const int64_t rss_start = core::current_rss_bytes();
+
   // Compute: every rank at once (as in training), rank 0's numbers are kept.
   comm::barrier_sync(groups.world, "calibrate.compute");
   const std::vector<GemmPoint> g16 = measure_gemm(DType::bf16), g32 = measure_gemm(DType::f32);
@@ -499,6 +505,10 @@ sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& na
   p.task_overhead_us = r4(ov.us);
   p.compute_slowdown_during_comm = r4(sd.fraction);
   p.links["intra"] = {r4(link.latency_us), r4(link.gbps)};
+  if (avail.bytes > 0) {
+    p.device_memory_gib = r4(double(avail.bytes) / double(g) / double(1 << 30));
+    p.memory_reserve_gib = r4(std::max<double>(0, double(rss_start)) / double(1 << 30));
+  }
   p.source = fmt::format(
       "ampipe calibrate on {} ({}), {} rank(s) x {}, load average {} at start; medians of 3+ repetitions (wall "
       "time). GEMM: kernels::gemm fp32 output at smallest dimension d 64..512 (skinny) and 1024, 2048 (square), "
@@ -506,7 +516,8 @@ sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& na
       "backward, s 2048 h 1024 8 heads causal, causal_attention_flops / time. Element-wise: layernorm_forward and "
       "dropout_add_forward (p 0.1) on [8192, 1024] fp32, bytes read+written / time. Task overhead: a tiny layer "
       "(s 64 h 64 E 4) through schedule::LayerStack, (step at degree 8 - step at degree 1) / {} extra compute tasks "
-      "({:.3f} vs {:.3f} ms). Slowdown: {}. Link intra: {}.",
+      "({:.3f} vs {:.3f} ms). Slowdown: {}. Link intra: {}. Memory: {} per rank ({} at start / {} ranks), of "
+      "which the reserve is a rank's resident set before calibrate allocated anything.",
       cpu.empty() ? "unknown CPU" : cpu, host, g, threads, load.substr(0, load.find(' ')), ov.extra_tasks,
       ov.step8_ms, ov.step1_ms,
       g > 1 ? fmt::format("fp32 1024^3 GEMM loop {:.1f} ms alone, {:.1f} ms while {} all-to-alls of 16 MiB per rank "
@@ -518,7 +529,9 @@ sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& na
                           "t = latency + off-rank bytes / bandwidth: bandwidth from a least-squares slope over the sizes >= 1 MiB, latency from the smallest size",
                           g, link_pts.front().bytes / 1024, link_pts.back().bytes / 1024)
             : "NOT a link: one rank, so a local memcpy of 1 KiB .. 64 MiB stands in (a shared-memory copy rate); run "
-              "under mpirun -np 2 or more to measure the all-to-all");
+              "under mpirun -np 2 or more to measure the all-to-all",
+      avail.bytes > 0 ? core::format_bytes(double(avail.bytes) / g) : std::string("not read"),
+      avail.bytes > 0 ? avail.source : std::string("nothing readable"), g);
 
   if (!summary || !rank0) return p;
   fmt::print("  {:<22}", "GEMM TFLOP/s at d:");

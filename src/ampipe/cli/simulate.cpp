@@ -24,6 +24,9 @@
 //   costs          the step tasks' closed forms (docs/plan.md): LM head GEMMs 2*T*h*V forward, 4*T*h*V backward at
 //                  the fp32 rate, element-wise bytes at elementwise_gbps; RoPE (not in the engine's layer Plans yet)
 //                  added per micro-batch
+// Memory per device (cli/device_memory.h): every stage's peak from the trainer's own estimate plus the profile's
+// framework reserve, against its device memory; the fastest degree that fits is chosen, auto skips the others and
+// refuses when none fits, naming the setting that would (docs/simulator.md, "Memory per device").
 // Link classes: the EP group spans nodes iff K > 1 and ep > W/K (EP groups are ep consecutive data-parallel ranks,
 // comm/layout.h); the data-parallel all-reduce spans nodes iff K > 1.
 //
@@ -47,9 +50,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ampipe/cli/device_memory.h"
 #include "ampipe/cli/flag_registry.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/host_memory.h"
 #include "ampipe/core/output_file.h"
 #include "ampipe/schedule/model_step.h"
 #include "ampipe/schedule/plan.h"
@@ -128,6 +133,7 @@ struct Prediction {
   double tflops_engine = 0, tflops_megatron = 0, megatron_flops = 0, flops_engine = 0;
   // pipeline stages: the 1F1B timeline (sim::simulate_pipeline); step and sim are the slowest stage's alone
   std::optional<sim::PipelineSim> pipeline;
+  DeviceMemory memory;  // every stage's peak against the profile's device memory
 };
 
 std::string ms(double s) { return fmt::format("{:.2f}", 1e3 * s); }
@@ -218,7 +224,7 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
 
 void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
                        const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
-                       const Prediction& best, const Prediction& ref) {
+                       const Prediction& best, const Prediction& ref, const std::string& fits_with) {
   const model::LayerConfig& l = cfg.layer;
   const sim::SimOptions& o = lay.opts;
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
@@ -284,9 +290,40 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
     }
     fmt::print("  degree {} exposed/alone ms by communication: {}\n", p.M, line);
   }
-  fmt::print("chosen: degree {} ({} ms per iteration{})\n", best.M, ms(best.step_s),
-             &best == &ref ? "" : fmt::format(", {:.3f}x degree {}", ref.step_s / best.step_s, ref.M));
+  // Memory per device: the trainer's estimate of the largest stage, the framework's reserve, the device's memory.
+  for (const Prediction& p : preds) {
+    fmt::print("  degree {} memory per device: {}\n", p.M, p.memory.describe());
+    if (p.memory.stages.size() > 1) {
+      std::string per;
+      for (size_t q = 0; q < p.memory.stages.size(); ++q)
+        per += fmt::format("{}{}", q ? ", " : "", core::format_bytes(double(p.memory.stages[q].total())));
+      fmt::print("    per stage (before the reserve): {}\n", per);
+    }
+  }
+  if (!best.memory.fits())
+    fmt::print("  no degree fits in {} per device: {}\n", core::format_bytes(double(best.memory.device_bytes)),
+               fits_with.empty() ? "neither the distributed optimizer, full recomputation nor up to 8x the pipeline "
+                                   "stages make it fit"
+                                 : "it would fit with " + fits_with);
+  fmt::print("chosen: degree {} ({} ms per iteration{}){}\n", best.M, ms(best.step_s),
+             &best == &ref ? "" : fmt::format(", {:.3f}x degree {}", ref.step_s / best.step_s, ref.M),
+             best.memory.fits() ? "" : ", does NOT fit in memory");
   if (!cfg.trace.empty()) fmt::print("wrote {} (degree {}: the whole iteration)\n", cfg.trace, best.M);
+}
+
+nlohmann::json memory_json(const DeviceMemory& m) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const schedule::MemoryEstimate& e : m.stages) {
+    nlohmann::json parts = nlohmann::json::object();
+    for (const schedule::MemoryEstimate::Part& part : e.parts) parts[part.name] = part.bytes;
+    stages.push_back({{"bytes", e.total()}, {"parts", parts}});
+  }
+  return {{"stages", stages},
+          {"largest_stage", m.largest},
+          {"reserve_bytes", m.reserve_bytes},
+          {"peak_bytes", m.peak_bytes()},
+          {"device_bytes", m.device_bytes},  // 0: the profile gives none
+          {"fits", m.fits()}};
 }
 
 void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
@@ -317,7 +354,8 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"speedup", ref.step_s / p.step_s},
                        {"flops_engine", p.flops_engine},
                        {"comm_by_stage_s", p.sim.comm_by_stage_s},
-                       {"exposed_by_stage_s", p.sim.exposed_by_stage_s}});
+                       {"exposed_by_stage_s", p.sim.exposed_by_stage_s},
+                       {"memory", memory_json(p.memory)}});
   }
   nlohmann::json doc{{"configs", configs},
                      {"chosen_degree", best.M},
@@ -435,10 +473,48 @@ int run_simulate(SimulateArgs& a) {
   // ---- the step Plan per degree, costed ----
   const Layout lay = layout_of(cfg, W, K);
   std::vector<Prediction> preds;
-  for (int M : valid) preds.push_back(predict(cfg, lay, M, prof));
+  for (int M : valid) {
+    preds.push_back(predict(cfg, lay, M, prof));
+    train::TrainConfig c = cfg;
+    c.ampipe_degree = M;
+    preds.back().memory = device_memory(c, W, prof);
+  }
+  // auto chooses among the degrees that fit in the device's memory; when none does, it refuses and says what would
+  auto at_degree = [&](int M) {
+    train::TrainConfig c = cfg;
+    c.ampipe_degree = M;
+    return c;
+  };
+  if (given.is_auto) {
+    std::vector<Prediction> fit;
+    const Prediction* least = &preds[0];
+    for (const Prediction& p : preds)
+      if (p.memory.peak_bytes() < least->memory.peak_bytes()) least = &p;
+    for (Prediction& p : preds) {
+      if (p.memory.fits())
+        fit.push_back(std::move(p));
+      else
+        skipped.push_back(fmt::format("degree {}: needs {} per device, more than the {} of --profile {}", p.M,
+                                      core::format_bytes(double(p.memory.peak_bytes())),
+                                      core::format_bytes(double(p.memory.device_bytes)), a.profile_file));
+    }
+    if (fit.empty()) {
+      const std::string with = setting_that_fits(at_degree(least->M), W, prof);
+      throw ConfigError(fmt::format(
+          "--ampipe-degree auto: no degree fits in the {} per device of --profile {}: the least is degree {}, {}; {}",
+          core::format_bytes(double(least->memory.device_bytes)), a.profile_file, least->M,
+          least->memory.describe(),
+          with.empty() ? "neither the distributed optimizer, full recomputation nor up to 8x the pipeline stages "
+                         "make it fit"
+                       : "it would fit with " + with));
+    }
+    preds = std::move(fit);
+  }
   const Prediction* best = &preds[0];
   for (const Prediction& p : preds)
-    if (p.step_s < best->step_s) best = &p;
+    if (p.memory.fits() > best->memory.fits() ||
+        (p.memory.fits() == best->memory.fits() && p.step_s < best->step_s))
+      best = &p;
   const Prediction* ref = &preds[0];
   for (const Prediction& p : preds)
     if (p.M == 1) ref = &p;
@@ -446,7 +522,8 @@ int run_simulate(SimulateArgs& a) {
   if (!rank0) return 0;
   if (!cfg.trace.empty()) sim::write_chrome_trace(best->sim, cfg.trace);
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
-  print_predictions(cfg, lay, prof, skipped, preds, *best, *ref);
+  const std::string fits_with = best->memory.fits() ? "" : setting_that_fits(at_degree(best->M), W, prof);
+  print_predictions(cfg, lay, prof, skipped, preds, *best, *ref, fits_with);
   if (!a.json_file.empty()) write_json(a, cfg, lay, prof, skipped, preds, *best, *ref);
   return 0;
 }

@@ -143,6 +143,13 @@ Profile parse_profile(const std::string& text, const std::string& where) {
   p.task_overhead_us = rd.number(j, "task_overhead_us", "");
   if (j.contains("compute_slowdown_during_comm"))
     p.compute_slowdown_during_comm = rd.number(j, "compute_slowdown_during_comm", "", /*allow_zero=*/true);
+  if (j.contains("device_memory_gib")) p.device_memory_gib = rd.number(j, "device_memory_gib", "");
+  if (j.contains("memory_reserve_gib")) {
+    p.memory_reserve_gib = rd.number(j, "memory_reserve_gib", "", /*allow_zero=*/true);
+    if (p.device_memory_gib > 0 && p.memory_reserve_gib >= p.device_memory_gib)
+      rd.fail("memory_reserve_gib", fmt::format("is {}: it must be less than device_memory_gib {}",
+                                                p.memory_reserve_gib, p.device_memory_gib));
+  }
 
   const json& links = rd.object(j, "links", "links");
   p.links[kIntra] = rd.link(rd.object(links, kIntra, "links.intra"), "links.intra");
@@ -176,6 +183,10 @@ std::string profile_json(const Profile& p) {
             {"task_overhead_us", p.task_overhead_us},
             {"compute_slowdown_during_comm", p.compute_slowdown_during_comm},
             {"links", links}};
+  if (p.device_memory_gib > 0) {
+    j["device_memory_gib"] = p.device_memory_gib;
+    j["memory_reserve_gib"] = p.memory_reserve_gib;
+  }
   return j.dump(2) + "\n";
 }
 

@@ -15,6 +15,9 @@
 //     "elementwise_gbps": 1300.0,                   memory bandwidth element-wise stages reach (GB/s, 1e9 B/s)
 //     "task_overhead_us": 20.0,                     fixed cost of every compute task (launch, bookkeeping)
 //     "compute_slowdown_during_comm": 0.0,          compute runs this fraction slower while a collective is in flight
+//     "device_memory_gib": 64.0,                    memory of one device (GiB, 2^30 B) that a training process can use
+//     "memory_reserve_gib": 2.0,                    of which the framework keeps for itself (runtime context, the
+//                                                   collectives' buffers, the allocator's fragmentation)
 //     "links": {                                    per link class, per device and direction
 //       "intra": {"latency_us": 5.0, "gbps": 130.0},  between devices of one node
 //       "inter": {"latency_us": 20.0, "gbps": 17.5}   between nodes
@@ -22,7 +25,8 @@
 //   }
 //
 // Every number is required (a missing or non-positive one is a ConfigError naming the file and the field), except
-// compute_slowdown_during_comm (default 0, may be 0), "links.inter" (a one-node machine) and "fp32" (default:
+// compute_slowdown_during_comm (default 0, may be 0), device_memory_gib (absent: memory is not checked),
+// memory_reserve_gib (default 0, may be 0), "links.inter" (a one-node machine) and "fp32" (default:
 // "bf16" with its three rates scaled by "compute.fp32_over_bf16", when that is given). Other keys ("source",
 // "_sources", comments) are ignored.
 #pragma once
@@ -54,6 +58,8 @@ struct Profile {
   double elementwise_gbps = 0;
   double task_overhead_us = 0;
   double compute_slowdown_during_comm = 0;
+  double device_memory_gib = 0;   // 0: not given (the simulator then does not check memory)
+  double memory_reserve_gib = 0;  // the framework's own share of it
   std::map<std::string, LinkClass> links;  // "intra", "inter" (a one-node machine may give only "intra")
 
   const ComputeRates& rates(DType dt) const { return dt == DType::bf16 ? bf16 : fp32; }
