@@ -8,8 +8,10 @@
 // (TrainConfig::validate for W devices), except that --ampipe-degree takes a comma list or `auto` (every degree of
 // {1, 2, 4, 8, 16} that divides s) and --trace writes the predicted timeline. Flags that do not change the
 // iteration's time (--data-path, --save, --load, --train-iters, ...) are checked as train checks them and otherwise
-// not used: simulate reads no data, so the vocabulary is --vocab-size (default 256, the bundled corpus's bytes),
-// padded as train pads it (--make-vocab-size-divisible-by x tp, or --padded-vocab-size: train/vocab_size.h), V below.
+// not used: simulate reads no data, so the vocabulary is the tokenizer's (--tokenizer-type with its files, as train
+// reads it; --vocab-size stands in when they cannot be read here), else --vocab-size (default 256, the bundled
+// corpus's bytes), padded as train pads it (--make-vocab-size-divisible-by x tp, or --padded-vocab-size:
+// train/vocab_size.h), V below.
 // Degrees that the rules refuse (e.g. > 1 without --use-flash-attn, or the pipe-experts rules) are skipped with
 // their reason; rules that no degree can satisfy fail the command.
 //
@@ -61,6 +63,7 @@
 #include "ampipe/sim/profile.h"
 #include "ampipe/sim/simulator.h"
 #include "ampipe/train/text_data.h"
+#include "ampipe/train/tokenizer.h"
 #include "ampipe/train/vocab_size.h"
 
 namespace ampipe::cli {
@@ -400,11 +403,31 @@ int run_simulate(SimulateArgs& a) {
   const int W = a.world_size > 0 ? a.world_size : (comm::Runtime::exists() ? comm::Runtime::current().size() : 1);
   if (a.world_size < 0) throw ConfigError(fmt::format("--world-size {} is invalid: it must be >= 1", a.world_size));
   if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
-  {  // the vocabulary: --vocab-size (no data: default the bundled corpus's 256 bytes), padded as train pads it
+  {  // the vocabulary: the tokenizer's (as train), else --vocab-size (no data: default the bundled corpus's 256
+     // bytes), padded as train pads it
     train::DataVocab need;
     need.ids = cfg.vocab_size > 0 ? cfg.vocab_size : train::kVocabSize;
     need.source = cfg.vocab_size > 0 ? "--vocab-size" : "simulate reads no data: the bundled corpus's bytes";
-    (void)train::size_vocabulary(cfg, need);
+    if (!cfg.tokenizer_type.empty()) {
+      try {
+        const std::unique_ptr<train::Tokenizer> tok =
+            train::make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file);
+        need.ids = tok->vocab_size();
+        need.source = "the tokenizer is " + tok->describe();
+        need.tokenizer = true;
+        need.tokenizer_type = cfg.tokenizer_type;
+      } catch (const ConfigError& e) {
+        if (cfg.vocab_size <= 0)
+          throw ConfigError(fmt::format("{} (simulate takes the vocabulary from the tokenizer: make its file "
+                                        "readable here, or give --vocab-size)",
+                                        e.what()));
+        a.train.layer.notices.push_back(fmt::format("the tokenizer cannot be read here ({}): --vocab-size {} stands "
+                                                    "in for its vocabulary",
+                                                    e.what(), cfg.vocab_size));
+      }
+    }
+    const train::VocabSizing v = train::size_vocabulary(cfg, need);
+    for (const std::string& n : v.notes) a.train.layer.notices.push_back(n);
   }
   if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
     throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
