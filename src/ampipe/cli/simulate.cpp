@@ -137,7 +137,52 @@ struct Prediction {
   // pipeline stages: the 1F1B timeline (sim::simulate_pipeline); step and sim are the slowest stage's alone
   std::optional<sim::PipelineSim> pipeline;
   DeviceMemory memory;  // every stage's peak against the profile's device memory
+  std::string setting;  // --ampipe-degree auto: the pipe-experts and tp-sp overlap flags it was costed with
+  int weighed = 1;      // auto: the settings weighed at this degree
 };
+
+// --ampipe-degree auto weighs the whole setting at each degree (docs/simulator.md, "auto"): the given flags, then
+// pipe-experts off or on with N of {1, 2, 4, 8} slices, with and without multi-stream, each with and without the
+// tp-sp overlap; every one that the rules accept (TrainConfig::validate) and that has something to pipeline.
+std::string setting_flags(const train::TrainConfig& c) {
+  const model::LayerConfig& l = c.layer;
+  std::string s = l.use_pipe_experts ? fmt::format("--use-pipe-experts --pipe-experts-multi-data {}{}",
+                                                   l.pipe_experts_multi_data,
+                                                   l.pipe_experts_multi_stream ? " --pipe-experts-multi-stream" : "")
+                                     : std::string("no pipe-experts");
+  if (l.sp()) s += l.ampipe_tp_sp_comm_overlap ? ", --ampipe-tp-sp-comm-overlap" : ", no tp-sp overlap";
+  return s;
+}
+
+std::vector<train::TrainConfig> auto_settings(const train::TrainConfig& cfg, int M, int W) {
+  std::vector<train::TrainConfig> out;
+  auto add = [&](train::TrainConfig c) {
+    c.ampipe_degree = M;
+    try {
+      c.validate(W);
+    } catch (const ConfigError&) {
+      return;  // a rule this setting breaks at this degree
+    }
+    if (!c.drop_idle_pipe_experts().empty()) return;  // nothing to pipeline: the same as without
+    for (const train::TrainConfig& o : out)
+      if (setting_flags(o) == setting_flags(c)) return;
+    out.push_back(std::move(c));
+  };
+  add(cfg);
+  for (bool overlap : {false, true})
+    for (bool pipe : {false, true})
+      for (int N : {1, 2, 4, 8})
+        for (bool stream : {false, true}) {
+          if (!pipe && (N > 1 || stream)) continue;
+          train::TrainConfig c = cfg;
+          c.layer.use_pipe_experts = pipe;
+          c.layer.pipe_experts_multi_data = N;
+          c.layer.pipe_experts_multi_stream = stream;
+          c.layer.ampipe_tp_sp_comm_overlap = overlap;
+          add(std::move(c));
+        }
+  return out;
+}
 
 std::string ms(double s) { return fmt::format("{:.2f}", 1e3 * s); }
 
@@ -227,7 +272,8 @@ Prediction predict(const train::TrainConfig& cfg, const Layout& lay, int M, cons
 
 void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
                        const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
-                       const Prediction& best, const Prediction& ref, const std::string& fits_with) {
+                       const Prediction& best, const Prediction& ref, const std::string& fits_with,
+                       bool is_auto, const Prediction* runner_up) {
   const model::LayerConfig& l = cfg.layer;
   const sim::SimOptions& o = lay.opts;
   const bool swiglu = l.expert == model::ExpertKind::swiglu;
@@ -308,9 +354,17 @@ void print_predictions(const train::TrainConfig& cfg, const Layout& lay, const s
                fits_with.empty() ? "neither the distributed optimizer, full recomputation nor up to 8x the pipeline "
                                    "stages make it fit"
                                  : "it would fit with " + fits_with);
-  fmt::print("chosen: degree {} ({} ms per iteration{}){}\n", best.M, ms(best.step_s),
+  if (is_auto)
+    for (const Prediction& p : preds)
+      fmt::print("  degree {} setting: {} (the fastest of {} weighed)\n", p.M, p.setting, p.weighed);
+  fmt::print("chosen: degree {}{} ({} ms per iteration{}){}\n", best.M, is_auto ? ", " + best.setting : "",
+             ms(best.step_s),
              &best == &ref ? "" : fmt::format(", {:.3f}x degree {}", ref.step_s / best.step_s, ref.M),
              best.memory.fits() ? "" : ", does NOT fit in memory");
+  if (runner_up)
+    fmt::print("runner-up: degree {}, {} ({} ms per iteration: {:+.2f} ms, {:+.2f}% against the chosen)\n",
+               runner_up->M, runner_up->setting, ms(runner_up->step_s), 1e3 * (runner_up->step_s - best.step_s),
+               100.0 * (runner_up->step_s / best.step_s - 1.0));
   if (!cfg.trace.empty()) fmt::print("wrote {} (degree {}: the whole iteration)\n", cfg.trace, best.M);
 }
 
@@ -331,7 +385,7 @@ nlohmann::json memory_json(const DeviceMemory& m) {
 
 void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layout& lay, const sim::Profile& prof,
                 const std::vector<std::string>& skipped, const std::vector<Prediction>& preds,
-                const Prediction& best, const Prediction& ref) {
+                const Prediction& best, const Prediction& ref, const Prediction* runner_up) {
   const model::LayerConfig& l = cfg.layer;
   nlohmann::json configs = nlohmann::json::array();
   for (const Prediction& p : preds) {
@@ -358,10 +412,17 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
                        {"flops_engine", p.flops_engine},
                        {"comm_by_stage_s", p.sim.comm_by_stage_s},
                        {"exposed_by_stage_s", p.sim.exposed_by_stage_s},
-                       {"memory", memory_json(p.memory)}});
+                       {"memory", memory_json(p.memory)},
+                       {"setting", p.setting},
+                       {"settings_weighed", p.weighed}});
   }
   nlohmann::json doc{{"configs", configs},
                      {"chosen_degree", best.M},
+                     {"chosen_setting", best.setting},
+                     {"runner_up", runner_up ? nlohmann::json{{"ampipe_degree", runner_up->M},
+                                                              {"setting", runner_up->setting},
+                                                              {"step_s", runner_up->step_s}}
+                                             : nlohmann::json()},
                      {"profile", prof.name},
                      {"profile_file", a.profile_file},
                      {"compute_efficiency", a.compute_efficiency},
@@ -496,11 +557,31 @@ int run_simulate(SimulateArgs& a) {
   // ---- the step Plan per degree, costed ----
   const Layout lay = layout_of(cfg, W, K);
   std::vector<Prediction> preds;
+  std::vector<Prediction> others;  // auto: every other setting that fits, for the runner-up
   for (int M : valid) {
-    preds.push_back(predict(cfg, lay, M, prof));
-    train::TrainConfig c = cfg;
-    c.ampipe_degree = M;
-    preds.back().memory = device_memory(c, W, prof);
+    train::TrainConfig given_at_m = cfg;
+    given_at_m.ampipe_degree = M;
+    const std::vector<train::TrainConfig> settings =
+        given.is_auto ? auto_settings(cfg, M, W) : std::vector<train::TrainConfig>{given_at_m};
+    std::vector<Prediction> at_m;
+    for (const train::TrainConfig& c : settings) {
+      at_m.push_back(predict(c, lay, M, prof));
+      at_m.back().memory = device_memory(c, W, prof);
+      at_m.back().setting = setting_flags(c);
+    }
+    // the fastest that fits, else the one needing the least memory
+    size_t pick = 0;
+    for (size_t i = 1; i < at_m.size(); ++i) {
+      const Prediction &p = at_m[i], &q = at_m[pick];
+      if (p.memory.fits() != q.memory.fits() ? p.memory.fits()
+          : p.memory.fits()                  ? p.step_s < q.step_s
+                                             : p.memory.peak_bytes() < q.memory.peak_bytes())
+        pick = i;
+    }
+    for (size_t i = 0; i < at_m.size(); ++i)
+      if (i != pick && at_m[i].memory.fits()) others.push_back(std::move(at_m[i]));
+    preds.push_back(std::move(at_m[pick]));
+    preds.back().weighed = int(settings.size());
   }
   // auto chooses among the degrees that fit in the device's memory; when none does, it refuses and says what would
   auto at_degree = [&](int M) {
@@ -541,13 +622,20 @@ int run_simulate(SimulateArgs& a) {
   const Prediction* ref = &preds[0];
   for (const Prediction& p : preds)
     if (p.M == 1) ref = &p;
+  // auto: the next fastest setting that fits, at any degree
+  const Prediction* runner_up = nullptr;
+  if (given.is_auto) {
+    for (const std::vector<Prediction>* v : {&preds, &others})
+      for (const Prediction& p : *v)
+        if (&p != best && p.memory.fits() && (!runner_up || p.step_s < runner_up->step_s)) runner_up = &p;
+  }
 
   if (!rank0) return 0;
   if (!cfg.trace.empty()) sim::write_chrome_trace(best->sim, cfg.trace);
   for (const std::string& n : a.train.layer.notices) fmt::print(stderr, "ampipe: note: {}\n", n);
   const std::string fits_with = best->memory.fits() ? "" : setting_that_fits(at_degree(best->M), W, prof);
-  print_predictions(cfg, lay, prof, skipped, preds, *best, *ref, fits_with);
-  if (!a.json_file.empty()) write_json(a, cfg, lay, prof, skipped, preds, *best, *ref);
+  print_predictions(cfg, lay, prof, skipped, preds, *best, *ref, fits_with, given.is_auto, runner_up);
+  if (!a.json_file.empty()) write_json(a, cfg, lay, prof, skipped, preds, *best, *ref, runner_up);
   return 0;
 }
 
