@@ -907,6 +907,9 @@ void add_layer_command_flags(std::vector<FlagSpec>& v) {
   v.push_back(flag("--num-virtual-stages-per-pipeline-rank", kPlan, kGroupParallel, G::integer,
                    "with --step: model chunks per pipeline stage, run in Megatron's interleaved schedule",
                    AT(plan->num_virtual_stages_per_pipeline_rank)));
+  v.push_back(flag("--microbatch-group-size-per-virtual-pipeline-stage", kPlan, kGroupParallel, G::integer,
+                   "with --step: micro-batches a virtual stage runs in a row in the interleaved schedule (default: P)",
+                   AT(plan->microbatch_group_size_per_vp_stage)));
 }
 
 // `ampipe train` (and `ampipe simulate`, which takes the train flags): the model and the parallelism.

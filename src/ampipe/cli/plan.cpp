@@ -21,6 +21,7 @@
 #include "ampipe/schedule/plan.h"
 #include "ampipe/schedule/pipeline.h"
 #include "ampipe/schedule/step_plan.h"
+#include "ampipe/train/train_config.h"
 
 namespace ampipe::cli {
 
@@ -271,18 +272,20 @@ int run_step_plan(const PlanArgs& a, const model::LayerConfig& cfg, std::ofstrea
   m.micro_batches = int(G / per_iter);
   m.pp = P;
   m.chunks = v;
-  if (v > 1 && m.micro_batches < P)
-    throw ConfigError(fmt::format("{} micro-batches per data-parallel rank are fewer than the {} pipeline stages: the "
-                                  "interleaved schedule needs at least as many (Megatron's rule; raise "
-                                  "--global-batch-size)",
-                                  m.micro_batches, P));
-  if (v > 1 && m.micro_batches % P != 0)
-    throw ConfigError(fmt::format("{} micro-batches per data-parallel rank leave a last group of {} of the {} stages: "
-                                  "the interleaved schedule needs a multiple of them (Megatron's rule)",
-                                  m.micro_batches, m.micro_batches % P, P));
+  {  // the interleaved schedule's rules: train's own
+    train::TrainConfig t;
+    t.num_layers = a.num_layers;
+    t.pipeline_model_parallel_size = P;
+    t.num_virtual_stages_per_pipeline_rank = v > 1 ? v : 0;
+    t.microbatch_group_size_per_vp_stage = a.microbatch_group_size_per_vp_stage;
+    t.validate_virtual_stages();
+    t.validate_virtual_microbatches(m.micro_batches);
+  }
+  m.microbatch_group = a.microbatch_group_size_per_vp_stage;
   if (P > 1 && rank0) {  // the timeline in units of one chunk's forward (a backward: two), every stage alike
     const std::vector<schedule::PipelineSlot> t = schedule::pipeline_timeline(
-        m.micro_batches, std::vector<double>(size_t(P), v), std::vector<double>(size_t(P), 2.0 * v), 0, v);
+        m.micro_batches, std::vector<double>(size_t(P), v), std::vector<double>(size_t(P), 2.0 * v), 0, v,
+        m.microbatch_group);
     const double idle = double(P - 1) / v;
     fmt::print("ampipe plan --step: {} pipeline stages of {} layer{}{}, {} micro-batches per data-parallel rank: "
                "Megatron's {} schedule, a forward one column, a backward two\n{}"

@@ -23,6 +23,7 @@ struct PlanArgs {
   int64_t vocab_size = 256;
   int pipeline_model_parallel_size = 1;  // --step: the stages' timeline and each stage's step Plan
   int num_virtual_stages_per_pipeline_rank = 0;  // --step: model chunks per stage (the interleaved schedule)
+  int microbatch_group_size_per_vp_stage = 0;     // --step: its micro-batch groups (0: the stages)
   void add_to(CLI::App& app);  // the flags of flag_registry.cpp for plan
 };
 
