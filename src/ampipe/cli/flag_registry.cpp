@@ -1221,7 +1221,8 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
   const unsigned S = kSimulate;
   v.push_back(flag("--ampipe-degree", S, kGroupMoe, G::degree_list,
                    "AMPipe degrees to predict: a comma list (1,2,4,8) or auto (every degree of 1,2,4,8,16 dividing "
-                   "--seq-length); the fastest is chosen",
+                   "--seq-length, each with pipe-experts and the tp-sp overlap weighed too); the fastest that fits "
+                   "in the profile's device memory is chosen",
                    AT(simulate->degrees), kDef));
   v.push_back(flag("--profile", S, kGroupOptions, G::text,
                    "hardware profile JSON (ampipe calibrate, or profiles/*.json)", AT(simulate->profile_file),

@@ -6,7 +6,8 @@
 //
 // Flags: every flag of `ampipe train` (TrainFlags, --config FILE included) with the same meaning and the same rules
 // (TrainConfig::validate for W devices), except that --ampipe-degree takes a comma list or `auto` (every degree of
-// {1, 2, 4, 8, 16} that divides s) and --trace writes the predicted timeline. Flags that do not change the
+// {1, 2, 4, 8, 16} that divides s, each with the settings auto_settings weighs) and --trace writes the predicted
+// timeline. Flags that do not change the
 // iteration's time (--data-path, --save, --load, --train-iters, ...) are checked as train checks them and otherwise
 // not used: simulate reads no data, so the vocabulary is the tokenizer's (--tokenizer-type with its files, as train
 // reads it; --vocab-size stands in when they cannot be read here), else --vocab-size (default 256, the bundled
