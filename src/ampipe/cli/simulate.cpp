@@ -557,13 +557,16 @@ int run_simulate(SimulateArgs& a) {
 
   // ---- the step Plan per degree, costed ----
   const Layout lay = layout_of(cfg, W, K);
+  auto at_degree = [&](int M) {
+    train::TrainConfig c = cfg;
+    c.ampipe_degree = M;
+    return c;
+  };
   std::vector<Prediction> preds;
   std::vector<Prediction> others;  // auto: every other setting that fits, for the runner-up
   for (int M : valid) {
-    train::TrainConfig given_at_m = cfg;
-    given_at_m.ampipe_degree = M;
     const std::vector<train::TrainConfig> settings =
-        given.is_auto ? auto_settings(cfg, M, W) : std::vector<train::TrainConfig>{given_at_m};
+        given.is_auto ? auto_settings(cfg, M, W) : std::vector<train::TrainConfig>{at_degree(M)};
     std::vector<Prediction> at_m;
     for (const train::TrainConfig& c : settings) {
       at_m.push_back(predict(c, lay, M, prof));
@@ -585,11 +588,6 @@ int run_simulate(SimulateArgs& a) {
     preds.back().weighed = int(settings.size());
   }
   // auto chooses among the degrees that fit in the device's memory; when none does, it refuses and says what would
-  auto at_degree = [&](int M) {
-    train::TrainConfig c = cfg;
-    c.ampipe_degree = M;
-    return c;
-  };
   if (given.is_auto) {
     std::vector<Prediction> fit;
     const Prediction* least = &preds[0];

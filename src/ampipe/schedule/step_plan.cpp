@@ -275,7 +275,7 @@ struct StepBuilder {
       for (uint32_t r : reduces) {
         const StepTask red = p.tasks[r];
         if (k.overlap_param_gather && red.layer >= 0) continue;
-        gathers.push_back(gather(red, {opt}));
+        gathers.push_back(gather(red.layer, red.bucket, red.bytes, {opt}));
         unpacked += red.bytes / 4;
       }
       if (!gathers.empty()) {
@@ -288,12 +288,19 @@ struct StepBuilder {
                    k.tied_bytes, {done});
   }
 
-  // One bucket's all-gather of its updated shards (1/D of what its reduction sent), after `deps`.
-  uint32_t gather(const StepTask& red, std::vector<uint32_t> deps) {
-    const int g = red.bucket == Bucket::dense ? k.dense_group_size : k.expert_group_size;
-    const uint32_t t = b.collective(StepOp::param_gather, Dir::fwd, -1, CollKind::all_gather, red.group, Lane::dp,
-                                    red.bytes / g, std::move(deps), red.layer);
-    p.tasks[t].bucket = red.bucket;
+  int group_size(Bucket bk) const { return bk == Bucket::dense ? k.dense_group_size : k.expert_group_size; }
+  // Layer i's bucket bytes if it is reduced, and so sharded (a group of more than one rank: Builder::bucket), else 0.
+  double sharded_bytes(int i, Bucket bk) const {
+    return group_size(bk) > 1 ? bucket_bytes(bk == Bucket::dense ? k.layer_dense_bytes : k.layer_expert_bytes, i)
+                              : 0.0;
+  }
+
+  // One bucket's all-gather of its updated shards (1/D of the `bytes` its reduction sent), after `deps`.
+  uint32_t gather(int layer, Bucket bk, double bytes, std::vector<uint32_t> deps) {
+    const uint32_t t = b.collective(StepOp::param_gather, Dir::fwd, -1, CollKind::all_gather,
+                                    bk == Bucket::dense ? comm::GroupKind::dp_cp : comm::GroupKind::edp, Lane::dp,
+                                    bytes / group_size(bk), std::move(deps), layer);
+    p.tasks[t].bucket = bk;
     return t;
   }
 
@@ -304,23 +311,14 @@ struct StepBuilder {
     if (!k.model || !k.distributed_optimizer || !k.overlap_param_gather) return;
     layer_gathers.assign(size_t(n), {});
     for (int i = 0; i < n; ++i)
-      for (Bucket bk : {Bucket::dense, Bucket::expert}) {
-        const double bytes = bucket_bytes(bk == Bucket::dense ? k.layer_dense_bytes : k.layer_expert_bytes, i);
-        const int g = bk == Bucket::dense ? k.dense_group_size : k.expert_group_size;
-        if (g <= 1 || bytes <= 0) continue;  // not reduced, so not sharded (Builder::bucket)
-        StepTask red = Builder::make(StepOp::grad_reduce, Dir::bwd, -1, i);
-        red.bucket = bk;
-        red.bytes = bytes;
-        red.group = bk == Bucket::dense ? comm::GroupKind::dp_cp : comm::GroupKind::edp;
-        layer_gathers[size_t(i)].push_back(gather(red, {}));
-      }
+      for (Bucket bk : {Bucket::dense, Bucket::expert})
+        if (const double bytes = sharded_bytes(i, bk); bytes > 0)
+          layer_gathers[size_t(i)].push_back(gather(i, bk, bytes, {}));
   }
   // Waits for layer i's gathers and copies its parameters out (8 bytes each); their bf16 copies are refreshed at
   // the end of the step's param_unpack as without the overlap (the layer refreshes a stale copy as it runs).
   void unpack_layer(int i) {
-    const double elements =
-        (bucket_bytes(k.layer_dense_bytes, i) * (k.dense_group_size > 1) +
-         bucket_bytes(k.layer_expert_bytes, i) * (k.expert_group_size > 1)) / 4;
+    const double elements = (sharded_bytes(i, Bucket::dense) + sharded_bytes(i, Bucket::expert)) / 4;
     const uint32_t u = b.compute(StepOp::param_unpack, Dir::fwd, -1, i, 0, 0, 8 * elements);
     p.tasks[u].deps = std::exchange(layer_gathers[size_t(i)], {});
   }
