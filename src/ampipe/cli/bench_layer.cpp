@@ -36,6 +36,7 @@
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
+#include "ampipe/kernels/parallel.h"
 #include "ampipe/model/size_check.h"
 #include "ampipe/schedule/layer_stack.h"
 #include "ampipe/sim/simulator.h"
@@ -333,6 +334,7 @@ void report_bench(const BenchLayerArgs& a, const model::LayerConfig& cfg, const 
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, world,
              tp ? fmt::format("tp={}{} ", cfg.tp(), cfg.sp() ? " (sequence parallel)" : "") : "",
              cp ? fmt::format("cp={} ", cfg.cp()) : "", layout.ep, a.warmup, a.iters);
+  fmt::print("  {}\n", kernels::threading_summary(world));
   for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
   // comm ms: the all-to-alls alone; tp comm ms: the tensor-parallel collectives alone; ring ms: the cp ring's steps
   // alone; hidden: the share of the smaller of compute and (all communication) that the step hides,

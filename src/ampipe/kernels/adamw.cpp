@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ampipe/core/error.h"
+#include "ampipe/kernels/parallel.h"
 
 namespace ampipe::kernels {
 
@@ -15,12 +16,14 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   const float* __restrict__ g = grad.data<float>();
   float* __restrict__ m = exp_avg.data<float>();
   float* __restrict__ v = exp_avg_sq.data<float>();
-  for (int64_t k = 0; k < n; ++k) {
-    const float gk = g[k] * s.clip_coef;
-    m[k] = s.b1 * m[k] + (1.0f - s.b1) * gk;
-    v[k] = s.b2 * v[k] + (1.0f - s.b2) * gk * gk;
-    p[k] = p[k] * s.decay - s.step_size * m[k] / (std::sqrt(v[k]) * s.inv_sqrt_bc2 + s.eps);
-  }
+  parallel_for(n, int64_t(1) << 14, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const float gk = g[k] * s.clip_coef;
+      m[k] = s.b1 * m[k] + (1.0f - s.b1) * gk;
+      v[k] = s.b2 * v[k] + (1.0f - s.b2) * gk * gk;
+      p[k] = p[k] * s.decay - s.step_size * m[k] / (std::sqrt(v[k]) * s.inv_sqrt_bc2 + s.eps);
+    }
+  });
 }
 
 }  // namespace ampipe::kernels

@@ -18,6 +18,7 @@
 #include "ampipe/kernels/checks.h"
 #include "ampipe/kernels/dropout.h"
 #include "ampipe/kernels/gemm.h"
+#include "ampipe/kernels/parallel.h"
 #include "ampipe/kernels/simd_math.h"
 
 #ifdef AMPIPE_SIMD_AVX2
@@ -297,91 +298,94 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   const bool lowp = in == DType::bf16;
   const float scale = 1.0f / std::sqrt(float(d));
 
-  Scratch& sc = scratch();
-  float* S = grow(sc.s, BQ * BK);  // [bq, kb] logits, then fp32 P
-  float* O = grow(sc.o, BQ * d);   // [bq, d] unnormalised output
-  float* M = grow(sc.m, BQ);       // running max of scaled logits
-  float* L = grow(sc.l, BQ);       // running sum of exp
-  bf16* Pb = lowp ? grow(sc.pb, BQ * BK) : nullptr;
-  float* Mk = grow(sc.mask, BK);                           // one row's dropout multipliers
-  std::byte* Kp = grow(sc.kp, kv_max * d * int64_t(esz));  // [kv_max, d] packed head of K
-  std::byte* Vp = grow(sc.vp, kv_max * d * int64_t(esz));
-  std::byte* Qp = grow(sc.qp, BQ * d * int64_t(esz));      // [bq, d] packed query block
-
   const auto* qc = static_cast<const std::byte*>(q);
   const auto* kc = static_cast<const std::byte*>(k);
   const auto* vc = static_cast<const std::byte*>(v);
 
-  const int64_t group = n / sh.kv_heads();  // query heads per K, V head
-  for (int64_t bb = 0; bb < b; ++bb)
-    for (int64_t hh = 0; hh < n; ++hh) {
-      const int64_t g = hh / group;
-      if (hh % group == 0) {  // [skv, b, g*d] -> [kv_max, d] for K, V head g of batch bb, once per group
-        pack_rows(kc + size_t(bb * ldk + g * d) * esz, b * ldk, kv_max, d, esz, Kp);
-        pack_rows(vc + size_t(bb * ldv + g * d) * esz, b * ldv, kv_max, d, esz, Vp);
-      }
-      const std::byte* Qh = qc + size_t(bb * ldq + hh * d) * esz;  // [sq, d], row stride b*ldq
-      float* Oh = out + bb * ldo + hh * d;                          // [sq, d], row stride b*ldo
-      float* lse_h = lse + (bb * n + hh) * sh.sq;                   // [sq]
-      for (int64_t i0 = 0; i0 < sh.sq; i0 += BQ) {
-        const int64_t bq = std::min(BQ, sh.sq - i0);
-        const int64_t kv_end = kv_end_for(sh, i0 + bq);
-        pack_rows(Qh + size_t(i0 * b * ldq) * esz, b * ldq, bq, d, esz, Qp);
-        std::fill(M, M + bq, kNegInf);
-        for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
-          const int64_t kb = std::min(BK, kv_end - j0);
-          // S [bq, kb] = Q_blk [bq, d] * K_blk^T [d, kb]
-          GemmDesc qk;
-          qk.m = bq, qk.n = kb, qk.k = d, qk.tb = Trans::t, qk.in = in;
-          gemm(qk, Qp, Kp + size_t(j0 * d) * esz, S);
-          // online softmax: P = exp(S*scale - m_new); O, L rescaled by exp(m_old - m_new)
+  const int64_t kvh = sh.kv_heads(), group = n / kvh;  // query heads per K, V head
+  // One unit of work per (batch, K/V head): its K and V packed once, then its query heads in order. Units write
+  // disjoint rows and columns of out and lse, so they run on any thread in any order with the same bits.
+  parallel_for(b * kvh, 1, [&](int64_t u0, int64_t u1) {
+    Scratch& sc = scratch();
+    float* S = grow(sc.s, BQ * BK);  // [bq, kb] logits, then fp32 P
+    float* O = grow(sc.o, BQ * d);   // [bq, d] unnormalised output
+    float* M = grow(sc.m, BQ);       // running max of scaled logits
+    float* L = grow(sc.l, BQ);       // running sum of exp
+    bf16* Pb = lowp ? grow(sc.pb, BQ * BK) : nullptr;
+    float* Mk = grow(sc.mask, BK);                           // one row's dropout multipliers
+    std::byte* Kp = grow(sc.kp, kv_max * d * int64_t(esz));  // [kv_max, d] packed head of K
+    std::byte* Vp = grow(sc.vp, kv_max * d * int64_t(esz));
+    std::byte* Qp = grow(sc.qp, BQ * d * int64_t(esz));      // [bq, d] packed query block
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t bb = u / kvh, g = u % kvh;
+      // [skv, b, g*d] -> [kv_max, d] for K, V head g of batch bb, once per group
+      pack_rows(kc + size_t(bb * ldk + g * d) * esz, b * ldk, kv_max, d, esz, Kp);
+      pack_rows(vc + size_t(bb * ldv + g * d) * esz, b * ldv, kv_max, d, esz, Vp);
+      for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
+        const std::byte* Qh = qc + size_t(bb * ldq + hh * d) * esz;  // [sq, d], row stride b*ldq
+        float* Oh = out + bb * ldo + hh * d;                          // [sq, d], row stride b*ldo
+        float* lse_h = lse + (bb * n + hh) * sh.sq;                   // [sq]
+        for (int64_t i0 = 0; i0 < sh.sq; i0 += BQ) {
+          const int64_t bq = std::min(BQ, sh.sq - i0);
+          const int64_t kv_end = kv_end_for(sh, i0 + bq);
+          pack_rows(Qh + size_t(i0 * b * ldq) * esz, b * ldq, bq, d, esz, Qp);
+          std::fill(M, M + bq, kNegInf);
+          for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
+            const int64_t kb = std::min(BK, kv_end - j0);
+            // S [bq, kb] = Q_blk [bq, d] * K_blk^T [d, kb]
+            GemmDesc qk;
+            qk.m = bq, qk.n = kb, qk.k = d, qk.tb = Trans::t, qk.in = in;
+            gemm(qk, Qp, Kp + size_t(j0 * d) * esz, S);
+            // online softmax: P = exp(S*scale - m_new); O, L rescaled by exp(m_old - m_new)
+            for (int64_t r = 0; r < bq; ++r) {
+              float* srow = S + r * kb;
+              bf16* prow = Pb ? Pb + r * kb : nullptr;
+              const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
+              if (nv == 0) {  // key block entirely after this row's diagonal (j0 > 0 here): P row = 0
+                exp_row(srow, 0, kb, scale, 0.0f, prow, nullptr);
+                continue;
+              }
+              const float m_old = M[r];
+              const float m_new = std::max(m_old, row_max(srow, nv) * scale);
+              const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
+              const float sum = exp_row(srow, nv, kb, scale, m_new, prow, mask);
+              float* orow = O + r * d;
+              if (j0 == 0) {  // key 0 is visible to every row, so every row starts here
+                L[r] = sum;
+              } else {
+                const float alpha = std::exp(m_old - m_new);
+                L[r] = L[r] * alpha + sum;
+                if (alpha != 1.0f)
+                  for (int64_t dd = 0; dd < d; ++dd) orow[dd] *= alpha;
+              }
+              M[r] = m_new;
+            }
+            // O [bq, d] (+)= P [bq, kb] * V_blk [kb, d]; the first key block overwrites O
+            GemmDesc pv;
+            pv.m = bq, pv.n = d, pv.k = kb, pv.in = in, pv.accumulate = j0 > 0;
+            gemm(pv, lowp ? static_cast<const void*>(Pb) : S, Vp + size_t(j0 * d) * esz, O);
+          }
           for (int64_t r = 0; r < bq; ++r) {
-            float* srow = S + r * kb;
-            bf16* prow = Pb ? Pb + r * kb : nullptr;
-            const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
-            if (nv == 0) {  // key block entirely after this row's diagonal (j0 > 0 here): P row = 0
-              exp_row(srow, 0, kb, scale, 0.0f, prow, nullptr);
+            const float* orow = O + r * d;
+            float* dst = Oh + (i0 + r) * b * ldo;
+            const float part = M[r] + std::log(L[r]);
+            if (!sh.merge) {
+              const float inv = 1.0f / L[r];
+              for (int64_t dd = 0; dd < d; ++dd) dst[dd] = orow[dd] * inv;
+              lse_h[i0 + r] = part;
               continue;
             }
-            const float m_old = M[r];
-            const float m_new = std::max(m_old, row_max(srow, nv) * scale);
-            const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
-            const float sum = exp_row(srow, nv, kb, scale, m_new, prow, mask);
-            float* orow = O + r * d;
-            if (j0 == 0) {  // key 0 is visible to every row, so every row starts here
-              L[r] = sum;
-            } else {
-              const float alpha = std::exp(m_old - m_new);
-              L[r] = L[r] * alpha + sum;
-              if (alpha != 1.0f)
-                for (int64_t dd = 0; dd < d; ++dd) orow[dd] *= alpha;
-            }
-            M[r] = m_new;
+            // merge with the previous keys' normalised output: shares e^(lse_old - lse) and e^(part - lse)
+            const float old = lse_h[i0 + r], hi = std::max(old, part);
+            const float total = hi + std::log(std::exp(old - hi) + std::exp(part - hi));
+            const float w_old = std::exp(old - total), w_new = std::exp(part - total) / L[r];
+            for (int64_t dd = 0; dd < d; ++dd) dst[dd] = dst[dd] * w_old + orow[dd] * w_new;
+            lse_h[i0 + r] = total;
           }
-          // O [bq, d] (+)= P [bq, kb] * V_blk [kb, d]; the first key block overwrites O
-          GemmDesc pv;
-          pv.m = bq, pv.n = d, pv.k = kb, pv.in = in, pv.accumulate = j0 > 0;
-          gemm(pv, lowp ? static_cast<const void*>(Pb) : S, Vp + size_t(j0 * d) * esz, O);
-        }
-        for (int64_t r = 0; r < bq; ++r) {
-          const float* orow = O + r * d;
-          float* dst = Oh + (i0 + r) * b * ldo;
-          const float part = M[r] + std::log(L[r]);
-          if (!sh.merge) {
-            const float inv = 1.0f / L[r];
-            for (int64_t dd = 0; dd < d; ++dd) dst[dd] = orow[dd] * inv;
-            lse_h[i0 + r] = part;
-            continue;
-          }
-          // merge with the previous keys' normalised output: shares e^(lse_old - lse) and e^(part - lse)
-          const float old = lse_h[i0 + r], hi = std::max(old, part);
-          const float total = hi + std::log(std::exp(old - hi) + std::exp(part - hi));
-          const float w_old = std::exp(old - total), w_new = std::exp(part - total) / L[r];
-          for (int64_t dd = 0; dd < d; ++dd) dst[dd] = dst[dd] * w_old + orow[dd] * w_new;
-          lse_h[i0 + r] = total;
         }
       }
     }
+  });
 }
 
 void attention_backward(const AttentionShape& shape, DType in, const float* dout, int64_t lddo, const void* q,
@@ -402,92 +406,92 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
   const bool lowp = in == DType::bf16;
   const float scale = 1.0f / std::sqrt(float(d));
 
-  Scratch& sc = scratch();
-  float* S = grow(sc.s, BQ * BK);    // [bq, kb] logits, then fp32 P
-  float* dP = grow(sc.dp, BQ * BK);  // [bq, kb] dO V^T, then fp32 dS * scale
-  float* Dr = grow(sc.dd, BQ);       // rowsum(dout * out)
-  float* dQp = grow(sc.o, BQ * d);   // [bq, d] dq of the block
-  float* dKp = grow(sc.dkp, kv_max * d);  // [kv_max, d] this chunk's dk of the head, packed
-  float* dVp = grow(sc.dvp, kv_max * d);
-  bf16* Pb = lowp ? grow(sc.pb, BQ * BK) : nullptr;
-  bf16* dSb = lowp ? grow(sc.dsb, BQ * BK) : nullptr;
-  float* Mk = grow(sc.mask, BK);
-  std::byte* Kp = grow(sc.kp, kv_max * d * int64_t(esz));
-  std::byte* Vp = grow(sc.vp, kv_max * d * int64_t(esz));
-  std::byte* Qp = grow(sc.qp, BQ * d * int64_t(esz));
-  std::byte* dOp = grow(sc.dop, BQ * d * int64_t(esz));  // [bq, d] dout block in the input dtype
-
   const auto* qc = static_cast<const std::byte*>(q);
   const auto* kc = static_cast<const std::byte*>(k);
   const auto* vc = static_cast<const std::byte*>(v);
 
-  const int64_t group = n / sh.kv_heads();  // query heads per K, V head: their dK, dV sum in dKp, dVp
-  for (int64_t bb = 0; bb < b; ++bb)
-    for (int64_t hh = 0; hh < n; ++hh) {
-      const int64_t g = hh / group;
-      if (hh % group == 0) {
-        pack_rows(kc + size_t(bb * ldk + g * d) * esz, b * ldk, kv_max, d, esz, Kp);
-        pack_rows(vc + size_t(bb * ldv + g * d) * esz, b * ldv, kv_max, d, esz, Vp);
-        std::fill(dKp, dKp + kv_max * d, 0.0f);
-        std::fill(dVp, dVp + kv_max * d, 0.0f);
-      }
-      const std::byte* Qh = qc + size_t(bb * ldq + hh * d) * esz;  // [sq, d], row stride b*ldq
-      const float* dout_h = dout + bb * lddo + hh * d;
-      const float* out_h = out + bb * ldo + hh * d;
-      float* dQh = dq + bb * lddq + hh * d;
-      const float* lse_h = lse + (bb * n + hh) * sh.sq;
-      for (int64_t i0 = 0; i0 < sh.sq; i0 += BQ) {
-        const int64_t bq = std::min(BQ, sh.sq - i0);
-        const int64_t kv_end = kv_end_for(sh, i0 + bq);
-        pack_rows(Qh + size_t(i0 * b * ldq) * esz, b * ldq, bq, d, esz, Qp);
-        for (int64_t r = 0; r < bq; ++r) {
-          const float* a = dout_h + (i0 + r) * b * lddo;
-          const float* o = out_h + (i0 + r) * b * ldo;
-          float acc = 0;  // D_i = rowsum(dout_i * out_i), fp32 from the fp32 dout
-          for (int64_t dd = 0; dd < d; ++dd) acc += a[dd] * o[dd];
-          Dr[r] = acc;
-          if (lowp)
-            for (int64_t dd = 0; dd < d; ++dd) reinterpret_cast<bf16*>(dOp)[r * d + dd] = f32_to_bf16(a[dd]);
-          else
-            std::memcpy(dOp + size_t(r * d) * esz, a, size_t(d) * esz);
-        }
-        for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
-          const int64_t kb = std::min(BK, kv_end - j0);
-          const std::byte* Kblk = Kp + size_t(j0 * d) * esz;
-          const std::byte* Vblk = Vp + size_t(j0 * d) * esz;
-          // S = Q_blk K_blk^T, dP = dO_blk V_blk^T: [bq, kb]
-          GemmDesc g;
-          g.m = bq, g.n = kb, g.k = d, g.tb = Trans::t, g.in = in;
-          gemm(g, Qp, Kblk, S);
-          gemm(g, dOp, Vblk, dP);
+  const int64_t kvh = sh.kv_heads(), group = n / kvh;  // query heads per K, V head: their dK, dV sum in dKp, dVp
+  // One unit of work per (batch, K/V head), as in the forward: its query heads in order, then its dK, dV added to
+  // its own columns of dk_accum, dv_accum. Units touch disjoint outputs: the same bits on any thread.
+  parallel_for(b * kvh, 1, [&](int64_t u0, int64_t u1) {
+    Scratch& sc = scratch();
+    float* S = grow(sc.s, BQ * BK);    // [bq, kb] logits, then fp32 P
+    float* dP = grow(sc.dp, BQ * BK);  // [bq, kb] dO V^T, then fp32 dS * scale
+    float* Dr = grow(sc.dd, BQ);       // rowsum(dout * out)
+    float* dQp = grow(sc.o, BQ * d);   // [bq, d] dq of the block
+    float* dKp = grow(sc.dkp, kv_max * d);  // [kv_max, d] this chunk's dk of the head, packed
+    float* dVp = grow(sc.dvp, kv_max * d);
+    bf16* Pb = lowp ? grow(sc.pb, BQ * BK) : nullptr;
+    bf16* dSb = lowp ? grow(sc.dsb, BQ * BK) : nullptr;
+    float* Mk = grow(sc.mask, BK);
+    std::byte* Kp = grow(sc.kp, kv_max * d * int64_t(esz));
+    std::byte* Vp = grow(sc.vp, kv_max * d * int64_t(esz));
+    std::byte* Qp = grow(sc.qp, BQ * d * int64_t(esz));
+    std::byte* dOp = grow(sc.dop, BQ * d * int64_t(esz));  // [bq, d] dout block in the input dtype
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t bb = u / kvh, g = u % kvh;
+      pack_rows(kc + size_t(bb * ldk + g * d) * esz, b * ldk, kv_max, d, esz, Kp);
+      pack_rows(vc + size_t(bb * ldv + g * d) * esz, b * ldv, kv_max, d, esz, Vp);
+      std::fill(dKp, dKp + kv_max * d, 0.0f);
+      std::fill(dVp, dVp + kv_max * d, 0.0f);
+      for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
+        const std::byte* Qh = qc + size_t(bb * ldq + hh * d) * esz;  // [sq, d], row stride b*ldq
+        const float* dout_h = dout + bb * lddo + hh * d;
+        const float* out_h = out + bb * ldo + hh * d;
+        float* dQh = dq + bb * lddq + hh * d;
+        const float* lse_h = lse + (bb * n + hh) * sh.sq;
+        for (int64_t i0 = 0; i0 < sh.sq; i0 += BQ) {
+          const int64_t bq = std::min(BQ, sh.sq - i0);
+          const int64_t kv_end = kv_end_for(sh, i0 + bq);
+          pack_rows(Qh + size_t(i0 * b * ldq) * esz, b * ldq, bq, d, esz, Qp);
           for (int64_t r = 0; r < bq; ++r) {
-            const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
-            const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
-            grad_row(S + r * kb, dP + r * kb, nv, kb, scale, lse_h[i0 + r], Dr[r], Pb ? Pb + r * kb : nullptr,
-                     dSb ? dSb + r * kb : nullptr, mask);
+            const float* a = dout_h + (i0 + r) * b * lddo;
+            const float* o = out_h + (i0 + r) * b * ldo;
+            float acc = 0;  // D_i = rowsum(dout_i * out_i), fp32 from the fp32 dout
+            for (int64_t dd = 0; dd < d; ++dd) acc += a[dd] * o[dd];
+            Dr[r] = acc;
+            if (lowp)
+              for (int64_t dd = 0; dd < d; ++dd) reinterpret_cast<bf16*>(dOp)[r * d + dd] = f32_to_bf16(a[dd]);
+            else
+              std::memcpy(dOp + size_t(r * d) * esz, a, size_t(d) * esz);
           }
-          const void* P = lowp ? static_cast<const void*>(Pb) : S;
-          const void* dS = lowp ? static_cast<const void*>(dSb) : dP;  // already times scale
-          // dV_blk [kb, d] += P^T [kb, bq] * dO_blk [bq, d];  dK_blk [kb, d] += dS^T [kb, bq] * Q_blk [bq, d]
-          GemmDesc t;
-          t.m = kb, t.n = d, t.k = bq, t.ta = Trans::t, t.in = in, t.accumulate = true;
-          gemm(t, P, dOp, dVp + j0 * d);
-          gemm(t, dS, Qp, dKp + j0 * d);
-          // dQ_blk [bq, d] (+)= dS [bq, kb] * K_blk [kb, d]; the first key block overwrites
-          GemmDesc dqd;
-          dqd.m = bq, dqd.n = d, dqd.k = kb, dqd.in = in, dqd.accumulate = j0 > 0;
-          gemm(dqd, dS, Kblk, dQp);
-        }
-        for (int64_t r = 0; r < bq; ++r) {  // dq overwritten, or accumulated over key blocks
-          float* dst = dQh + (i0 + r) * b * lddq;
-          if (sh.accumulate_dq)
-            for (int64_t dd = 0; dd < d; ++dd) dst[dd] += dQp[r * d + dd];
-          else
-            std::memcpy(dst, dQp + r * d, size_t(d) * sizeof(float));
+          for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
+            const int64_t kb = std::min(BK, kv_end - j0);
+            const std::byte* Kblk = Kp + size_t(j0 * d) * esz;
+            const std::byte* Vblk = Vp + size_t(j0 * d) * esz;
+            // S = Q_blk K_blk^T, dP = dO_blk V_blk^T: [bq, kb]
+            GemmDesc g;
+            g.m = bq, g.n = kb, g.k = d, g.tb = Trans::t, g.in = in;
+            gemm(g, Qp, Kblk, S);
+            gemm(g, dOp, Vblk, dP);
+            for (int64_t r = 0; r < bq; ++r) {
+              const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
+              const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
+              grad_row(S + r * kb, dP + r * kb, nv, kb, scale, lse_h[i0 + r], Dr[r], Pb ? Pb + r * kb : nullptr,
+                       dSb ? dSb + r * kb : nullptr, mask);
+            }
+            const void* P = lowp ? static_cast<const void*>(Pb) : S;
+            const void* dS = lowp ? static_cast<const void*>(dSb) : dP;  // already times scale
+            // dV_blk [kb, d] += P^T [kb, bq] * dO_blk [bq, d];  dK_blk [kb, d] += dS^T [kb, bq] * Q_blk [bq, d]
+            GemmDesc t;
+            t.m = kb, t.n = d, t.k = bq, t.ta = Trans::t, t.in = in, t.accumulate = true;
+            gemm(t, P, dOp, dVp + j0 * d);
+            gemm(t, dS, Qp, dKp + j0 * d);
+            // dQ_blk [bq, d] (+)= dS [bq, kb] * K_blk [kb, d]; the first key block overwrites
+            GemmDesc dqd;
+            dqd.m = bq, dqd.n = d, dqd.k = kb, dqd.in = in, dqd.accumulate = j0 > 0;
+            gemm(dqd, dS, Kblk, dQp);
+          }
+          for (int64_t r = 0; r < bq; ++r) {  // dq overwritten, or accumulated over key blocks
+            float* dst = dQh + (i0 + r) * b * lddq;
+            if (sh.accumulate_dq)
+              for (int64_t dd = 0; dd < d; ++dd) dst[dd] += dQp[r * d + dd];
+            else
+              std::memcpy(dst, dQp + r * d, size_t(d) * sizeof(float));
+          }
         }
       }
       // dk_accum, dv_accum [skv, b, g*d] += packed [kv_max, d] of K, V head g, after its group's last query head
-      if (hh % group != group - 1) continue;
       for (int64_t j = 0; j < kv_max; ++j) {
         float* dk_row = dk_accum + (j * b + bb) * lddk + g * d;
         float* dv_row = dv_accum + (j * b + bb) * lddv + g * d;
@@ -497,6 +501,7 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
         }
       }
     }
+  });
 }
 
 void attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,

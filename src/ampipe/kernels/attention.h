@@ -17,6 +17,8 @@
 // Softmax scale 1/sqrt(d). Work is done in query blocks x key blocks with an online softmax: no sq x skv
 // matrix is held, and key blocks entirely above the diagonal are skipped (causal FLOPs only). Block
 // matmuls go through kernels::gemm (oneDNN); scratch is thread_local and reused between calls (it only grows).
+// Threads (kernels/parallel.h): one unit of work per (batch, K/V head), each on one thread with single-threaded
+// block GEMMs; units write disjoint outputs, so the result is the same bits at any thread count.
 //
 // dtype `in` is the type of q, k and v (all three the same): f32 or bf16. In bf16 mode every block GEMM
 // takes bf16 inputs (the probabilities P and dS, and dout, are rounded to bf16 before the GEMMs that consume

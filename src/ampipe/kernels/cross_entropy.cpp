@@ -1,5 +1,6 @@
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/parallel.h"
 
 #include <cmath>
 
@@ -28,17 +29,19 @@ void cross_entropy_forward(const Tensor& logits, std::span<const int32_t> target
   const float* lp = logits.data<float>();
   float* lossp = loss.data<float>();
   float* lsep = lse.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* lr = lp + r * v;
-    float mx = lr[0];
-    for (int64_t j = 1; j < v; ++j) mx = std::fmax(mx, lr[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < v; ++j) sum += std::exp(lr[j] - mx);
-    const float l = mx + std::log(sum);
-    lsep[r] = l;
-    const int32_t t = targets[size_t(r)];
-    lossp[r] = t == kIgnoreIndex ? 0.0f : l - lr[t];
-  }
+  parallel_for(rows, rows_grain(v), [&](int64_t r0_, int64_t r1_) {
+    for (int64_t r = r0_; r < r1_; ++r) {
+      const float* lr = lp + r * v;
+      float mx = lr[0];
+      for (int64_t j = 1; j < v; ++j) mx = std::fmax(mx, lr[j]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < v; ++j) sum += std::exp(lr[j] - mx);
+      const float l = mx + std::log(sum);
+      lsep[r] = l;
+      const int32_t t = targets[size_t(r)];
+      lossp[r] = t == kIgnoreIndex ? 0.0f : l - lr[t];
+    }
+  });
 }
 
 void cross_entropy_backward(const Tensor& dloss, const Tensor& logits, std::span<const int32_t> targets,
@@ -55,19 +58,21 @@ void cross_entropy_backward(const Tensor& dloss, const Tensor& logits, std::span
   const float* lp = logits.data<float>();
   const float* lsep = lse.data<float>();
   float* dp = dlogits.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* lr = lp + r * v;
-    float* dr = dp + r * v;
-    const int32_t t = targets[size_t(r)];
-    if (t == kIgnoreIndex) {
-      for (int64_t j = 0; j < v; ++j) dr[j] = 0.0f;
-      continue;
+  parallel_for(rows, rows_grain(v), [&](int64_t r0_, int64_t r1_) {
+    for (int64_t r = r0_; r < r1_; ++r) {
+      const float* lr = lp + r * v;
+      float* dr = dp + r * v;
+      const int32_t t = targets[size_t(r)];
+      if (t == kIgnoreIndex) {
+        for (int64_t j = 0; j < v; ++j) dr[j] = 0.0f;
+        continue;
+      }
+      const float l = lsep[r], g = dlp[r];
+      const float lt = lr[t];  // read before the row is overwritten (dlogits may alias logits)
+      for (int64_t j = 0; j < v; ++j) dr[j] = std::exp(lr[j] - l) * g;
+      dr[t] = (std::exp(lt - l) - 1.0f) * g;
     }
-    const float l = lsep[r], g = dlp[r];
-    const float lt = lr[t];  // read before the row is overwritten (dlogits may alias logits)
-    for (int64_t j = 0; j < v; ++j) dr[j] = std::exp(lr[j] - l) * g;
-    dr[t] = (std::exp(lt - l) - 1.0f) * g;
-  }
+  });
 }
 
 }  // namespace ampipe::kernels

@@ -4,6 +4,7 @@
 
 #include "ampipe/kernels/dropout.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/parallel.h"
 
 #include <algorithm>
 
@@ -29,18 +30,27 @@ void mask_block(const core::PhiloxKey& key, uint64_t t, int64_t f0, int64_t n, f
   }
 }
 
-// Calls body(row, col0, n, m) for every block of every row, m = the block's multipliers.
+// Calls body(row, col0, n, m) for every block of every row, m = the block's multipliers; rows spread over the
+// threads (each row's mask depends on its token only).
 template <typename Body>
 void for_each_mask_block(int64_t rows, int64_t h, float p, const core::PhiloxKey& key, uint64_t token_begin,
                          Body&& body) {
   const float scale = 1.0f / (1.0f - p);
-  alignas(64) float m[kBlock];
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j0 = 0; j0 < h; j0 += kBlock) {
-      const int64_t n = std::min(kBlock, h - j0);
-      mask_block(key, token_begin + uint64_t(r), j0, n, p, scale, m);
-      body(r, j0, n, m);
-    }
+  parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
+    alignas(64) float m[kBlock];
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j0 = 0; j0 < h; j0 += kBlock) {
+        const int64_t n = std::min(kBlock, h - j0);
+        mask_block(key, token_begin + uint64_t(r), j0, n, p, scale, m);
+        body(r, j0, n, m);
+      }
+  });
+}
+
+// Calls body(i0, i1) over [0, n) element ranges, spread over the threads.
+template <typename Body>
+void for_each_range(int64_t n, Body&& body) {
+  parallel_for(n, int64_t(1) << 14, body);
 }
 
 void check_p(float p, const char* op) {
@@ -73,7 +83,7 @@ void dropout_forward(const Tensor& x, float p, const core::PhiloxKey& key, uint6
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   if (p == 0.0f) {
-    if (yp != xp) std::copy(xp, xp + rows * h, yp);
+    if (yp != xp) for_each_range(rows * h, [&](int64_t i0, int64_t i1) { std::copy(xp + i0, xp + i1, yp + i0); });
     return;
   }
   for_each_mask_block(rows, h, p, key, token_begin, [&](int64_t r, int64_t j0, int64_t n, const float* m) {
@@ -95,7 +105,9 @@ void dropout_add_forward(const Tensor& x, const Tensor& residual, float p, const
   const float* rp = residual.data<float>();
   float* yp = y.data<float>();
   if (p == 0.0f) {
-    for (int64_t i = 0; i < rows * h; ++i) yp[i] = rp[i] + xp[i];
+    for_each_range(rows * h, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) yp[i] = rp[i] + xp[i];
+    });
     return;
   }
   for_each_mask_block(rows, h, p, key, token_begin, [&](int64_t r, int64_t j0, int64_t n, const float* m) {
@@ -117,9 +129,11 @@ void dropout_backward(const Tensor& dy, float p, const core::PhiloxKey& key, uin
   float* dxp = dx.data<float>();
   if (p == 0.0f) {
     if (accumulate)
-      for (int64_t i = 0; i < rows * h; ++i) dxp[i] += dyp[i];
+      for_each_range(rows * h, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) dxp[i] += dyp[i];
+      });
     else if (dxp != dyp)
-      std::copy(dyp, dyp + rows * h, dxp);
+      for_each_range(rows * h, [&](int64_t i0, int64_t i1) { std::copy(dyp + i0, dyp + i1, dxp + i0); });
     return;
   }
   for_each_mask_block(rows, h, p, key, token_begin, [&](int64_t r, int64_t j0, int64_t n, const float* m) {

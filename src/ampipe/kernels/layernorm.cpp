@@ -1,12 +1,14 @@
 #include "ampipe/kernels/layernorm.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/parallel.h"
 
 #include <algorithm>
 #include <cmath>
 
 namespace ampipe::kernels {
 namespace {
-constexpr int kLanes = 8;  // independent partial sums: vectorisable (one ymm) and ~sqrt(8) less rounding error
+constexpr int kLanes = 8;
+constexpr int64_t kColumnGrain = 128;  // columns a piece of the dgamma/dbeta sums  // independent partial sums: vectorisable (one ymm) and ~sqrt(8) less rounding error
 
 // Sum of a[j] over j in [0, n) by kLanes partial sums (a fixed order, so results are deterministic).
 inline float lane_sum(const float* acc) {
@@ -35,7 +37,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   float* mp = mean.data<float>();
   float* rp = rstd.data<float>();
   const float inv_h = 1.0f / float(h);
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* xr = xp + r * h;
     float* yr = yp + r * h;
     // Corrected two-pass (Chan, Golub & LeVeque): m0 = sum(x)/h, then over d = x - m0 accumulate sum(d) and
@@ -67,6 +70,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     mp[r] = m;
     rp[r] = rs;
   }
+  });
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -92,7 +96,21 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   float* dgp = dgamma_accum.data<float>();
   float* dbp = dbeta_accum.data<float>();
   const float inv_h = 1.0f / float(h);
-  for (int64_t r = 0; r < rows; ++r) {
+  // dgamma, dbeta: summed over the rows in row order, the columns spread over the threads (the same sums at any
+  // thread count). First, since dx may alias dy.
+  parallel_for(h, kColumnGrain, [&](int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = dyp + r * h;
+      const float* xr = xp + r * h;
+      const float m = mp[r], rs = rp[r];
+      for (int64_t j = j0; j < j1; ++j) {
+        dgp[j] += dyr[j] * ((xr[j] - m) * rs);
+        dbp[j] += dyr[j];
+      }
+    }
+  });
+  parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* dyr = dyp + r * h;
     const float* xr = xp + r * h;
     float* dxr = dxp + r * h;
@@ -112,10 +130,6 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
       acc_g[j - hv] += g;
       acc_gx[j - hv] += g * xhat;
     }
-    for (int64_t j = 0; j < h; ++j) {
-      dgp[j] += dyr[j] * ((xr[j] - m) * rs);
-      dbp[j] += dyr[j];
-    }
     const float sum_g = lane_sum(acc_g), sum_gx = lane_sum(acc_gx);
     const float mean_g = sum_g * inv_h, mean_gx = sum_gx * inv_h;
     if (accumulate_dx) {
@@ -130,6 +144,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
       }
     }
   }
+  });
 }
 
 }  // namespace ampipe::kernels

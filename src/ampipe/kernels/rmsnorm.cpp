@@ -1,11 +1,13 @@
 #include "ampipe/kernels/rmsnorm.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/parallel.h"
 
 #include <cmath>
 
 namespace ampipe::kernels {
 namespace {
 constexpr int kLanes = 8;  // independent partial sums, as in layernorm.cpp
+constexpr int64_t kColumnGrain = 128;  // columns a piece of the dgamma sums
 
 void check_f32(const Tensor& t, const char* name, const Shape& want) { detail::check_f32(t, "rmsnorm", name, want); }
 
@@ -35,13 +37,15 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y,
   float* yp = y.data<float>();
   float* rp = rstd.data<float>();
   const float inv_h = 1.0f / float(h);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * h;
-    const float rs = 1.0f / std::sqrt(dot_lanes(xr, xr, h) * inv_h + eps);
-    float* yr = yp + r * h;
-    for (int64_t j = 0; j < h; ++j) yr[j] = xr[j] * rs * gp[j];
-    rp[r] = rs;
-  }
+  parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * h;
+      const float rs = 1.0f / std::sqrt(dot_lanes(xr, xr, h) * inv_h + eps);
+      float* yr = yp + r * h;
+      for (int64_t j = 0; j < h; ++j) yr[j] = xr[j] * rs * gp[j];
+      rp[r] = rs;
+    }
+  });
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, Tensor& dx,
@@ -62,7 +66,18 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
   float* dxp = dx.data<float>();
   float* dgp = dgamma_accum.data<float>();
   const float inv_h = 1.0f / float(h);
-  for (int64_t r = 0; r < rows; ++r) {
+  // dgamma: summed over the rows in row order, the columns spread over the threads (as in layernorm.cpp). First,
+  // since dx may alias dy.
+  parallel_for(h, kColumnGrain, [&](int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = dyp + r * h;
+      const float* xr = xp + r * h;
+      const float rs = rp[r];
+      for (int64_t j = j0; j < j1; ++j) dgp[j] += dyr[j] * (xr[j] * rs);
+    }
+  });
+  parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* dyr = dyp + r * h;
     const float* xr = xp + r * h;
     float* dxr = dxp + r * h;
@@ -78,11 +93,11 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
     const float mean_gx = s * rs * inv_h;
     for (int64_t j = 0; j < h; ++j) {
       const float xhat = xr[j] * rs;
-      dgp[j] += dyr[j] * xhat;
       const float d = rs * (dyr[j] * gp[j] - xhat * mean_gx);
       dxr[j] = accumulate_dx ? dxr[j] + d : d;
     }
   }
+  });
 }
 
 }  // namespace ampipe::kernels

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
+#include "ampipe/kernels/parallel.h"
 #include "ampipe/kernels/checks.h"
 
 namespace ampipe::kernels {
@@ -39,12 +40,13 @@ void rope_apply(const RopeSpec& spec, Tensor& x, int64_t heads, int64_t d, int64
   AMPIPE_CHECK(r > 0 && r % 2 == 0 && r <= d && b > 0, "{}: rotary dim {} for head dim {} (b {})", op, r, d, b);
   const int64_t ld = detail::check_matrix(x, op, "x", DType::f32, rows * b, heads * d);
   const std::vector<float> inv_freq = rope_inv_freq(spec);
-  std::vector<float> cs(static_cast<size_t>(2 * half));  // cos, sin of the position's angles
   float* base = x.data<float>();
   const float sign = inverse ? -1.0f : 1.0f;
   // channel pairs (lo, hi) of frequency i: (i, i + r/2) or, interleaved, (2i, 2i + 1)
   const int64_t step = spec.interleaved ? 2 : 1, partner = spec.interleaved ? 1 : half;
-  for (int64_t i = 0; i < rows; ++i) {
+  parallel_for(rows, rows_grain(b * heads * d), [&](int64_t i0, int64_t i1) {
+  std::vector<float> cs(static_cast<size_t>(2 * half));  // cos, sin of the position's angles
+  for (int64_t i = i0; i < i1; ++i) {
     const float p = float(positions[size_t(i)]) * float(spec.position_scale);
     for (int64_t f = 0; f < half; ++f) {
       const float a = p * inv_freq[size_t(f)];
@@ -65,6 +67,7 @@ void rope_apply(const RopeSpec& spec, Tensor& x, int64_t heads, int64_t d, int64
       }
     }
   }
+  });
 }
 
 }  // namespace ampipe::kernels

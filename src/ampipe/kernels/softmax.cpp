@@ -1,5 +1,6 @@
 #include "ampipe/kernels/softmax.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/parallel.h"
 
 #include <cmath>
 
@@ -17,19 +18,21 @@ void softmax_forward(const Tensor& x, Tensor& y) {
   check_f32(y, "softmax_forward", "y", {rows, n});
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * n;
-    float* yr = yp + r * n;
-    float mx = xr[0];
-    for (int64_t j = 1; j < n; ++j) mx = std::fmax(mx, xr[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      yr[j] = std::exp(xr[j] - mx);
-      sum += yr[j];
+  parallel_for(rows, rows_grain(n), [&](int64_t r0_, int64_t r1_) {
+    for (int64_t r = r0_; r < r1_; ++r) {
+      const float* xr = xp + r * n;
+      float* yr = yp + r * n;
+      float mx = xr[0];
+      for (int64_t j = 1; j < n; ++j) mx = std::fmax(mx, xr[j]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        yr[j] = std::exp(xr[j] - mx);
+        sum += yr[j];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
     }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
-  }
+  });
 }
 
 void softmax_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
@@ -41,14 +44,16 @@ void softmax_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
   const float* dyp = dy.data<float>();
   const float* yp = y.data<float>();
   float* dxp = dx.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* dyr = dyp + r * n;
-    const float* yr = yp + r * n;
-    float* dxr = dxp + r * n;
-    float dot = 0.0f;
-    for (int64_t j = 0; j < n; ++j) dot += dyr[j] * yr[j];
-    for (int64_t j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - dot);
-  }
+  parallel_for(rows, rows_grain(n), [&](int64_t r0_, int64_t r1_) {
+    for (int64_t r = r0_; r < r1_; ++r) {
+      const float* dyr = dyp + r * n;
+      const float* yr = yp + r * n;
+      float* dxr = dxp + r * n;
+      float dot = 0.0f;
+      for (int64_t j = 0; j < n; ++j) dot += dyr[j] * yr[j];
+      for (int64_t j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - dot);
+    }
+  });
 }
 
 void topk_rows(const Tensor& probs, int k, std::span<int32_t> idx, Tensor& val) {
@@ -62,23 +67,25 @@ void topk_rows(const Tensor& probs, int k, std::span<int32_t> idx, Tensor& val) 
                idx.size(), rows, k);
   const float* pp = probs.data<float>();
   float* vp = val.data<float>();
-  bool taken[1024];
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* pr = pp + r * e;
-    for (int64_t j = 0; j < e; ++j) {
-      AMPIPE_CHECK(!std::isnan(pr[j]), "topk_rows: NaN at row {} column {}", r, j);
-      taken[j] = false;
+  parallel_for(rows, rows_grain(4 * e), [&](int64_t r0_, int64_t r1_) {
+    bool taken[1024];
+    for (int64_t r = r0_; r < r1_; ++r) {
+      const float* pr = pp + r * e;
+      for (int64_t j = 0; j < e; ++j) {
+        AMPIPE_CHECK(!std::isnan(pr[j]), "topk_rows: NaN at row {} column {}", r, j);
+        taken[j] = false;
+      }
+      for (int i = 0; i < k; ++i) {
+        // Scan in ascending index order and replace only on strictly greater: the lowest index wins ties.
+        int64_t best = -1;
+        for (int64_t j = 0; j < e; ++j)
+          if (!taken[j] && (best < 0 || pr[j] > pr[best])) best = j;
+        taken[best] = true;
+        idx[size_t(r * k + i)] = int32_t(best);
+        vp[r * k + i] = pr[best];
+      }
     }
-    for (int i = 0; i < k; ++i) {
-      // Scan in ascending index order and replace only on strictly greater: the lowest index wins ties.
-      int64_t best = -1;
-      for (int64_t j = 0; j < e; ++j)
-        if (!taken[j] && (best < 0 || pr[j] > pr[best])) best = j;
-      taken[best] = true;
-      idx[size_t(r * k + i)] = int32_t(best);
-      vp[r * k + i] = pr[best];
-    }
-  }
+  });
 }
 
 }  // namespace ampipe::kernels

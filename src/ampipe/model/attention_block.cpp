@@ -55,14 +55,8 @@ void AttentionBlock::qkv(int c) {
   const Tensor xn = s.full_rows(s.bf16() ? Buf::ln1_out_bf16 : Buf::ln1_out, c);  // every row of the chunk
   Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.full_rows(Buf::qkv, c);
   linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, qkvl]: [q | k | v] of the local heads
-  if (s.p.qkv_b.defined()) {         // --add-qkv-bias, in fp32 (before the q/k norms and RoPE, as Megatron's)
-    const float* b = s.p.qkv_b.data<float>();
-    const int64_t n = s.dims.qkvl;
-    for (int64_t r = 0; r < qkv.size(0); ++r) {
-      float* row = qkv.data<float>() + r * qkv.strides()[0];
-      for (int64_t j = 0; j < n; ++j) row[j] += b[j];
-    }
-  }
+  // --add-qkv-bias, in fp32 (before the q/k norms and RoPE, as Megatron's)
+  if (s.p.qkv_b.defined()) add_bias(qkv, s.p.qkv_b);
   qk_norm(c, qkv);
   rotate_qk(c, qkv, /*inverse=*/false);
   if (s.bf16()) s.full_rows(Buf::qkv_bf16, c).copy_from(qkv);
@@ -359,15 +353,8 @@ void AttentionBlock::weight_grads() {
   const bool bf16 = s.bf16();
   linear_weight_grad(s.mem.get(bf16 ? Buf::dqkv_bf16 : Buf::dqkv), s.mem.get(bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out),
                      s.g.qkv_w);
-  if (s.g.qkv_b.defined()) {  // --add-qkv-bias: db += the column sums of dqkv (fp32, every row of the layer)
-    const Tensor dqkv = s.mem.get(Buf::dqkv);
-    float* db = s.g.qkv_b.data<float>();
-    const int64_t n = s.dims.qkvl;
-    for (int64_t r = 0; r < dqkv.size(0); ++r) {
-      const float* row = dqkv.data<float>() + r * dqkv.strides()[0];
-      for (int64_t j = 0; j < n; ++j) db[j] += row[j];
-    }
-  }
+  // --add-qkv-bias: db += the column sums of dqkv (fp32, every row of the layer)
+  if (s.g.qkv_b.defined()) add_column_sums(s.mem.get(Buf::dqkv), s.g.qkv_b);
   linear_weight_grad(d_proj_all(), s.mem.get(bf16 ? Buf::attn_bf16 : Buf::attn), s.g.proj_w);
 }
 

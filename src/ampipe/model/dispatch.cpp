@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
+#include "ampipe/kernels/parallel.h"
 
 namespace ampipe::model {
 
@@ -39,7 +40,8 @@ void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& out) {
   check_rows(x, r.S, h, "dispatch input x");
   check_ech(out, r, h, "dispatch output");
   Tensor out2 = out.view({r.E * r.C, h});  // [E, C, h] -> [E*C, h]
-  for (int64_t ec = 0; ec < r.E * r.C; ++ec) {
+  kernels::parallel_for(r.E * r.C, kernels::rows_grain(h), [&](int64_t ec0, int64_t ec1) {
+  for (int64_t ec = ec0; ec < ec1; ++ec) {
     const int32_t t = r.slot_token[size_t(ec)];
     if (out.dtype() == DType::f32) {
       float* o = row_ptr<float>(out2, ec);
@@ -63,6 +65,7 @@ void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& out) {
       }
     }
   }
+  });
 }
 
 void dispatch_backward(const Tensor& d_out, const GateRouting& r, Tensor& dx_accum) {
@@ -72,13 +75,24 @@ void dispatch_backward(const Tensor& d_out, const GateRouting& r, Tensor& dx_acc
   check_rows(dx_accum, r.S, h, "dispatch dx_accum");
   check_ech(d_out, r, h, "dispatch d_out");
   const float* g = d_out.data<float>();
-  for (int64_t ec = 0; ec < r.E * r.C; ++ec) {
-    const int32_t t = r.slot_token[size_t(ec)];
-    if (t < 0) continue;
-    float* dx = row_ptr<float>(dx_accum, t);
-    const float* src = g + ec * h;
-    for (int64_t j = 0; j < h; ++j) dx[j] += src[j];
-  }
+  // Token by token (tokens spread over the threads), each adding its slots in ascending slot order (expert, then
+  // capacity row): the sums of a serial pass over the slots, at any thread count.
+  kernels::parallel_for(r.S, kernels::rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> ecs;
+    for (int64_t t = t0; t < t1; ++t) {
+      ecs.clear();
+      for (int64_t i = 0; i < r.k; ++i) {
+        const int32_t s = r.slot[size_t(t * r.k + i)];
+        if (s >= 0) ecs.push_back(int64_t(r.expert[size_t(t * r.k + i)]) * r.C + s);
+      }
+      std::sort(ecs.begin(), ecs.end());
+      float* dx = row_ptr<float>(dx_accum, t);
+      for (const int64_t ec : ecs) {
+        const float* src = g + ec * h;
+        for (int64_t j = 0; j < h; ++j) dx[j] += src[j];
+      }
+    }
+  });
 }
 
 void combine_forward(const Tensor& y, const GateRouting& r, Tensor& out) {
@@ -88,9 +102,10 @@ void combine_forward(const Tensor& y, const GateRouting& r, Tensor& out) {
   check_ech(y, r, h, "combine input y");
   check_rows(out, r.S, h, "combine output");
   const float* Y = y.data<float>();
+  kernels::parallel_for(r.S, kernels::rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
   std::vector<float> acc_buf;  // only for a bf16 output
   if (out.dtype() == DType::bf16) acc_buf.resize(size_t(h));
-  for (int64_t t = 0; t < r.S; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     float* acc = out.dtype() == DType::f32 ? row_ptr<float>(out, t) : acc_buf.data();
     std::memset(acc, 0, size_t(h) * sizeof(float));
     for (int64_t i = 0; i < r.k; ++i) {
@@ -105,6 +120,7 @@ void combine_forward(const Tensor& y, const GateRouting& r, Tensor& out) {
       for (int64_t j = 0; j < h; ++j) o[j] = f32_to_bf16(acc[j]);
     }
   }
+  });
 }
 
 void combine_backward(const Tensor& d_out, const Tensor& y, const GateRouting& r, Tensor& dy, Tensor& d_weight) {
@@ -122,9 +138,12 @@ void combine_backward(const Tensor& d_out, const Tensor& y, const GateRouting& r
   float* dY = dy.data<float>();
   float* dw = d_weight.data<float>();
   // Empty slots get zero; every filled slot is written exactly once below.
-  for (int64_t ec = 0; ec < r.E * r.C; ++ec)
-    if (r.slot_token[size_t(ec)] < 0) std::memset(dY + ec * h, 0, size_t(h) * sizeof(float));
-  for (int64_t t = 0; t < r.S; ++t) {
+  kernels::parallel_for(r.E * r.C, kernels::rows_grain(h), [&](int64_t ec0, int64_t ec1) {
+    for (int64_t ec = ec0; ec < ec1; ++ec)
+      if (r.slot_token[size_t(ec)] < 0) std::memset(dY + ec * h, 0, size_t(h) * sizeof(float));
+  });
+  kernels::parallel_for(r.S, kernels::rows_grain(2 * r.k * h), [&](int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
     const float* g = row_ptr<float>(d_out, t);
     for (int64_t i = 0; i < r.k; ++i) {
       const int64_t ci = t * r.k + i;
@@ -143,6 +162,7 @@ void combine_backward(const Tensor& d_out, const Tensor& y, const GateRouting& r
       dw[ci] = dot;
     }
   }
+  });
 }
 
 }  // namespace ampipe::model

@@ -1,6 +1,7 @@
 #include "ampipe/model/linear.h"
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/kernels/parallel.h"
 
 namespace ampipe::model {
 
@@ -10,10 +11,12 @@ void add_bias(Tensor y, const Tensor& b) {
   const int64_t k = y.size(1), stride = y.strides()[0];
   const float* bb = b.data<float>();
   float* base = y.data<float>();
-  for (int64_t r = 0; r < y.size(0); ++r) {
-    float* row = base + r * stride;
-    for (int64_t j = 0; j < k; ++j) row[j] += bb[j];
-  }
+  kernels::parallel_for(y.size(0), kernels::rows_grain(k), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = base + r * stride;
+      for (int64_t j = 0; j < k; ++j) row[j] += bb[j];
+    }
+  });
 }
 
 void add_column_sums(const Tensor& dy, Tensor& db) {
@@ -21,15 +24,19 @@ void add_column_sums(const Tensor& dy, Tensor& db) {
                shape_str(dy.shape()), shape_str(db.shape()));
   const int64_t k = dy.size(1), stride = dy.strides()[0];
   float* d = db.data<float>();
-  if (dy.dtype() == DType::f32) {
-    const float* base = dy.data<float>();
-    for (int64_t r = 0; r < dy.size(0); ++r)
-      for (int64_t j = 0; j < k; ++j) d[j] += base[r * stride + j];
-    return;
-  }
-  const bf16* base = dy.data<bf16>();
-  for (int64_t r = 0; r < dy.size(0); ++r)
-    for (int64_t j = 0; j < k; ++j) d[j] += bf16_to_f32(base[r * stride + j]);
+  // Summed over the rows in row order, the columns spread over the threads: the same sums at any thread count.
+  const int64_t rows = dy.size(0);
+  kernels::parallel_for(k, 128, [&](int64_t j0, int64_t j1) {
+    if (dy.dtype() == DType::f32) {
+      const float* base = dy.data<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = j0; j < j1; ++j) d[j] += base[r * stride + j];
+      return;
+    }
+    const bf16* base = dy.data<bf16>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = j0; j < j1; ++j) d[j] += bf16_to_f32(base[r * stride + j]);
+  });
 }
 
 }  // namespace ampipe::model
