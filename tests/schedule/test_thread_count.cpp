@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "ampipe/kernels/gemm.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 #include "layer_harness.h"
 
 using namespace ampipe;
@@ -125,7 +125,7 @@ TEST(ThreadCount, Bf16LayersAreTheSameBitsAtAnyThreadCount) {
 TEST(ThreadCount, ParallelForSpreadsPiecesOverTheThreads) {
   kernels::set_num_threads(2);
   std::vector<std::thread::id> owner(8);
-  kernels::parallel_for(8, 1, [&](int64_t b, int64_t e) {
+  parallel_for(8, 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) owner[size_t(i)] = std::this_thread::get_id();
   });
   kernels::set_num_threads(1);

@@ -36,7 +36,7 @@
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/host_memory.h"
 #include "ampipe/core/philox.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/model/size_check.h"
 #include "ampipe/schedule/layer_stack.h"
 #include "ampipe/sim/simulator.h"
@@ -334,7 +334,7 @@ void report_bench(const BenchLayerArgs& a, const model::LayerConfig& cfg, const 
              cfg.num_experts, cfg.moe_router_topk, cfg.bf16 ? "bf16" : "fp32", a.num_layers, world,
              tp ? fmt::format("tp={}{} ", cfg.tp(), cfg.sp() ? " (sequence parallel)" : "") : "",
              cp ? fmt::format("cp={} ", cfg.cp()) : "", layout.ep, a.warmup, a.iters);
-  fmt::print("  {}\n", kernels::threading_summary(world));
+  fmt::print("  {}\n", threading_summary(world));
   for (const std::string& s : skipped) fmt::print("  skipped: {}\n", s);
   // comm ms: the all-to-alls alone; tp comm ms: the tensor-parallel collectives alone; ring ms: the cp ring's steps
   // alone; hidden: the share of the smaller of compute and (all communication) that the step hides,
@@ -448,10 +448,12 @@ int run_bench_layer(BenchLayerArgs& a) {
   Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
   const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
   const int64_t base = (int64_t(me.cp) * tp_rows + (cfg.sp() ? me.tp : 0)) * x.numel();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
-    dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
-  }
+  parallel_for(x.numel(), int64_t(1) << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
+      dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));
+    }
+  });
   const uint64_t token_base = uint64_t(me.dp) * uint64_t(cfg.tokens());
   model::LayerConfig first = cfg;
   first.ampipe_tp_sp_comm_overlap = res[0].tp_overlap > 0;

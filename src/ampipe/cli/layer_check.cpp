@@ -24,6 +24,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/host_memory.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/core/safetensors.h"
 #include "ampipe/model/context_parallel.h"
@@ -56,10 +57,12 @@ Tensor micro_batch_slice(const model::LayerConfig& cfg, int64_t G, int64_t m, ui
   Tensor t = Tensor::empty({s, b, h});
   const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
   float* p = t.data<float>();
-  for (int64_t i = 0; i < s; ++i)
-    for (int64_t bb = 0; bb < b; ++bb)
-      for (int64_t j = 0; j < h; ++j)
-        p[(i * b + bb) * h + j] = core::philox_normal(key, id, uint64_t((i * G + m * b + bb) * h + j));
+  parallel_for(s, rows_grain(b * h), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t bb = 0; bb < b; ++bb)
+        for (int64_t j = 0; j < h; ++j)
+          p[(i * b + bb) * h + j] = core::philox_normal(key, id, uint64_t((i * G + m * b + bb) * h + j));
+  });
   return t;
 }
 

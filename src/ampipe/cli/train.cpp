@@ -17,7 +17,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/host_memory.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/train/memory_estimate.h"
 #include "ampipe/train/checkpoint_args.h"
 #include "ampipe/train/loss_plot.h"
@@ -162,7 +162,7 @@ void print_header(const RunInfo& r) {
              l.moe_router_topk, cfg.padded_vocab_size, cfg.ffn_summary(), double(r.n_params) / 1e6, l.bf16 ? "bf16" : "fp32", r.world, tp,
              r.layout.ep, r.layout.dp, cfg.ampipe_degree, l.ampipe_tp_sp_comm_overlap ? " tp-overlap" : "", G,
              l.seq_length, l.micro_batch_size);
-  fmt::print("  {}\n", kernels::threading_summary(r.world));
+  fmt::print("  {}\n", threading_summary(r.world));
   if (cfg.ampipe_degree > 1)
     fmt::print("  AMPipe degree {} {}\n", cfg.ampipe_degree,
                l.dropless()

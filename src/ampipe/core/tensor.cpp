@@ -1,5 +1,8 @@
 #include "ampipe/core/tensor.h"
 
+#include "ampipe/core/parallel.h"
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -233,14 +236,21 @@ void Tensor::copy_from(const Tensor& src) {
   const int64_t n = numel();
   if (n == 0) return;
   AMPIPE_CHECK(defined() && src.defined(), "copy_from with an undefined tensor");
+  // Spread over the threads (every element copied once, so the same bits at any count), unless both are views
+  // of one storage: they may overlap, and only a serial memmove keeps an overlapping copy right.
+  const int64_t grain = shares_storage_with(src) ? n : int64_t(1) << 15;
   if (src.is_contiguous() && is_contiguous()) {
-    copy_elems(raw(), dtype_, 1, src.raw(), src.dtype_, 1, n);
+    parallel_for(n, grain, [&](int64_t i0, int64_t i1) {
+      copy_elems(elem_ptr(raw(), dtype_, i0), dtype_, 1, elem_ptr(src.raw(), src.dtype_, i0), src.dtype_, 1, i1 - i0);
+    });
     return;
   }
   const int64_t inner = shape_.back(), ds = strides_.back(), ss = src.strides_.back();
-  for (int64_t r = 0; r < n / inner; ++r)
-    copy_elems(elem_ptr(raw(), dtype_, flat_offset(r * inner)), dtype_, ds,
-               elem_ptr(src.raw(), src.dtype_, src.flat_offset(r * inner)), src.dtype_, ss, inner);
+  parallel_for(n / inner, std::max<int64_t>(1, grain / inner), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      copy_elems(elem_ptr(raw(), dtype_, flat_offset(r * inner)), dtype_, ds,
+                 elem_ptr(src.raw(), src.dtype_, src.flat_offset(r * inner)), src.dtype_, ss, inner);
+  });
 }
 
 Tensor Tensor::clone() const { return to(dtype_); }
@@ -255,19 +265,26 @@ void Tensor::fill(float value) {
   const int64_t n = numel();
   if (n == 0) return;
   AMPIPE_CHECK(defined(), "fill of an undefined tensor");
-  const bool contig = is_contiguous();
-  const int64_t inner = contig ? n : shape_.back(), stride = contig ? 1 : strides_.back();
-  for (int64_t r = 0; r < n / inner; ++r) {
-    const int64_t o = contig ? 0 : flat_offset(r * inner);
+  const bf16 v16 = f32_to_bf16(value);
+  auto fill_run = [&](int64_t at, int64_t count, int64_t step) {
     if (dtype_ == DType::f32) {
-      float* p = reinterpret_cast<float*>(raw()) + o;
-      for (int64_t i = 0; i < inner; ++i) p[i * stride] = value;
+      float* p = reinterpret_cast<float*>(raw()) + at;
+      for (int64_t i = 0; i < count; ++i) p[i * step] = value;
     } else {
-      const bf16 v = f32_to_bf16(value);
-      bf16* p = reinterpret_cast<bf16*>(raw()) + o;
-      for (int64_t i = 0; i < inner; ++i) p[i * stride] = v;
+      bf16* p = reinterpret_cast<bf16*>(raw()) + at;
+      for (int64_t i = 0; i < count; ++i) p[i * step] = v16;
     }
+  };
+  // Element ranges (contiguous) or rows (a view) spread over the threads.
+  constexpr int64_t kGrain = int64_t(1) << 15;
+  if (is_contiguous()) {
+    parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) { fill_run(i0, i1 - i0, 1); });
+    return;
   }
+  const int64_t inner = shape_.back(), stride = strides_.back();
+  parallel_for(n / inner, std::max<int64_t>(1, kGrain / inner), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fill_run(flat_offset(r * inner), inner, stride);
+  });
 }
 
 }  // namespace ampipe

@@ -1,6 +1,6 @@
 #include "ampipe/kernels/activations.h"
 #include "ampipe/kernels/checks.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/kernels/simd_math.h"
 
 #include <cmath>

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "ampipe/core/error.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 namespace ampipe::kernels {
 

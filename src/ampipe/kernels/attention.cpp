@@ -18,7 +18,7 @@
 #include "ampipe/kernels/checks.h"
 #include "ampipe/kernels/dropout.h"
 #include "ampipe/kernels/gemm.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/kernels/simd_math.h"
 
 #ifdef AMPIPE_SIMD_AVX2

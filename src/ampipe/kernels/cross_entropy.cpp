@@ -1,6 +1,6 @@
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/checks.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 #include <cmath>
 

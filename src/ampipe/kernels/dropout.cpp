@@ -4,7 +4,7 @@
 
 #include "ampipe/kernels/dropout.h"
 #include "ampipe/kernels/checks.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 #include "ampipe/kernels/embedding.h"
 
 #include "ampipe/core/error.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 namespace ampipe::kernels {
 

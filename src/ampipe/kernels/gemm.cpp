@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <chrono>
 #include <dnnl.hpp>
 #include <memory>
 #include <unordered_map>
@@ -125,7 +127,10 @@ Prim make(const GemmDesc& d) {
 }
 
 Prim& lookup(const GemmDesc& d) {
-  thread_local std::unordered_map<GemmDesc, std::unique_ptr<Prim>, DescHash> cache;
+  // oneDNN splits the work over the threads it may use when the primitive is created: one cache per thread count,
+  // or a primitive made for one thread would run on one thread after set_num_threads(2).
+  thread_local std::unordered_map<int, std::unordered_map<GemmDesc, std::unique_ptr<Prim>, DescHash>> caches;
+  auto& cache = caches[omp_get_max_threads()];
   auto it = cache.find(d);
   if (it == cache.end()) it = cache.emplace(d, std::make_unique<Prim>(make(d))).first;
   return *it->second;
@@ -160,7 +165,36 @@ void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_clock_on{false};
+std::atomic<int64_t> g_clock_ns{0};
+thread_local int g_depth = 0;  // gemm() calls itself (batches, the bf16 emulation): only the outer call is timed
+
+void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c);
+}  // namespace
+
+void set_gemm_clock(bool on) {
+  g_clock_ns = 0;
+  g_clock_on = on;
+}
+double gemm_clock_seconds() { return double(g_clock_ns.load()) * 1e-9; }
+
 void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
+  if (!g_clock_on.load(std::memory_order_relaxed) || g_depth > 0) return gemm_untimed(desc, a, b, c);
+  const auto t0 = std::chrono::steady_clock::now();
+  ++g_depth;
+  try {
+    gemm_untimed(desc, a, b, c);
+  } catch (...) {
+    --g_depth;
+    throw;
+  }
+  --g_depth;
+  g_clock_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+namespace {
+void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c) {
   if (desc.m == 0 || desc.n == 0 || desc.batch == 0) return;
   const GemmDesc d = normalised(desc);
   if (d.batch > 1 && (d.k == 0 || lookup(d).emulated)) {  // matrix by matrix (the emulation widens one at a time)
@@ -192,6 +226,7 @@ void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
   p.prim.execute(stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
   stream.wait();
 }
+}  // namespace
 
 namespace {
 GemmDesc tensor_desc(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& c, bool accumulate,

@@ -7,8 +7,8 @@
 // a bigger [s, b, n*d] activation can be passed without copying. Inputs are fp32 or bf16 (A and B the same
 // type); accumulation is always fp32 (AMX tdpbf16ps for bf16); C is fp32 or bf16.
 //
-// Primitives are created once per distinct descriptor and cached (per thread; only the compute thread runs
-// kernels), so run() only binds pointers.
+// Primitives are created once per distinct descriptor and thread count, and cached per calling thread (attention
+// calls its block GEMMs from several threads), so run() only binds pointers.
 #pragma once
 
 #include <cstdint>
@@ -57,5 +57,11 @@ std::string gemm_impl_name(const GemmDesc& d);
 
 // Sets the number of OpenMP threads oneDNN uses on this rank.
 void set_num_threads(int n);
+
+// A clock of the time spent inside gemm(), summed over the threads that call it (attention's block GEMMs run on
+// several threads at once), for a benchmark's split of a step into GEMMs and everything else. Off by default (no
+// clock is read); turning it on resets the sum.
+void set_gemm_clock(bool on);
+double gemm_clock_seconds();
 
 }  // namespace ampipe::kernels

@@ -1,6 +1,6 @@
 #include "ampipe/kernels/layernorm.h"
 #include "ampipe/kernels/checks.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 #include <algorithm>
 #include <cmath>

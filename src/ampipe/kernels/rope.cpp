@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/kernels/checks.h"
 
 namespace ampipe::kernels {

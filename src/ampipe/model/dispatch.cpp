@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 namespace ampipe::model {
 
@@ -40,7 +40,7 @@ void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& out) {
   check_rows(x, r.S, h, "dispatch input x");
   check_ech(out, r, h, "dispatch output");
   Tensor out2 = out.view({r.E * r.C, h});  // [E, C, h] -> [E*C, h]
-  kernels::parallel_for(r.E * r.C, kernels::rows_grain(h), [&](int64_t ec0, int64_t ec1) {
+  parallel_for(r.E * r.C, rows_grain(h), [&](int64_t ec0, int64_t ec1) {
   for (int64_t ec = ec0; ec < ec1; ++ec) {
     const int32_t t = r.slot_token[size_t(ec)];
     if (out.dtype() == DType::f32) {
@@ -77,7 +77,7 @@ void dispatch_backward(const Tensor& d_out, const GateRouting& r, Tensor& dx_acc
   const float* g = d_out.data<float>();
   // Token by token (tokens spread over the threads), each adding its slots in ascending slot order (expert, then
   // capacity row): the sums of a serial pass over the slots, at any thread count.
-  kernels::parallel_for(r.S, kernels::rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
+  parallel_for(r.S, rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
     std::vector<int64_t> ecs;
     for (int64_t t = t0; t < t1; ++t) {
       ecs.clear();
@@ -102,7 +102,7 @@ void combine_forward(const Tensor& y, const GateRouting& r, Tensor& out) {
   check_ech(y, r, h, "combine input y");
   check_rows(out, r.S, h, "combine output");
   const float* Y = y.data<float>();
-  kernels::parallel_for(r.S, kernels::rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
+  parallel_for(r.S, rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
   std::vector<float> acc_buf;  // only for a bf16 output
   if (out.dtype() == DType::bf16) acc_buf.resize(size_t(h));
   for (int64_t t = t0; t < t1; ++t) {
@@ -138,11 +138,11 @@ void combine_backward(const Tensor& d_out, const Tensor& y, const GateRouting& r
   float* dY = dy.data<float>();
   float* dw = d_weight.data<float>();
   // Empty slots get zero; every filled slot is written exactly once below.
-  kernels::parallel_for(r.E * r.C, kernels::rows_grain(h), [&](int64_t ec0, int64_t ec1) {
+  parallel_for(r.E * r.C, rows_grain(h), [&](int64_t ec0, int64_t ec1) {
     for (int64_t ec = ec0; ec < ec1; ++ec)
       if (r.slot_token[size_t(ec)] < 0) std::memset(dY + ec * h, 0, size_t(h) * sizeof(float));
   });
-  kernels::parallel_for(r.S, kernels::rows_grain(2 * r.k * h), [&](int64_t t0, int64_t t1) {
+  parallel_for(r.S, rows_grain(2 * r.k * h), [&](int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     const float* g = row_ptr<float>(d_out, t);
     for (int64_t i = 0; i < r.k; ++i) {

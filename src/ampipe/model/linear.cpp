@@ -1,7 +1,7 @@
 #include "ampipe/model/linear.h"
 
 #include "ampipe/core/dtype.h"
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 namespace ampipe::model {
 
@@ -11,7 +11,7 @@ void add_bias(Tensor y, const Tensor& b) {
   const int64_t k = y.size(1), stride = y.strides()[0];
   const float* bb = b.data<float>();
   float* base = y.data<float>();
-  kernels::parallel_for(y.size(0), kernels::rows_grain(k), [&](int64_t r0, int64_t r1) {
+  parallel_for(y.size(0), rows_grain(k), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* row = base + r * stride;
       for (int64_t j = 0; j < k; ++j) row[j] += bb[j];
@@ -26,7 +26,7 @@ void add_column_sums(const Tensor& dy, Tensor& db) {
   float* d = db.data<float>();
   // Summed over the rows in row order, the columns spread over the threads: the same sums at any thread count.
   const int64_t rows = dy.size(0);
-  kernels::parallel_for(k, 128, [&](int64_t j0, int64_t j1) {
+  parallel_for(k, 128, [&](int64_t j0, int64_t j1) {
     if (dy.dtype() == DType::f32) {
       const float* base = dy.data<float>();
       for (int64_t r = 0; r < rows; ++r)

@@ -1,7 +1,9 @@
 #include "ampipe/model/mlp_block.h"
 
 #include <cmath>
+#include <vector>
 
+#include "ampipe/core/parallel.h"
 #include "ampipe/kernels/activations.h"
 #include "ampipe/model/linear.h"
 
@@ -27,22 +29,27 @@ void add_rows(Tensor dst, const Tensor& src) {
                shape_str(dst.shape()), shape_str(src.shape()));
   float* d = dst.data<float>();
   const float* x = src.data<float>();
-  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += x[i];
+  parallel_for(dst.numel(), int64_t(1) << 15, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) d[i] += x[i];
+  });
 }
 
 namespace {
-// f(t, s_t) for each row t of chunk c on this rank: s_t = sigmoid(x2_t . g), the shared expert's gate.
+// f(t, s_t) for each row t of chunk c on this rank: s_t = sigmoid(x2_t . g), the shared expert's gate. Rows spread
+// over the threads: f may write row t's outputs only.
 template <typename F>
 void for_each_gated_row(const LayerState& s, int c, F&& f) {
   const Tensor x2 = s.rows(Buf::ln2_out, c);
   const int64_t h = s.dims.h;
   const float* g = s.p.mlp_gate_w.data<float>();
-  for (int64_t t = 0; t < x2.size(0); ++t) {
-    const float* x = x2.data<float>() + t * h;
-    float logit = 0.0f;
-    for (int64_t j = 0; j < h; ++j) logit += x[j] * g[j];
-    f(t, 1.0f / (1.0f + std::exp(-logit)));
-  }
+  parallel_for(x2.size(0), rows_grain(2 * h), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* x = x2.data<float>() + t * h;
+      float logit = 0.0f;
+      for (int64_t j = 0; j < h; ++j) logit += x[j] * g[j];
+      f(t, 1.0f / (1.0f + std::exp(-logit)));
+    }
+  });
 }
 }  // namespace
 
@@ -74,17 +81,21 @@ void shared_expert_gate_backward(LayerState& s, int c) {
   const int64_t h = s.dims.h;
   const float* g = s.p.mlp_gate_w.data<float>();
   float* dg = s.g.mlp_gate_w.data<float>();
+  std::vector<float> z(size_t(x2.size(0)));  // dL/dlogit of every row
   for_each_gated_row(s, c, [&](int64_t t, float st) {
-    const float* x = x2.data<float>() + t * h;
     const float* y = mlp.data<float>() + t * h;
     const float* dm = d_mlp.data<float>() + t * h;
     float dot = 0.0f;
     for (int64_t j = 0; j < h; ++j) dot += dm[j] * y[j];
-    const float z = (1.0f - st) * dot;
+    z[size_t(t)] = (1.0f - st) * dot;
     float* dx = d_ln2.data<float>() + t * h;
-    for (int64_t j = 0; j < h; ++j) {
-      dg[j] += z * x[j];
-      dx[j] += z * g[j];
+    for (int64_t j = 0; j < h; ++j) dx[j] += z[size_t(t)] * g[j];
+  });
+  // dg sums over the rows in row order, the columns spread over the threads
+  parallel_for(h, 128, [&](int64_t j0, int64_t j1) {
+    for (int64_t t = 0; t < x2.size(0); ++t) {
+      const float* x = x2.data<float>() + t * h;
+      for (int64_t j = j0; j < j1; ++j) dg[j] += z[size_t(t)] * x[j];
     }
   });
 }

@@ -7,6 +7,7 @@
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/trace.h"
 #include "ampipe/core/error.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/cross_entropy.h"
 #include "ampipe/kernels/embedding.h"
@@ -35,8 +36,10 @@ Tensor normal_init(const Shape& shape, const TrainConfig& cfg, uint64_t id) {
   Tensor t = Tensor::empty(shape);
   const core::PhiloxKey key{cfg.layer.seed, kModelKeyLayer, core::RngPurpose::init};
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    p[i] = float(cfg.layer.init_method_std * double(core::philox_normal(key, id, uint64_t(i))));
+  parallel_for(t.numel(), int64_t(1) << 14, [&](int64_t i0, int64_t i1) {  // counter-based: any split
+    for (int64_t i = i0; i < i1; ++i)
+      p[i] = float(cfg.layer.init_method_std * double(core::philox_normal(key, id, uint64_t(i))));
+  });
   return t;
 }
 

@@ -1,5 +1,7 @@
-// Deterministic multi-threading for the kernels (and the model's element-wise loops), on OpenMP: the runtime oneDNN
-// uses, so the GEMMs and these loops share one thread pool (OMP_NUM_THREADS threads per rank).
+// Deterministic multi-threading for every host loop that touches a tensor's elements (the kernels, the model's
+// element-wise work, Tensor::copy_from and fill, parameter initialisation), on OpenMP: the runtime oneDNN uses, so
+// the GEMMs and these loops share one thread pool (OMP_NUM_THREADS threads per rank). In core, the lowest layer, so
+// that every module can use it; an accelerator backend brings its own streams and leaves this to the host.
 //
 // parallel_for(n, grain, body) splits [0, n) into pieces of `grain` indices (the last one shorter) and calls
 // body(begin, end) once per piece, the pieces spread statically over the threads. The pieces depend on n and grain
@@ -18,7 +20,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace ampipe::kernels {
+namespace ampipe {
 
 // Threads a parallel_for may use here: OpenMP's max threads, or 1 inside a parallel region.
 int parallel_threads();
@@ -52,4 +54,4 @@ void parallel_for(int64_t n, int64_t grain, Body&& body) {
 // that a piece amortises its scheduling and small tensors stay on one thread.
 inline int64_t rows_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, cols)); }
 
-}  // namespace ampipe::kernels
+}  // namespace ampipe

@@ -1,4 +1,4 @@
-#include "ampipe/kernels/parallel.h"
+#include "ampipe/core/parallel.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -9,7 +9,7 @@
 #include <exception>
 #include <vector>
 
-namespace ampipe::kernels {
+namespace ampipe {
 
 int parallel_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
@@ -81,4 +81,4 @@ void parallel_pieces(int64_t n, int64_t grain, PieceFn fn, void* ctx) {
 }
 
 }  // namespace detail
-}  // namespace ampipe::kernels
+}  // namespace ampipe
