@@ -48,6 +48,14 @@ Tensor random_tensor(int64_t rows, int64_t cols, DType t, uint32_t seed) {
 
 DType dtype_arg(const benchmark::State& state) { return state.range(1) == 0 ? DType::f32 : DType::bf16; }
 
+// Args 2 and 3: the query and key block sizes (0: the kernel's defaults), for a tile sweep.
+AttentionBlocks blocks_arg(const benchmark::State& state) {
+  AttentionBlocks b;
+  if (state.range(2) > 0) b.q = state.range(2);
+  if (state.range(3) > 0) b.k = state.range(3);
+  return b;
+}
+
 void BM_AttentionForward(benchmark::State& state) {
   set_num_threads(1);
   const int64_t s = state.range(0), h = kHeads * kHeadDim;
@@ -57,7 +65,7 @@ void BM_AttentionForward(benchmark::State& state) {
   const Tensor q = qkv.cols(0, h), k = qkv.cols(h, 2 * h), v = qkv.cols(2 * h, 3 * h);
   Tensor out = Tensor::empty({s * kBatch, h}), lse = Tensor::empty({kBatch * kHeads * s});
   for (auto _ : state) {
-    attention_forward(sh, q, k, v, out, lse);
+    attention_forward(sh, q, k, v, out, lse, blocks_arg(state));
     benchmark::DoNotOptimize(out.raw());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(causal_attention_flops(sh, false) * 1e-9,
@@ -78,7 +86,7 @@ void BM_AttentionBackward(benchmark::State& state) {
   Tensor dqkv = Tensor::zeros({s * kBatch, 3 * h});  // fused fp32 gradient, as the attention stage keeps it
   Tensor dq = dqkv.cols(0, h), dk = dqkv.cols(h, 2 * h), dv = dqkv.cols(2 * h, 3 * h);
   for (auto _ : state) {
-    attention_backward(sh, dout, q, k, v, out, lse, dq, dk, dv);
+    attention_backward(sh, dout, q, k, v, out, lse, dq, dk, dv, blocks_arg(state));
     benchmark::DoNotOptimize(dqkv.raw());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(causal_attention_flops(sh, true) * 1e-9,
@@ -109,12 +117,23 @@ void BM_Gemm(benchmark::State& state) {
 // clock): with one oneDNN thread that is all the work, and it is robust to other processes on a shared box.
 BENCHMARK(BM_Gemm)->ArgNames({"m", "bf16"})->Args({4096, 0})->Args({4096, 1})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionForward)
-    ->ArgNames({"s", "bf16"})
-    ->ArgsProduct({{2048, 4096}, {0, 1}})
+    ->ArgNames({"s", "bf16", "bq", "bk"})
+    ->ArgsProduct({{2048, 4096}, {0, 1}, {0}, {0}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBackward)
-    ->ArgNames({"s", "bf16"})
-    ->ArgsProduct({{2048, 4096}, {0, 1}})
+    ->ArgNames({"s", "bf16", "bq", "bk"})
+    ->ArgsProduct({{2048, 4096}, {0, 1}, {0}, {0}})
+    ->Unit(benchmark::kMillisecond);
+// The tile sweep (bf16, s 4096): --benchmark_filter=Tiles
+BENCHMARK(BM_AttentionForward)
+    ->Name("TilesForward")
+    ->ArgNames({"s", "bf16", "bq", "bk"})
+    ->ArgsProduct({{4096}, {1}, {64, 128, 256}, {128, 256, 512}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionBackward)
+    ->Name("TilesBackward")
+    ->ArgNames({"s", "bf16", "bq", "bk"})
+    ->ArgsProduct({{4096}, {1}, {64, 128, 256}, {128, 256, 512}})
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
