@@ -133,3 +133,28 @@ TEST(TopK, TiesGoToTheLowerIndexFirst) {
   EXPECT_EQ(val.get(0), 0.5f);
   EXPECT_EQ(val.get(2), 0.25f);
 }
+
+// The raw row forms the router runs (model/gate.cpp) against hand-computed values: softmax of (0, ln 3) is (1/4,
+// 3/4); its backward in place over dy = (1, 0): dot = 1/4, dx = (1/4 * 3/4, 3/4 * -1/4) = (3/16, -3/16); topk_row of
+// a row of 1100 columns (above the old 1024 limit) with ties.
+TEST(SoftmaxRow, HandComputedValuesAndTheRowTopK) {
+  float row[2] = {0.0f, std::log(3.0f)};
+  softmax_row(row, 2);
+  EXPECT_NEAR(row[0], 0.25f, 1e-7f);
+  EXPECT_NEAR(row[1], 0.75f, 1e-7f);
+  const float y[2] = {0.25f, 0.75f};
+  float d[2] = {1.0f, 0.0f};
+  softmax_backward_row(y, d, d, 2);  // in place
+  EXPECT_FLOAT_EQ(d[0], 3.0f / 16.0f);
+  EXPECT_FLOAT_EQ(d[1], -3.0f / 16.0f);
+  std::vector<float> wide(1100, 0.0f);
+  wide[1099] = 2.0f;
+  wide[7] = 1.0f;
+  wide[900] = 1.0f;
+  int32_t idx[4] = {};
+  topk_row(wide.data(), 1100, 4, idx);
+  EXPECT_EQ(idx[0], 1099);
+  EXPECT_EQ(idx[1], 7);    // the tie at 1.0: the lower index first
+  EXPECT_EQ(idx[2], 900);
+  EXPECT_EQ(idx[3], 0);    // then the zeros, lowest index first
+}

@@ -23,7 +23,16 @@ void softmax_backward(const Tensor& dy, const Tensor& y, Tensor& dx);
 // Order and ties (this decides routing, so it must be reproducible bit for bit):
 //   - slot i holds the i-th largest value; among equal values the lower column index comes first.
 //     Equivalently: columns are sorted by (value descending, index ascending) and the first k are taken.
-//   - Equality is fp32 ==, so +0 and -0 tie. probs must not contain NaN (checked).
+//   - Equality is fp32 ==, so +0 and -0 tie. probs must not contain NaN (checked). O(k^2 E) per row (k is small).
 void topk_rows(const Tensor& probs, int k, std::span<int32_t> idx, Tensor& val);
+
+// One row, raw pointers: what the Tensor forms above run per row, and what the router (model/gate.cpp) runs on its
+// logits, group scores and masked rows, so that both round and break ties alike.
+//   softmax_row: row[0, n) replaced by its softmax (the arithmetic of softmax_forward).
+//   softmax_backward_row: dx = y * (dy - sum_i dy_i y_i) over n columns; dx may alias dy.
+//   topk_row: the k largest of row[0, n), largest first, ties to the lower index (topk_rows' order); no NaN check.
+void softmax_row(float* row, int64_t n);
+void softmax_backward_row(const float* y, const float* dy, float* dx, int64_t n);
+void topk_row(const float* row, int64_t n, int64_t k, int32_t* idx);
 
 }  // namespace ampipe::kernels

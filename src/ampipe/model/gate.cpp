@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "ampipe/core/error.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/gemm.h"
+#include "ampipe/kernels/softmax.h"
 
 namespace ampipe::model {
 
@@ -184,28 +186,9 @@ std::vector<double> sinkhorn_columns(const float* logits, int64_t S, int64_t E) 
 }
 
 namespace {
-// The softmax of the logits row[0, E), in place, fp32 (max subtracted).
-void softmax_row(float* row, int64_t E) {
-  float mx = row[0];
-  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, row[e]);
-  float sum = 0.0f;
-  for (int64_t e = 0; e < E; ++e) sum += (row[e] = std::exp(row[e] - mx));
-  const float inv = 1.0f / sum;
-  for (int64_t e = 0; e < E; ++e) row[e] *= inv;
-}
-
-// The k largest of row[0, E) (ties -> the lower index), largest first.
-void top_k(const float* row, int64_t E, int64_t k, int32_t* out) {
-  for (int64_t i = 0; i < k; ++i) {
-    int32_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int64_t j = 0; j < i; ++j) taken |= out[j] == int32_t(e);
-      if (!taken && (best < 0 || row[e] > row[best])) best = int32_t(e);
-    }
-    out[i] = best;
-  }
-}
+// The router's softmax and top-k are the kernels' (kernels/softmax.h): the same rounding and the same ties.
+using kernels::softmax_row;
+using kernels::topk_row;
 
 // Sinkhorn routing's choices for one token: the k largest exp(logit_e) d1_e (ties -> the lower index), from its
 // logits `row` and the call's column scaling d1 (sinkhorn_columns).
@@ -240,21 +223,21 @@ void group_top_k(const float* row, int64_t E, int64_t k, int64_t G, int64_t g, R
   masked.assign(size_t(E), -INFINITY);
   top.resize(size_t(best));
   for (int64_t j = 0; j < G; ++j) {
-    top_k(row + j * per, per, best, top.data());
+    topk_row(row + j * per, per, best, top.data());
     for (int64_t i = 0; i < best; ++i) score[size_t(j)] += row[j * per + top[size_t(i)]];
   }
   std::vector<int32_t>& groups = sc.groups;
   groups.resize(size_t(g));
-  top_k(score.data(), G, g, groups.data());
+  topk_row(score.data(), G, g, groups.data());
   for (int32_t j : groups)
     for (int64_t e = j * per; e < (j + 1) * per; ++e) masked[size_t(e)] = row[e];
-  top_k(masked.data(), E, k, out);
+  topk_row(masked.data(), E, k, out);
 }
 
 // The routing choices from the routing scores `row` (plain or group-limited).
 void route_top_k(const GateConfig& cfg, const float* row, int64_t E, RouteScratch& sc, int32_t* out) {
   if (cfg.group_topk > 0) return group_top_k(row, E, cfg.topk, cfg.num_groups, cfg.group_topk, sc, out);
-  top_k(row, E, cfg.topk, out);
+  topk_row(row, E, cfg.topk, out);
 }
 
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
@@ -343,7 +326,7 @@ void megatron_select(const GateConfig& cfg, GateCtx& ctx) {
     for (int64_t i = 0; i < k; ++i) ++ctx.choice_count[size_t(i * E + choice[i])];
     const int32_t* mapped = choice;
     if (own_aux_map) {
-      top_k(aux.data(), E, k, aux_choice.data());
+      topk_row(aux.data(), E, k, aux_choice.data());
       mapped = aux_choice.data();
     }
     for (int64_t e = 0; e < E; ++e) ctx.stats.sum_probs[size_t(e)] += double(aux[size_t(e)]);
@@ -646,9 +629,7 @@ void megatron_weight_backward(const GateCtx& ctx, int64_t t, const float* dw, co
   }
   if (ctx.cfg.pre_softmax)
     for (int64_t i = 0; i < k; ++i) dp[choice[i]] += sf * dw[i];  // w_i = sf * p[choice_i]
-  float dot = 0.0f;
-  for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[e];
-  for (int64_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - dot);
+  kernels::softmax_backward_row(p, dp, dp, E);
   if (ctx.cfg.pre_softmax) return;
   // w_i = sf * q_i, q = softmax(chosen logits): d l_i = q_i (sf dw_i - sum_j q_j sf dw_j)
   float qdot = 0.0f;  // sum_j q_j sf dw_j = sum_j w_j dw_j
@@ -690,46 +671,45 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
       daux[size_t(i)] = float(double(d_l_aux) * double(E) * m[size_t(i)] / (Sb * Sb * double(B)));
   }
 
-  for (int64_t t = 0; t < S; ++t) {
-    const float* p = P + t * E;
-    float* dp = dl + t * E;  // d probs first, then turned into d logits in place
-    const float* da = daux.data() + (seq ? int64_t(ctx.seq[size_t(t)]) * E : 0);
-    for (int64_t e = 0; e < E; ++e) dp[e] = da[e];
-    if (ctx.cfg.router == Router::megatron) {
-      megatron_weight_backward(ctx, t, dw + t * k, p, dp);
-      if (!ctx.lse.empty()) {  // the z-loss: d z / d logit_e = coeff * 2 lse_t softmax_e / N
-        const float g = float(2.0 * ctx.cfg.z_loss_coeff * double(ctx.lse[size_t(t)]) / total.tokens);
-        if (ctx.logits.empty())
-          for (int64_t e = 0; e < E; ++e) dp[e] += g * p[e];
-        else  // sigmoid: the softmax from the saved logits, exp(logit - lse)
-          for (int64_t e = 0; e < E; ++e) dp[e] += g * std::exp(ctx.logits[size_t(t * E + e)] - ctx.lse[size_t(t)]);
+  parallel_for(S, rows_grain(4 * E), [&](int64_t t0_, int64_t t1_) {
+    for (int64_t t = t0_; t < t1_; ++t) {
+      const float* p = P + t * E;
+      float* dp = dl + t * E;  // d probs first, then turned into d logits in place
+      const float* da = daux.data() + (seq ? int64_t(ctx.seq[size_t(t)]) * E : 0);
+      for (int64_t e = 0; e < E; ++e) dp[e] = da[e];
+      if (ctx.cfg.router == Router::megatron) {
+        megatron_weight_backward(ctx, t, dw + t * k, p, dp);
+        if (!ctx.lse.empty()) {  // the z-loss: d z / d logit_e = coeff * 2 lse_t softmax_e / N
+          const float g = float(2.0 * ctx.cfg.z_loss_coeff * double(ctx.lse[size_t(t)]) / total.tokens);
+          if (ctx.logits.empty())
+            for (int64_t e = 0; e < E; ++e) dp[e] += g * p[e];
+          else  // sigmoid: the softmax from the saved logits, exp(logit - lse)
+            for (int64_t e = 0; e < E; ++e) dp[e] += g * std::exp(ctx.logits[size_t(t * E + e)] - ctx.lse[size_t(t)]);
+        }
+        continue;
       }
-      continue;
-    }
-    if (k == 1) {
-      if (r.slot[size_t(t)] >= 0) dp[r.expert[size_t(t)]] += dw[t];  // w = p[e1]
-    } else {
-      // w_i = p_i / D, D = max(p1 + p2, eps) over surviving choices. D > eps (torch.clamp passes the gradient
-      // when p1 + p2 >= eps): dL/dp_j = (dw_j - sum_i dw_i w_i) / D; otherwise D = eps is constant.
-      const bool kept1 = r.slot[size_t(t * 2)] >= 0, kept2 = r.slot[size_t(t * 2 + 1)] >= 0;
-      const int32_t e1 = r.expert[size_t(t * 2)], e2 = r.expert[size_t(t * 2 + 1)];
-      const float p1 = kept1 ? p[e1] : 0.0f, p2 = kept2 ? p[e2] : 0.0f, s = p1 + p2;
-      const float dw1 = dw[t * 2], dw2 = dw[t * 2 + 1];
-      if (s >= kRenormEps) {
-        const float dot = (kept1 ? dw1 * r.weight[size_t(t * 2)] : 0.0f) +
-                          (kept2 ? dw2 * r.weight[size_t(t * 2 + 1)] : 0.0f);
-        if (kept1) dp[e1] += (dw1 - dot) / s;
-        if (kept2) dp[e2] += (dw2 - dot) / s;
+      if (k == 1) {
+        if (r.slot[size_t(t)] >= 0) dp[r.expert[size_t(t)]] += dw[t];  // w = p[e1]
       } else {
-        if (kept1) dp[e1] += dw1 / kRenormEps;
-        if (kept2) dp[e2] += dw2 / kRenormEps;
+        // w_i = p_i / D, D = max(p1 + p2, eps) over surviving choices. D > eps (torch.clamp passes the gradient
+        // when p1 + p2 >= eps): dL/dp_j = (dw_j - sum_i dw_i w_i) / D; otherwise D = eps is constant.
+        const bool kept1 = r.slot[size_t(t * 2)] >= 0, kept2 = r.slot[size_t(t * 2 + 1)] >= 0;
+        const int32_t e1 = r.expert[size_t(t * 2)], e2 = r.expert[size_t(t * 2 + 1)];
+        const float p1 = kept1 ? p[e1] : 0.0f, p2 = kept2 ? p[e2] : 0.0f, s = p1 + p2;
+        const float dw1 = dw[t * 2], dw2 = dw[t * 2 + 1];
+        if (s >= kRenormEps) {
+          const float dot = (kept1 ? dw1 * r.weight[size_t(t * 2)] : 0.0f) +
+                            (kept2 ? dw2 * r.weight[size_t(t * 2 + 1)] : 0.0f);
+          if (kept1) dp[e1] += (dw1 - dot) / s;
+          if (kept2) dp[e2] += (dw2 - dot) / s;
+        } else {
+          if (kept1) dp[e1] += dw1 / kRenormEps;
+          if (kept2) dp[e2] += dw2 / kRenormEps;
+        }
       }
+      kernels::softmax_backward_row(p, dp, dp, E);  // dlogit_e = p_e * (dp_e - sum_j p_j dp_j)
     }
-    // softmax backward: dlogit_e = p_e * (dp_e - sum_j p_j dp_j)
-    float dot = 0.0f;
-    for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[e];
-    for (int64_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - dot);
-  }
+  });
 
   // dWg += dlogits^T @ x_gate: [E, S] x [S, h] -> [E, h]
   kernels::gemm(dlogits, kernels::Trans::t, ctx.x_gate, kernels::Trans::n, dWg_accum, /*accumulate=*/true);
@@ -739,22 +719,24 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
     return;
   }
   const core::PhiloxKey key = key_of(ctx.cfg, core::RngPurpose::gate_jitter);
-  std::vector<float> noise(static_cast<size_t>(h)), row(static_cast<size_t>(h));
   const float* W = Wg.data<float>();
   const int64_t wld = Wg.strides()[0];
   float* dx = dx_accum.data<float>();
   const int64_t ld = dx_accum.strides()[0];
-  for (int64_t t = 0; t < S; ++t) {
-    std::fill(row.begin(), row.end(), 0.0f);
-    for (int64_t e = 0; e < E; ++e) {
-      const float g = dl[t * E + e];
-      if (g == 0.0f) continue;
-      const float* w = W + e * wld;
-      for (int64_t j = 0; j < h; ++j) row[size_t(j)] += g * w[j];
+  parallel_for(S, rows_grain(2 * h), [&](int64_t t0, int64_t t1) {
+    std::vector<float> noise(static_cast<size_t>(h)), row(static_cast<size_t>(h));
+    for (int64_t t = t0; t < t1; ++t) {
+      std::fill(row.begin(), row.end(), 0.0f);
+      for (int64_t e = 0; e < E; ++e) {
+        const float g = dl[t * E + e];
+        if (g == 0.0f) continue;
+        const float* w = W + e * wld;
+        for (int64_t j = 0; j < h; ++j) row[size_t(j)] += g * w[j];
+      }
+      jitter_row(key, ctx.tokens.at(t), h, noise.data());
+      for (int64_t j = 0; j < h; ++j) dx[t * ld + j] += row[size_t(j)] * noise[size_t(j)];
     }
-    jitter_row(key, ctx.tokens.at(t), h, noise.data());
-    for (int64_t j = 0; j < h; ++j) dx[t * ld + j] += row[size_t(j)] * noise[size_t(j)];
-  }
+  });
 }
 
 void update_expert_bias(std::span<float> bias, std::span<const float> counts, double rate) {
