@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "ampipe/core/philox.h"
 #include "ampipe/model/layer_params.h"
@@ -38,6 +39,28 @@ inline LayerRun run_layer(const model::LayerConfig& cfg, int M, float aux_coeff 
   r.aux = stack.aux_loss();
   r.tensors["grad.x"] = stack.backward(dy, aux_coeff).clone();
   for (auto& [name, g] : stack.grads(0).named()) r.tensors["grad." + name] = g.clone();
+  return r;
+}
+
+// A stack's outputs over two micro-batches (x, dy drawn from the seed; the gradients accumulate): each
+// micro-batch's y and input gradient, and every layer's parameter gradients by name.
+struct StackRun {
+  std::vector<Tensor> ys, dxs;
+  std::vector<std::map<std::string, Tensor>> grads;  // per layer
+};
+inline StackRun run_two_micro_batches(schedule::LayerStack& stack, const model::LayerConfig& cfg) {
+  StackRun r;
+  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
+  for (uint64_t m = 0; m < 2; ++m) {
+    const Tensor x = seeded_normal(act, cfg.seed, 2 * m), dy = seeded_normal(act, cfg.seed, 2 * m + 1);
+    r.ys.push_back(stack.forward(x, m * uint64_t(cfg.tokens())).clone());
+    r.dxs.push_back(stack.backward(dy, 0.01f).clone());
+  }
+  for (int i = 0; i < stack.num_layers(); ++i) {
+    std::map<std::string, Tensor> g;
+    for (auto& [name, t] : stack.grads(i).named()) g[name] = t.clone();
+    r.grads.push_back(g);
+  }
   return r;
 }
 

@@ -30,9 +30,7 @@ model::LayerConfig config() {
   return c;
 }
 
-struct StackRun {
-  std::vector<Tensor> ys, dxs;
-  std::vector<std::map<std::string, Tensor>> grads;  // per layer
+struct StackRun : ampipe::testing::StackRun {
   size_t planned = 0;
 };
 
@@ -44,17 +42,7 @@ StackRun run(const std::vector<bool>& recompute, int M, bool selective = false, 
   stack.set_recompute(recompute);
   StackRun r;
   r.planned = stack.planned_bytes();
-  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
-  for (uint64_t m = 0; m < 2; ++m) {
-    const Tensor x = seeded_normal(act, cfg.seed, 2 * m), dy = seeded_normal(act, cfg.seed, 2 * m + 1);
-    r.ys.push_back(stack.forward(x, m * uint64_t(cfg.tokens())).clone());
-    r.dxs.push_back(stack.backward(dy, 0.01f).clone());
-  }
-  for (int i = 0; i < stack.num_layers(); ++i) {
-    std::map<std::string, Tensor> g;
-    for (auto& [name, t] : stack.grads(i).named()) g[name] = t.clone();
-    r.grads.push_back(g);
-  }
+  static_cast<ampipe::testing::StackRun&>(r) = ampipe::testing::run_two_micro_batches(stack, cfg);
   return r;
 }
 

@@ -16,7 +16,6 @@
 #include "layer_harness.h"
 
 using namespace ampipe;
-using ampipe::testing::seeded_normal;
 
 namespace {
 
@@ -55,26 +54,12 @@ model::LayerConfig llama() {
   return c;
 }
 
-struct StackRun {
-  std::vector<Tensor> ys, dxs;
-  std::vector<std::map<std::string, Tensor>> grads;
-};
+using ampipe::testing::StackRun;
 
 StackRun run(const model::LayerConfig& cfg, int M, int threads) {
   kernels::set_num_threads(threads);
   schedule::LayerStack stack(cfg, 2, M, 0, nullptr);
-  StackRun r;
-  const Shape act{cfg.seq_length, cfg.micro_batch_size, cfg.hidden_size};
-  for (uint64_t m = 0; m < 2; ++m) {
-    const Tensor x = seeded_normal(act, cfg.seed, 2 * m), dy = seeded_normal(act, cfg.seed, 2 * m + 1);
-    r.ys.push_back(stack.forward(x, m * uint64_t(cfg.tokens())).clone());
-    r.dxs.push_back(stack.backward(dy, 0.01f).clone());
-  }
-  for (int i = 0; i < stack.num_layers(); ++i) {
-    std::map<std::string, Tensor> g;
-    for (auto& [name, t] : stack.grads(i).named()) g[name] = t.clone();
-    r.grads.push_back(g);
-  }
+  StackRun r = ampipe::testing::run_two_micro_batches(stack, cfg);
   kernels::set_num_threads(1);
   return r;
 }
