@@ -54,6 +54,8 @@ std::string threading_summary(int world) {
                         "threads wait on each other: use OMP_NUM_THREADS={}",
                         threads, std::max(1L, share), share == 1 ? "" : "s", ranks, ranks == 1 ? "" : "s",
                         std::max(1L, share));
+  else if (env == nullptr && share > 1)
+    line += fmt::format("; {} CPUs per rank are free: OMP_NUM_THREADS={} would use them", share, share);
   return line;
 }
 
