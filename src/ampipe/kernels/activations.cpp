@@ -74,15 +74,37 @@ inline void store8(float* p, __m256 v, int64_t n) {
   _mm256_store_ps(buf, v);
   std::memcpy(p, buf, size_t(n) * sizeof(float));
 }
+// Stores the first n lanes at element i of an fp32 or bf16 output (bf16: each value rounded once, as copy_from does).
+inline void store_out(void* y, DType t, int64_t i, __m256 v, int64_t n) {
+  if (t == DType::f32) return store8(static_cast<float*>(y) + i, v, n);
+  alignas(32) float buf[8];
+  _mm256_store_ps(buf, v);
+  bf16* o = static_cast<bf16*>(y) + i;
+  for (int64_t q = 0; q < n; ++q) o[q] = f32_to_bf16(buf[q]);
+}
 #endif
+inline void set_out(void* y, DType t, int64_t i, float v) {
+  if (t == DType::f32)
+    static_cast<float*>(y)[i] = v;
+  else
+    static_cast<bf16*>(y)[i] = f32_to_bf16(v);
+}
+// An activation's output: fp32 or bf16 (the bf16 copy a GEMM reads, written without an fp32 pass), contiguous.
+void check_out(const Tensor& y, const char* op, const Shape& want) {
+  AMPIPE_CHECK(y.defined() && (y.dtype() == DType::f32 || y.dtype() == DType::bf16) && y.is_contiguous() &&
+                   y.shape() == want,
+               "{}: y must be a contiguous f32 or bf16 tensor of shape {}, got {} {}", op, shape_str(want),
+               y.defined() ? dtype_name(y.dtype()) : "undefined", shape_str(y.shape()));
+}
 }  // namespace
 
 void gelu_forward(const Tensor& x, Tensor& y) {
   check_2d(x, "gelu_forward", "x");
   check_f32(x, "gelu_forward", "x", x.shape());
-  check_f32(y, "gelu_forward", "y", x.shape());
+  check_out(y, "gelu_forward", x.shape());
   const float* xp = x.data<float>();
-  float* yp = y.data<float>();
+  void* yp = y.raw();
+  const DType yt = y.dtype();
   const int64_t n = x.numel();
 #ifdef AMPIPE_ACT_AVX2
   // gelu(x) = x * Phi(x), Phi as in phi8: within ~3e-7 * max(1, |gelu|) of the std::erf form (tests: 2e-6 of a
@@ -90,14 +112,14 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     for_each8(e - b, [&](int64_t i, int64_t cnt) {
       const __m256 v = load8(xp + b + i, cnt);
-      store8(yp + b + i, _mm256_mul_ps(v, phi8(v)), cnt);
+      store_out(yp, yt, b + i, _mm256_mul_ps(v, phi8(v)), cnt);
     });
   });
 #else
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float v = xp[i];
-      yp[i] = 0.5f * v * (1.0f + std::erf(v * kInvSqrt2));
+      set_out(yp, yt, i, 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)));
     }
   });
 #endif
@@ -139,23 +161,24 @@ void swiglu_forward(const Tensor& x, Tensor& y) {
   const int64_t rows = x.size(0), two_f = x.size(1), f = two_f / 2;
   AMPIPE_CHECK(two_f % 2 == 0, "swiglu_forward: x must be [rows, 2F], got {}", shape_str(x.shape()));
   check_f32(x, "swiglu_forward", "x", {rows, two_f});
-  check_f32(y, "swiglu_forward", "y", {rows, f});
+  check_out(y, "swiglu_forward", {rows, f});
   const float* xp = x.data<float>();
-  float* yp = y.data<float>();
+  void* yp = y.raw();
+  const DType yt = y.dtype();
   parallel_for(rows, rows_grain(two_f), [&](int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* a = xp + r * two_f;
     const float* g = a + f;
-    float* yr = yp + r * f;
+    const int64_t yr = r * f;  // the row's first output element
 #ifdef AMPIPE_ACT_AVX2
     // The same operations in the same order; exp8 is within ~1 ulp of std::exp.
     for_each8(f, [&](int64_t j, int64_t cnt) {
       const __m256 av = load8(a + j, cnt), gv = load8(g + j, cnt);
       const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), av));
-      store8(yr + j, _mm256_mul_ps(_mm256_div_ps(av, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), gv), cnt);
+      store_out(yp, yt, yr + j, _mm256_mul_ps(_mm256_div_ps(av, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), gv), cnt);
     });
 #else
-    for (int64_t j = 0; j < f; ++j) yr[j] = a[j] / (1.0f + std::exp(-a[j])) * g[j];
+    for (int64_t j = 0; j < f; ++j) set_out(yp, yt, yr + j, a[j] / (1.0f + std::exp(-a[j])) * g[j]);
 #endif
   }
   });

@@ -1,7 +1,9 @@
-// Element-wise activations of the expert MLP, fp32: GeLU (exact erf form) and SwiGLU.
+// Element-wise activations of the expert MLP, computed in fp32: GeLU (exact erf form) and SwiGLU.
 //
 // Notation: rows = tokens (routed to one expert, or all tokens of a dense MLP), F = FFN hidden size.
-// All tensors are fp32, contiguous and 2-D (use Tensor::view to flatten).
+// All tensors are contiguous and 2-D (use Tensor::view to flatten), fp32 except the forwards' output y, which may
+// be bf16: the copy the next GEMM reads in bf16 mode, each value rounded once (as Tensor::copy_from would round
+// the fp32 result), with no fp32 pass in between.
 #pragma once
 
 #include "ampipe/core/tensor.h"
@@ -11,7 +13,7 @@ namespace ampipe::kernels {
 // GeLU, exact form (not the tanh approximation):
 //   gelu(x)  = 0.5 * x * (1 + erf(x / sqrt(2))) = x * Phi(x)
 //   gelu'(x) = Phi(x) + x * phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
-// x, y: [rows, F]; y is overwritten and may alias x.
+// x, y: [rows, F]; y is overwritten and may alias x (when fp32).
 void gelu_forward(const Tensor& x, Tensor& y);
 // dx = dy * gelu'(x), overwritten; x is the forward's input. dx may alias dy.
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);

@@ -93,6 +93,7 @@ bool mlp_needed(const LayerDims& d, Buf b) {
   switch (b) {
     case Buf::mlp_send: return d.sp && bf16;
     case Buf::mlp_in: return d.sp || bf16;
+    case Buf::mlp_act: return !bf16;  // bf16: the activation is written straight into mlp_act_bf16
     case Buf::mlp_act_bf16:
     case Buf::d_mlp_bf16:
     case Buf::d_mlp_fc1_bf16: return bf16;
@@ -110,6 +111,7 @@ bool needed(const LayerDims& d, Buf b) {
   if (b >= Buf::mlp_send && b <= Buf::d_mlp_in_local) return d.mlp && mlp_needed(d, b);
   switch (b) {
     case Buf::ln1_out: return !(d.sp && bf16);  // sequence parallel bf16: gathered straight into ln1_out_bf16
+    case Buf::act: return !bf16;  // bf16: the experts' activation is written straight into act_bf16
     case Buf::ln1_local:
     case Buf::proj_partial:
     case Buf::d_ln1_local:
@@ -327,7 +329,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::d_expert_out: return {L, MR, h};
     case Buf::fc1_out: return {L, MR, d.F1l};
     case Buf::act_bf16: return {L, MR, d.Fl};
-    case Buf::act: return f32 ? Shape{L, MR, d.Fl} : Shape{R, d.Fl};  // bf16: one expert's staging
+    case Buf::act: return {L, MR, d.Fl};  // fp32 only: bf16 writes act_bf16
     case Buf::d_fc1: return f32 ? Shape{L, MR, d.F1l} : Shape{R, d.F1l};
     case Buf::d_fc1_bf16: return {L, MR, d.F1l};
     case Buf::expert_out:
@@ -364,7 +366,7 @@ Shape buffer_shape(const LayerDims& d, Buf b, int64_t C) {
     case Buf::mlp_fc1:
     case Buf::d_mlp_fc1_bf16: return {T, d.F1ml};
     case Buf::d_mlp_fc1: return f32 ? Shape{T, d.F1ml} : Shape{Sc, d.F1ml};
-    case Buf::mlp_act: return f32 ? Shape{T, d.Fml} : Shape{Sc, d.Fml};
+    case Buf::mlp_act: return {T, d.Fml};  // fp32 only: bf16 writes mlp_act_bf16
     case Buf::mlp_act_bf16: return {T, d.Fml};
     case Buf::d_mlp_act: return {Sc, d.Fml};
     case Buf::qk_raw: return {T * (hl + d.kvl)};

@@ -107,19 +107,14 @@ void MlpBlock::forward(int c) {
   Tensor h1 = s.full_rows(Buf::mlp_fc1, c);
   linear_forward(in, s.w.mlp_fc1, h1);  // [S_c, h] -> [S_c, F1_m/t]
   if (s.p.mlp_fc1_b.defined()) add_bias(h1, s.p.mlp_fc1_b);  // --add-bias-linear (fc2's: MoeBlock::weighted_sum)
-  // bf16: the fp32 activation is one chunk's staging, its bf16 copy is kept; fp32: the activation is kept
-  Tensor a = s.bf16() ? s.mem.get(Buf::mlp_act) : s.full_rows(Buf::mlp_act, c);
+  // the kept activation, in the compute dtype: bf16 written straight from fp32 values
+  Tensor a = s.full_rows(s.bf16() ? Buf::mlp_act_bf16 : Buf::mlp_act, c);
   if (s.cfg.expert == ExpertKind::swiglu)
     kernels::swiglu_forward(h1, a);
   else
     kernels::gelu_forward(h1, a);
-  Tensor a_cd = a;
-  if (s.bf16()) {
-    a_cd = s.full_rows(Buf::mlp_act_bf16, c);
-    a_cd.copy_from(a);
-  }
   Tensor out = s.full_rows(Buf::mlp_out, c);
-  linear_forward(a_cd, s.w.mlp_fc2, out);  // [S_c, F_m/t] -> [S_c, h]
+  linear_forward(a, s.w.mlp_fc2, out);  // [S_c, F_m/t] -> [S_c, h]
 }
 
 void MlpBlock::backward(int c) {

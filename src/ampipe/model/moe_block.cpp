@@ -201,17 +201,14 @@ void MoeBlock::experts(int c, int p) {
   }
   for (int64_t l = l0; l < l1; ++l) {
     Tensor h1 = fc1_rows(l), o = out_rows(l);
-    // bf16: the fp32 activation is one expert's staging, the bf16 copy is kept; fp32: the activation is kept
-    Tensor a = s.bf16() ? s.mem.get(Buf::act, c).rows(0, n) : act_rows(l);
+    Tensor a = act_rows(l);  // the kept activation, in the compute dtype: bf16 written straight from fp32 values
     if (!grouped) linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1);
     if (s.p.fc1_b.defined()) add_bias(h1, s.p.fc1_b.rows(l, l + 1));  // --add-bias-linear (tp: this shard's rows)
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_forward(h1, a);
     else
       kernels::gelu_forward(h1, a);
-    Tensor a_cd = act_rows(l);
-    if (s.bf16()) a_cd.copy_from(a);
-    if (!grouped) linear_forward(a_cd, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
+    if (!grouped) linear_forward(a, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
   }
   if (grouped) {
     Tensor o = out_rows(l0);
