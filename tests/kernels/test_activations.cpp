@@ -151,3 +151,40 @@ TEST(Swiglu, BackwardInPlaceOverTheInput) {
   swiglu_backward(dy, x, x);
   for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(x.get(i), dx.get(i)) << i;
 }
+
+// A bf16 output (the copy the next GEMM reads in bf16 mode) is the fp32 output rounded once: bit for bit what
+// Tensor::copy_from makes of it, for both activations, forward and backward, over rows that are not a multiple of the
+// 8-lane vectors (the padded tail too).
+TEST(Activations, Bf16OutputsAreTheFp32OutputsRoundedOnce) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  const int64_t rows = 37, f = 21;
+  auto random = [&](Shape shape) {
+    Tensor t = Tensor::empty(std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, nd(rng));
+    return t;
+  };
+  auto expect_rounded = [](const Tensor& f32, const Tensor& b16, const char* what) {
+    const Tensor want = f32.to(DType::bf16);
+    ASSERT_EQ(b16.dtype(), DType::bf16);
+    for (int64_t i = 0; i < f32.numel(); ++i)
+      ASSERT_EQ(b16.get(i), want.get(i)) << what << " element " << i;
+  };
+  const Tensor x = random({rows, f}), dy = random({rows, f});
+  Tensor y32 = Tensor::empty({rows, f}), y16 = Tensor::empty({rows, f}, DType::bf16);
+  gelu_forward(x, y32);
+  gelu_forward(x, y16);
+  expect_rounded(y32, y16, "gelu forward");
+  Tensor dx32 = Tensor::empty({rows, f}), dx16 = Tensor::empty({rows, f}, DType::bf16);
+  gelu_backward(dy, x, dx32);
+  gelu_backward(dy, x, dx16);
+  expect_rounded(dx32, dx16, "gelu backward");
+  const Tensor x2 = random({rows, 2 * f});
+  swiglu_forward(x2, y32);
+  swiglu_forward(x2, y16);
+  expect_rounded(y32, y16, "swiglu forward");
+  Tensor d2_32 = Tensor::empty({rows, 2 * f}), d2_16 = Tensor::empty({rows, 2 * f}, DType::bf16);
+  swiglu_backward(dy, x2, d2_32);
+  swiglu_backward(dy, x2, d2_16);
+  expect_rounded(d2_32, d2_16, "swiglu backward");
+}

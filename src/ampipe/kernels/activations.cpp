@@ -89,11 +89,12 @@ inline void set_out(void* y, DType t, int64_t i, float v) {
   else
     static_cast<bf16*>(y)[i] = f32_to_bf16(v);
 }
-// An activation's output: fp32 or bf16 (the bf16 copy a GEMM reads, written without an fp32 pass), contiguous.
+// An activation's output (y, or the backward's dx): fp32 or bf16 (the bf16 copy a GEMM reads, written without an
+// fp32 pass), contiguous.
 void check_out(const Tensor& y, const char* op, const Shape& want) {
   AMPIPE_CHECK(y.defined() && (y.dtype() == DType::f32 || y.dtype() == DType::bf16) && y.is_contiguous() &&
                    y.shape() == want,
-               "{}: y must be a contiguous f32 or bf16 tensor of shape {}, got {} {}", op, shape_str(want),
+               "{}: the output must be a contiguous f32 or bf16 tensor of shape {}, got {} {}", op, shape_str(want),
                y.defined() ? dtype_name(y.dtype()) : "undefined", shape_str(y.shape()));
 }
 }  // namespace
@@ -129,10 +130,11 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   check_2d(x, "gelu_backward", "x");
   check_f32(dy, "gelu_backward", "dy", x.shape());
   check_f32(x, "gelu_backward", "x", x.shape());
-  check_f32(dx, "gelu_backward", "dx", x.shape());
+  check_out(dx, "gelu_backward", x.shape());
   const float* dyp = dy.data<float>();
   const float* xp = x.data<float>();
-  float* dxp = dx.data<float>();
+  void* dxp = dx.raw();
+  const DType dt = dx.dtype();
   const int64_t n = x.numel();
 #ifdef AMPIPE_ACT_AVX2
   parallel_for(n, kGrain, [&](int64_t b, int64_t end) {
@@ -141,7 +143,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
       __m256 e;
       const __m256 cdf = phi8(v, &e);
       const __m256 pdf = _mm256_mul_ps(_mm256_set1_ps(kInvSqrt2Pi), e);
-      store8(dxp + b + i, _mm256_mul_ps(d, _mm256_add_ps(cdf, _mm256_mul_ps(v, pdf))), cnt);
+      store_out(dxp, dt, b + i, _mm256_mul_ps(d, _mm256_add_ps(cdf, _mm256_mul_ps(v, pdf))), cnt);
     });
   });
 #else
@@ -150,7 +152,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
       const float v = xp[i];
       const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
       const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-      dxp[i] = dyp[i] * (cdf + v * pdf);
+      set_out(dxp, dt, i, dyp[i] * (cdf + v * pdf));
     }
   });
 #endif
@@ -190,17 +192,17 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   AMPIPE_CHECK(two_f % 2 == 0, "swiglu_backward: x must be [rows, 2F], got {}", shape_str(x.shape()));
   check_f32(dy, "swiglu_backward", "dy", {rows, f});
   check_f32(x, "swiglu_backward", "x", {rows, two_f});
-  check_f32(dx, "swiglu_backward", "dx", {rows, two_f});
+  check_out(dx, "swiglu_backward", {rows, two_f});
   const float* dyp = dy.data<float>();
   const float* xp = x.data<float>();
-  float* dxp = dx.data<float>();
+  void* dxp = dx.raw();
+  const DType dt = dx.dtype();
   parallel_for(rows, rows_grain(3 * f), [&](int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* a = xp + r * two_f;
     const float* g = a + f;
     const float* dyr = dyp + r * f;
-    float* da = dxp + r * two_f;
-    float* dg = da + f;
+    const int64_t da = r * two_f, dg = da + f;  // the row's first da and dg elements in dx
 #ifdef AMPIPE_ACT_AVX2
     for_each8(f, [&](int64_t j, int64_t cnt) {  // all loads before the stores: dx may alias x
       const __m256 av = load8(a + j, cnt), gv = load8(g + j, cnt), d = load8(dyr + j, cnt);
@@ -208,16 +210,16 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
       const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), av))));
       const __m256 da_v = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, gv), sig),
                                         _mm256_add_ps(one, _mm256_mul_ps(av, _mm256_sub_ps(one, sig))));
-      store8(da + j, da_v, cnt);
-      store8(dg + j, _mm256_mul_ps(_mm256_mul_ps(d, av), sig), cnt);
+      store_out(dxp, dt, da + j, da_v, cnt);
+      store_out(dxp, dt, dg + j, _mm256_mul_ps(_mm256_mul_ps(d, av), sig), cnt);
     });
     continue;
 #endif
     for (int64_t j = 0; j < f; ++j) {
       const float av = a[j], gv = g[j], d = dyr[j];  // all reads before the writes: dx may alias x
       const float sig = 1.0f / (1.0f + std::exp(-av));  // exp overflows to inf for av << 0: sig = 0, as it should
-      da[j] = d * gv * sig * (1.0f + av * (1.0f - sig));
-      dg[j] = d * av * sig;
+      set_out(dxp, dt, da + j, d * gv * sig * (1.0f + av * (1.0f - sig)));
+      set_out(dxp, dt, dg + j, d * av * sig);
     }
   }
   });

@@ -1,9 +1,9 @@
 // Element-wise activations of the expert MLP, computed in fp32: GeLU (exact erf form) and SwiGLU.
 //
 // Notation: rows = tokens (routed to one expert, or all tokens of a dense MLP), F = FFN hidden size.
-// All tensors are contiguous and 2-D (use Tensor::view to flatten), fp32 except the forwards' output y, which may
-// be bf16: the copy the next GEMM reads in bf16 mode, each value rounded once (as Tensor::copy_from would round
-// the fp32 result), with no fp32 pass in between.
+// All tensors are contiguous and 2-D (use Tensor::view to flatten), fp32 except the outputs (the forwards' y, the
+// backwards' dx), which may be bf16: the copy the next GEMM reads in bf16 mode, each value rounded once (as
+// Tensor::copy_from would round the fp32 result), with no fp32 pass in between. A bf16 output does not alias.
 #pragma once
 
 #include "ampipe/core/tensor.h"

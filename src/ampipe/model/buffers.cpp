@@ -94,6 +94,7 @@ bool mlp_needed(const LayerDims& d, Buf b) {
     case Buf::mlp_send: return d.sp && bf16;
     case Buf::mlp_in: return d.sp || bf16;
     case Buf::mlp_act: return !bf16;  // bf16: the activation is written straight into mlp_act_bf16
+    case Buf::d_mlp_fc1: return !bf16 || d.fc1_bias;  // bf16 without a bias: straight into d_mlp_fc1_bf16
     case Buf::mlp_act_bf16:
     case Buf::d_mlp_bf16:
     case Buf::d_mlp_fc1_bf16: return bf16;
@@ -112,6 +113,7 @@ bool needed(const LayerDims& d, Buf b) {
   switch (b) {
     case Buf::ln1_out: return !(d.sp && bf16);  // sequence parallel bf16: gathered straight into ln1_out_bf16
     case Buf::act: return !bf16;  // bf16: the experts' activation is written straight into act_bf16
+    case Buf::d_fc1: return !bf16 || d.fc1_bias;  // bf16 without a bias: its gradient straight into d_fc1_bf16
     case Buf::ln1_local:
     case Buf::proj_partial:
     case Buf::d_ln1_local:

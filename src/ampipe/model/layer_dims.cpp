@@ -51,6 +51,7 @@ LayerDims LayerDims::make(const LayerConfig& cfg, int M) {
   d.moe = !cfg.dense();
   d.mlp = cfg.has_mlp();
   d.mlp_gate = d.mlp && !cfg.dense() && cfg.moe_shared_expert_gate;
+  d.fc1_bias = cfg.add_bias_linear;
   d.Fm = cfg.mlp_ffn_hidden_size;
   d.F1m = cfg.expert == ExpertKind::swiglu ? 2 * d.Fm : d.Fm;
   AMPIPE_CHECK(d.Fm % d.tp == 0, "tp {} does not divide the dense MLP's F {}", d.tp, d.Fm);

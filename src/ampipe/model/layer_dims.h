@@ -50,6 +50,7 @@ struct LayerDims {
   // SwiGLU, Fml and F1ml their tp shares): a shared expert beside the experts, or a dense layer's FFN alone.
   bool moe = true, mlp = false;
   bool mlp_gate = false;  // --moe-shared-expert-gate (a shared expert beside the experts)
+  bool fc1_bias = false;  // --add-bias-linear: fc1's bias gradient sums the fp32 d_fc1 (bf16: a staging buffer)
   int64_t Fm = 0, F1m = 0, Fml = 0, F1ml = 0;
   bool qk_norm = false;  // --qk-layernorm: the QKV stage normalises q and k per head (before RoPE)
   bool rope = false;  // rotary embeddings: the QKV stage rotates q and k (its backward rotates dq, dk back)

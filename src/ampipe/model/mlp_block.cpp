@@ -127,7 +127,11 @@ void MlpBlock::backward(int c) {
   }
   Tensor d_act = s.mem.get(Buf::d_mlp_act);
   linear_input_grad(d_out, s.w.mlp_fc2, d_act);
-  Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_mlp_fc1) : s.full_rows(Buf::d_mlp_fc1, c);
+  // bf16: straight into the bf16 copy, unless a bias gradient sums it in fp32 first (then a chunk's fp32 staging)
+  const bool staged = s.bf16() && s.g.mlp_fc1_b.defined();
+  Tensor d_h1 = !s.bf16() ? s.full_rows(Buf::d_mlp_fc1, c)
+                : staged  ? s.mem.get(Buf::d_mlp_fc1)
+                          : s.full_rows(Buf::d_mlp_fc1_bf16, c);
   const Tensor h1 = s.full_rows(Buf::mlp_fc1, c);
   if (s.cfg.expert == ExpertKind::swiglu)
     kernels::swiglu_backward(d_act, h1, d_h1);
@@ -135,7 +139,7 @@ void MlpBlock::backward(int c) {
     kernels::gelu_backward(d_act, h1, d_h1);
   if (s.g.mlp_fc1_b.defined()) add_column_sums(d_h1, s.g.mlp_fc1_b);
   Tensor d_h1_cd = d_h1;
-  if (s.bf16()) {
+  if (staged) {
     d_h1_cd = s.full_rows(Buf::d_mlp_fc1_bf16, c);
     d_h1_cd.copy_from(d_h1);
   }

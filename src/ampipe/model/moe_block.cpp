@@ -317,8 +317,12 @@ void MoeBlock::experts_backward(int c, int p) {
       linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_bf16 : Buf::act, l, c).rows(r0, r0 + n),
                          gw2_l);
     }
-    // bf16: the fp32 gradient is one expert's staging, the bf16 copy is kept for the weight gradient
-    Tensor d_h1 = s.bf16() ? s.mem.get(Buf::d_fc1, c).rows(0, n) : s.mem.expert_rows(Buf::d_fc1, l, c).rows(r0, r0 + n);
+    // bf16: the gradient is written straight into its bf16 copy (kept for the weight gradient), unless fc1 has a bias,
+    // whose gradient sums it in fp32: then the fp32 gradient is one expert's staging and the copy is made from it
+    const bool staged = s.bf16() && s.g.fc1_b.defined();
+    Tensor d_h1 = !s.bf16() ? s.mem.expert_rows(Buf::d_fc1, l, c).rows(r0, r0 + n)
+                  : staged  ? s.mem.get(Buf::d_fc1, c).rows(0, n)
+                            : s.mem.expert_rows(Buf::d_fc1_bf16, l, c).rows(r0, r0 + n);
     const Tensor h1 = s.mem.expert_rows(Buf::fc1_out, l, c).rows(r0, r0 + n);
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_backward(d_act, h1, d_h1);
@@ -329,7 +333,7 @@ void MoeBlock::experts_backward(int c, int p) {
       add_column_sums(d_h1, db);
     }
     Tensor d_h1_bf16 = d_h1;
-    if (s.bf16()) {
+    if (staged) {
       d_h1_bf16 = s.mem.expert_rows(Buf::d_fc1_bf16, l, c).rows(r0, r0 + n);
       d_h1_bf16.copy_from(d_h1);
     }
