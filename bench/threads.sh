@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 ROUNDS=${ROUNDS:-2}
 MIN_TIME=${MIN_TIME:-8}
-echo "# $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores, $(grep -o 'avx512_bf16\|amx_bf16' /proc/cpuinfo |
-  sort -u | tr '\n' ' ')load average $(cut -d' ' -f1-3 /proc/loadavg)"
+isa=$(grep -o 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')
+echo "# $(lscpu | grep 'Model name' | sed 's/ \+/ /g'), $(nproc) cores, ${isa}load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$BUILD/bench/bench_layer" --benchmark_filter='BM_Gemm/m:4096/bf16:1|BM_Layer/s:4096/bf16:1/M:1' \
   --benchmark_min_time="$MIN_TIME" 2>&1 | grep -E '^BM_|^Stage|inside GEMMs'
 FLAGS=(--seq-length 4096 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 8 --num-experts 4

@@ -52,6 +52,8 @@ void parallel_for(int64_t n, int64_t grain, Body&& body) {
 
 // A grain of rows for a row-wise kernel whose rows hold `cols` elements each: about 16 Ki elements a piece, so
 // that a piece amortises its scheduling and small tensors stay on one thread.
-inline int64_t rows_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, cols)); }
+inline int64_t rows_grain(int64_t cols) {
+  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, cols));
+}
 
 }  // namespace ampipe
