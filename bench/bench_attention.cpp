@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/core/tensor.h"
 #include "ampipe/kernels/attention.h"
 #include "ampipe/kernels/gemm.h"
@@ -57,7 +58,7 @@ AttentionBlocks blocks_arg(const benchmark::State& state) {
 }
 
 void BM_AttentionForward(benchmark::State& state) {
-  set_num_threads(1);
+  ampipe::set_num_threads(1);
   const int64_t s = state.range(0), h = kHeads * kHeadDim;
   const DType in = dtype_arg(state);
   const AttentionShape sh{s, s, kBatch, kHeads, kHeadDim, 0};
@@ -74,7 +75,7 @@ void BM_AttentionForward(benchmark::State& state) {
 }
 
 void BM_AttentionBackward(benchmark::State& state) {
-  set_num_threads(1);
+  ampipe::set_num_threads(1);
   const int64_t s = state.range(0), h = kHeads * kHeadDim;
   const DType in = dtype_arg(state);
   const AttentionShape sh{s, s, kBatch, kHeads, kHeadDim, 0};
@@ -96,7 +97,7 @@ void BM_AttentionBackward(benchmark::State& state) {
 
 // C [4096, 4096] = A [4096, 1024] * B [1024, 4096]: the reference rate (an MLP-sized GEMM).
 void BM_Gemm(benchmark::State& state) {
-  set_num_threads(1);
+  ampipe::set_num_threads(1);
   const DType in = dtype_arg(state);
   GemmDesc g;
   g.m = state.range(0), g.k = 1024, g.n = 4096, g.in = in;

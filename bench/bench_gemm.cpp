@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ampipe/core/dtype.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/kernels/gemm.h"
 
 using namespace ampipe;
@@ -66,7 +67,7 @@ struct Buffer {
 
 // Args: {T, kind, dtype (0 = f32, 1 = bf16)}.
 void BM_Gemm(benchmark::State& state) {
-  set_num_threads(1);
+  ampipe::set_num_threads(1);
   const int64_t T = state.range(0), kind = state.range(1);
   const DType in = state.range(2) == 0 ? DType::f32 : DType::bf16;
   const GemmDesc g = desc_of(T, kind, in);
@@ -92,7 +93,7 @@ void BM_Experts(benchmark::State& state) {
   const int64_t R = state.range(0);
   const bool grouped = state.range(1) != 0;
   const DType in = state.range(2) == 0 ? DType::f32 : DType::bf16;
-  set_num_threads(int(state.range(3)));
+  ampipe::set_num_threads(int(state.range(3)));
   GemmDesc g;
   g.in = in;
   g.m = R, g.k = h, g.n = F, g.tb = Trans::t;

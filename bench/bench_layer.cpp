@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ampipe/comm/trace.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/kernels/gemm.h"
 #include "ampipe/schedule/layer_stack.h"
@@ -78,7 +79,7 @@ std::map<std::string, Breakdown>& breakdowns() {
 // Args: {s, dtype (0 = f32, 1 = bf16), M, threads}.
 void BM_Layer(benchmark::State& state) {
   const int threads = int(state.range(3));
-  kernels::set_num_threads(threads);
+  set_num_threads(threads);
   const int64_t s = state.range(0);
   const bool bf16 = state.range(1) != 0;
   const int M = int(state.range(2));
@@ -129,7 +130,7 @@ void BM_Layer(benchmark::State& state) {
 
 // C [4096, 4096] = A [4096, 1024] * B [1024, 4096], fp32 out: the same reference GEMM as bench_attention.
 void BM_Gemm(benchmark::State& state) {
-  kernels::set_num_threads(int(state.range(2)));
+  set_num_threads(int(state.range(2)));
   const DType in = state.range(1) == 0 ? DType::f32 : DType::bf16;
   kernels::GemmDesc g;
   g.m = state.range(0), g.k = 1024, g.n = 4096, g.in = in;

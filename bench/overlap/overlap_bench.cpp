@@ -19,6 +19,7 @@
 
 #include "ampipe/comm/collectives.h"
 #include "ampipe/comm/runtime.h"
+#include "ampipe/core/parallel.h"
 #include "ampipe/kernels/gemm.h"
 
 using namespace ampipe;
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
     Groups g = rt.make_groups(Layout::make(rt.size(), 1, 1, rt.size()));
     const Group& ep = g.ep;
     const int P = ep.size(), me = ep.rank();
-    kernels::set_num_threads(1);
+    set_num_threads(1);
 
     // all_to_all payload: mib MiB fp32 per rank, uneven: 1/3 kept, the rest split over the peers (+-20%).
     const int64_t total = mib * (1 << 20) / 4;

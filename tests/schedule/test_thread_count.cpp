@@ -11,7 +11,6 @@
 #include <cstring>
 #include <thread>
 
-#include "ampipe/kernels/gemm.h"
 #include "ampipe/core/parallel.h"
 #include "layer_harness.h"
 
@@ -57,10 +56,10 @@ model::LayerConfig llama() {
 using ampipe::testing::StackRun;
 
 StackRun run(const model::LayerConfig& cfg, int M, int threads) {
-  kernels::set_num_threads(threads);
+  set_num_threads(threads);
   schedule::LayerStack stack(cfg, 2, M, 0, nullptr);
   StackRun r = ampipe::testing::run_two_micro_batches(stack, cfg);
-  kernels::set_num_threads(1);
+  set_num_threads(1);
   return r;
 }
 
@@ -108,12 +107,12 @@ TEST(ThreadCount, Bf16LayersAreTheSameBitsAtAnyThreadCount) {
 // The loops really split: the shapes above give several pieces, and a parallel_for over them runs on more than one
 // thread when asked to (guards the test above against passing only because nothing ran in parallel).
 TEST(ThreadCount, ParallelForSpreadsPiecesOverTheThreads) {
-  kernels::set_num_threads(2);
+  set_num_threads(2);
   std::vector<std::thread::id> owner(8);
   parallel_for(8, 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) owner[size_t(i)] = std::this_thread::get_id();
   });
-  kernels::set_num_threads(1);
+  set_num_threads(1);
   EXPECT_EQ(std::count(owner.begin(), owner.end(), std::thread::id()), 0) << "a piece did not run";
   EXPECT_NE(std::count(owner.begin(), owner.end(), owner[0]), 8) << "every piece ran on one thread";
 }

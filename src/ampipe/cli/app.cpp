@@ -21,7 +21,7 @@
 #include "ampipe/cli/train.h"
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
-#include "ampipe/kernels/gemm.h"
+#include "ampipe/core/parallel.h"
 
 #include <cstdlib>
 
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
 
   // One compute thread per rank unless the user says otherwise: ranks share these machines' cores, and
   // OpenMP threads spinning on an oversubscribed core are many times slower than one thread.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) kernels::set_num_threads(1);
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) set_num_threads(1);
 
   // Every failure ends in the exit agreement (comm::Runtime::finish): every rank returns the failing rank's exit code
   // and only that rank's line is printed (naming the rank and host when not every rank failed alike).

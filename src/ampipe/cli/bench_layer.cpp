@@ -448,7 +448,7 @@ int run_bench_layer(BenchLayerArgs& a) {
   Tensor x = Tensor::empty(act), dy = Tensor::empty(act);
   const core::PhiloxKey key{cfg.seed, 0, core::RngPurpose::data};
   const int64_t base = (int64_t(me.cp) * tp_rows + (cfg.sp() ? me.tp : 0)) * x.numel();
-  parallel_for(x.numel(), int64_t(1) << 14, [&](int64_t i0, int64_t i1) {
+  parallel_for(x.numel(), kElementGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       x.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp), uint64_t(base + i));
       dy.data<float>()[i] = core::philox_normal(key, uint64_t(2 * me.dp + 1), uint64_t(base + i));

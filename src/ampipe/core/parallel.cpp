@@ -12,6 +12,7 @@
 namespace ampipe {
 
 int parallel_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+void set_num_threads(int n) { omp_set_num_threads(n); }
 
 namespace {
 // The CPUs this process may run on, as ranges: "0-3,8".

@@ -24,6 +24,8 @@ namespace ampipe {
 
 // Threads a parallel_for may use here: OpenMP's max threads, or 1 inside a parallel region.
 int parallel_threads();
+// Sets this rank's compute threads: every parallel_for and oneDNN's GEMMs (omp_set_num_threads).
+void set_num_threads(int n);
 
 // One line for a run's banner: the compute threads per rank and where they come from, the communication engine
 // thread, the CPUs this rank may run on (its binding), and a warning when the ranks on this host times their threads
@@ -50,10 +52,11 @@ void parallel_for(int64_t n, int64_t grain, Body&& body) {
       const_cast<void*>(static_cast<const void*>(&body)));
 }
 
-// A grain of rows for a row-wise kernel whose rows hold `cols` elements each: about 16 Ki elements a piece, so
-// that a piece amortises its scheduling and small tensors stay on one thread.
-inline int64_t rows_grain(int64_t cols) {
-  return std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, cols));
-}
+// Grains. kElementGrain: elements a piece of an element-wise loop (16 Ki, a multiple of any vector width), so that a
+// piece amortises its scheduling and small tensors stay on one thread. rows_grain: the rows of that many elements
+// for a row-wise loop whose rows hold `cols` each. kColumnGrain: columns a piece of a sum over rows split by columns.
+constexpr int64_t kElementGrain = int64_t(1) << 14;
+constexpr int64_t kColumnGrain = 128;
+inline int64_t rows_grain(int64_t cols) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, cols)); }
 
 }  // namespace ampipe

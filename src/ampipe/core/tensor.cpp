@@ -238,15 +238,15 @@ void Tensor::copy_from(const Tensor& src) {
   AMPIPE_CHECK(defined() && src.defined(), "copy_from with an undefined tensor");
   // Spread over the threads (every element copied once, so the same bits at any count), unless both are views
   // of one storage: they may overlap, and only a serial memmove keeps an overlapping copy right.
-  const int64_t grain = shares_storage_with(src) ? n : int64_t(1) << 15;
+  const bool serial = shares_storage_with(src);
   if (src.is_contiguous() && is_contiguous()) {
-    parallel_for(n, grain, [&](int64_t i0, int64_t i1) {
+    parallel_for(n, serial ? n : kElementGrain, [&](int64_t i0, int64_t i1) {
       copy_elems(elem_ptr(raw(), dtype_, i0), dtype_, 1, elem_ptr(src.raw(), src.dtype_, i0), src.dtype_, 1, i1 - i0);
     });
     return;
   }
   const int64_t inner = shape_.back(), ds = strides_.back(), ss = src.strides_.back();
-  parallel_for(n / inner, std::max<int64_t>(1, grain / inner), [&](int64_t r0, int64_t r1) {
+  parallel_for(n / inner, serial ? n / inner : rows_grain(inner), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       copy_elems(elem_ptr(raw(), dtype_, flat_offset(r * inner)), dtype_, ds,
                  elem_ptr(src.raw(), src.dtype_, src.flat_offset(r * inner)), src.dtype_, ss, inner);
@@ -276,13 +276,12 @@ void Tensor::fill(float value) {
     }
   };
   // Element ranges (contiguous) or rows (a view) spread over the threads.
-  constexpr int64_t kGrain = int64_t(1) << 15;
   if (is_contiguous()) {
-    parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) { fill_run(i0, i1 - i0, 1); });
+    parallel_for(n, kElementGrain, [&](int64_t i0, int64_t i1) { fill_run(i0, i1 - i0, 1); });
     return;
   }
   const int64_t inner = shape_.back(), stride = strides_.back();
-  parallel_for(n / inner, std::max<int64_t>(1, kGrain / inner), [&](int64_t r0, int64_t r1) {
+  parallel_for(n / inner, rows_grain(inner), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) fill_run(flat_offset(r * inner), inner, stride);
   });
 }

@@ -16,7 +16,6 @@ using detail::check_f32;
 using detail::check_2d;
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-constexpr int64_t kGrain = 1 << 14;  // elements a piece (a multiple of 8: the vector blocks do not move)
 
 #ifdef AMPIPE_ACT_AVX2
 // ---- AVX2 + FMA element-wise math, 8 lanes ----------------------------------------------------------------------
@@ -110,14 +109,14 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 #ifdef AMPIPE_ACT_AVX2
   // gelu(x) = x * Phi(x), Phi as in phi8: within ~3e-7 * max(1, |gelu|) of the std::erf form (tests: 2e-6 of a
   // double reference), and more accurate than it for x << 0 (no 1 + erf cancellation).
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(n, kElementGrain, [&](int64_t b, int64_t e) {
     for_each8(e - b, [&](int64_t i, int64_t cnt) {
       const __m256 v = load8(xp + b + i, cnt);
       store_out(yp, yt, b + i, _mm256_mul_ps(v, phi8(v)), cnt);
     });
   });
 #else
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(n, kElementGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float v = xp[i];
       set_out(yp, yt, i, 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)));
@@ -137,7 +136,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const DType dt = dx.dtype();
   const int64_t n = x.numel();
 #ifdef AMPIPE_ACT_AVX2
-  parallel_for(n, kGrain, [&](int64_t b, int64_t end) {
+  parallel_for(n, kElementGrain, [&](int64_t b, int64_t end) {
     for_each8(end - b, [&](int64_t i, int64_t cnt) {
       const __m256 v = load8(xp + b + i, cnt), d = load8(dyp + b + i, cnt);
       __m256 e;
@@ -147,7 +146,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
     });
   });
 #else
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(n, kElementGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float v = xp[i];
       const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
@@ -168,21 +167,21 @@ void swiglu_forward(const Tensor& x, Tensor& y) {
   void* yp = y.raw();
   const DType yt = y.dtype();
   parallel_for(rows, rows_grain(two_f), [&](int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* a = xp + r * two_f;
-    const float* g = a + f;
-    const int64_t yr = r * f;  // the row's first output element
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* a = xp + r * two_f;
+      const float* g = a + f;
+      const int64_t yr = r * f;  // the row's first output element
 #ifdef AMPIPE_ACT_AVX2
-    // The same operations in the same order; exp8 is within ~1 ulp of std::exp.
-    for_each8(f, [&](int64_t j, int64_t cnt) {
-      const __m256 av = load8(a + j, cnt), gv = load8(g + j, cnt);
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), av));
-      store_out(yp, yt, yr + j, _mm256_mul_ps(_mm256_div_ps(av, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), gv), cnt);
-    });
+      // The same operations in the same order; exp8 is within ~1 ulp of std::exp.
+      for_each8(f, [&](int64_t j, int64_t cnt) {
+        const __m256 av = load8(a + j, cnt), gv = load8(g + j, cnt);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), av));
+        store_out(yp, yt, yr + j, _mm256_mul_ps(_mm256_div_ps(av, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), gv), cnt);
+      });
 #else
-    for (int64_t j = 0; j < f; ++j) set_out(yp, yt, yr + j, a[j] / (1.0f + std::exp(-a[j])) * g[j]);
+      for (int64_t j = 0; j < f; ++j) set_out(yp, yt, yr + j, a[j] / (1.0f + std::exp(-a[j])) * g[j]);
 #endif
-  }
+    }
   });
 }
 
@@ -198,30 +197,30 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   void* dxp = dx.raw();
   const DType dt = dx.dtype();
   parallel_for(rows, rows_grain(3 * f), [&](int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* a = xp + r * two_f;
-    const float* g = a + f;
-    const float* dyr = dyp + r * f;
-    const int64_t da = r * two_f, dg = da + f;  // the row's first da and dg elements in dx
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* a = xp + r * two_f;
+      const float* g = a + f;
+      const float* dyr = dyp + r * f;
+      const int64_t da = r * two_f, dg = da + f;  // the row's first da and dg elements in dx
 #ifdef AMPIPE_ACT_AVX2
-    for_each8(f, [&](int64_t j, int64_t cnt) {  // all loads before the stores: dx may alias x
-      const __m256 av = load8(a + j, cnt), gv = load8(g + j, cnt), d = load8(dyr + j, cnt);
-      const __m256 one = _mm256_set1_ps(1.0f);
-      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), av))));
-      const __m256 da_v = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, gv), sig),
-                                        _mm256_add_ps(one, _mm256_mul_ps(av, _mm256_sub_ps(one, sig))));
-      store_out(dxp, dt, da + j, da_v, cnt);
-      store_out(dxp, dt, dg + j, _mm256_mul_ps(_mm256_mul_ps(d, av), sig), cnt);
-    });
-    continue;
+      for_each8(f, [&](int64_t j, int64_t cnt) {  // all loads before the stores: dx may alias x
+        const __m256 av = load8(a + j, cnt), gv = load8(g + j, cnt), d = load8(dyr + j, cnt);
+        const __m256 one = _mm256_set1_ps(1.0f);
+        const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), av))));
+        const __m256 da_v = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, gv), sig),
+                                          _mm256_add_ps(one, _mm256_mul_ps(av, _mm256_sub_ps(one, sig))));
+        store_out(dxp, dt, da + j, da_v, cnt);
+        store_out(dxp, dt, dg + j, _mm256_mul_ps(_mm256_mul_ps(d, av), sig), cnt);
+      });
+      continue;
 #endif
-    for (int64_t j = 0; j < f; ++j) {
-      const float av = a[j], gv = g[j], d = dyr[j];  // all reads before the writes: dx may alias x
-      const float sig = 1.0f / (1.0f + std::exp(-av));  // exp overflows to inf for av << 0: sig = 0, as it should
-      set_out(dxp, dt, da + j, d * gv * sig * (1.0f + av * (1.0f - sig)));
-      set_out(dxp, dt, dg + j, d * av * sig);
+      for (int64_t j = 0; j < f; ++j) {
+        const float av = a[j], gv = g[j], d = dyr[j];  // all reads before the writes: dx may alias x
+        const float sig = 1.0f / (1.0f + std::exp(-av));  // exp overflows to inf for av << 0: sig = 0, as it should
+        set_out(dxp, dt, da + j, d * gv * sig * (1.0f + av * (1.0f - sig)));
+        set_out(dxp, dt, dg + j, d * av * sig);
+      }
     }
-  }
   });
 }
 

@@ -16,7 +16,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   const float* __restrict__ g = grad.data<float>();
   float* __restrict__ m = exp_avg.data<float>();
   float* __restrict__ v = exp_avg_sq.data<float>();
-  parallel_for(n, int64_t(1) << 14, [&](int64_t k0, int64_t k1) {
+  parallel_for(n, kElementGrain, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const float gk = g[k] * s.clip_coef;
       m[k] = s.b1 * m[k] + (1.0f - s.b1) * gk;

@@ -47,11 +47,6 @@ void for_each_mask_block(int64_t rows, int64_t h, float p, const core::PhiloxKey
   });
 }
 
-// Calls body(i0, i1) over [0, n) element ranges, spread over the threads.
-template <typename Body>
-void for_each_range(int64_t n, Body&& body) {
-  parallel_for(n, int64_t(1) << 14, body);
-}
 
 void check_p(float p, const char* op) {
   AMPIPE_CHECK(p >= 0.0f && p <= 1.0f, "{}: dropout probability p = {} is outside [0, 1]", op, p);
@@ -83,7 +78,8 @@ void dropout_forward(const Tensor& x, float p, const core::PhiloxKey& key, uint6
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   if (p == 0.0f) {
-    if (yp != xp) for_each_range(rows * h, [&](int64_t i0, int64_t i1) { std::copy(xp + i0, xp + i1, yp + i0); });
+    if (yp != xp)
+      parallel_for(rows * h, kElementGrain, [&](int64_t i0, int64_t i1) { std::copy(xp + i0, xp + i1, yp + i0); });
     return;
   }
   for_each_mask_block(rows, h, p, key, token_begin, [&](int64_t r, int64_t j0, int64_t n, const float* m) {
@@ -105,7 +101,7 @@ void dropout_add_forward(const Tensor& x, const Tensor& residual, float p, const
   const float* rp = residual.data<float>();
   float* yp = y.data<float>();
   if (p == 0.0f) {
-    for_each_range(rows * h, [&](int64_t i0, int64_t i1) {
+    parallel_for(rows * h, kElementGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) yp[i] = rp[i] + xp[i];
     });
     return;
@@ -129,11 +125,12 @@ void dropout_backward(const Tensor& dy, float p, const core::PhiloxKey& key, uin
   float* dxp = dx.data<float>();
   if (p == 0.0f) {
     if (accumulate)
-      for_each_range(rows * h, [&](int64_t i0, int64_t i1) {
+      parallel_for(rows * h, kElementGrain, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) dxp[i] += dyp[i];
       });
     else if (dxp != dyp)
-      for_each_range(rows * h, [&](int64_t i0, int64_t i1) { std::copy(dyp + i0, dyp + i1, dxp + i0); });
+      parallel_for(rows * h, kElementGrain,
+                   [&](int64_t i0, int64_t i1) { std::copy(dyp + i0, dyp + i1, dxp + i0); });
     return;
   }
   for_each_mask_block(rows, h, p, key, token_begin, [&](int64_t r, int64_t j0, int64_t n, const float* m) {

@@ -18,17 +18,17 @@ void embedding_forward(const Tensor& wte, const Tensor& wpe, std::span<const int
     AMPIPE_CHECK(tok >= 0 && tok < V, "token {} at {} outside [0, {})", tok, t, V);
   }
   parallel_for(T, rows_grain(h), [&](int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {
-    const int32_t tok = tokens[size_t(t)];
-    const float* er = e + int64_t(tok) * h;
-    float* xr = xp + t * h;
-    if (pe == nullptr) {
-      for (int64_t j = 0; j < h; ++j) xr[j] = er[j];
-      continue;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t tok = tokens[size_t(t)];
+      const float* er = e + int64_t(tok) * h;
+      float* xr = xp + t * h;
+      if (pe == nullptr) {
+        for (int64_t j = 0; j < h; ++j) xr[j] = er[j];
+        continue;
+      }
+      const float* pr = pe + pos[size_t(t / b)] * h;
+      for (int64_t j = 0; j < h; ++j) xr[j] = er[j] + pr[j];
     }
-    const float* pr = pe + pos[size_t(t / b)] * h;
-    for (int64_t j = 0; j < h; ++j) xr[j] = er[j] + pr[j];
-  }
   });
 }
 
@@ -42,7 +42,7 @@ void embedding_backward(const Tensor& dx, std::span<const int32_t> tokens, std::
   float* dp = dwpe_accum.defined() ? dwpe_accum.data<float>() : nullptr;
   // Rows of the tables repeat (a token seen twice), so the columns are spread over the threads and every column
   // sums its tokens in token order: the same sums at any thread count.
-  parallel_for(h, 128, [&](int64_t j0, int64_t j1) {
+  parallel_for(h, kColumnGrain, [&](int64_t j0, int64_t j1) {
     for (int64_t t = 0; t < T; ++t) {
       const float* gr = g + t * h;
       float* er = de + int64_t(tokens[size_t(t)]) * h;

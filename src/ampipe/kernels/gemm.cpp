@@ -128,7 +128,7 @@ Prim make(const GemmDesc& d) {
 
 Prim& lookup(const GemmDesc& d) {
   // oneDNN splits the work over the threads it may use when the primitive is created: one cache per thread count,
-  // or a primitive made for one thread would run on one thread after set_num_threads(2).
+  // or a primitive made for one thread would run on one thread after ampipe::set_num_threads(2).
   thread_local std::unordered_map<int, std::unordered_map<GemmDesc, std::unique_ptr<Prim>, DescHash>> caches;
   auto& cache = caches[omp_get_max_threads()];
   auto it = cache.find(d);
@@ -274,7 +274,5 @@ void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& 
 }
 
 std::string gemm_impl_name(const GemmDesc& d) { return lookup(normalised(d)).impl; }
-
-void set_num_threads(int n) { omp_set_num_threads(n); }
 
 }  // namespace ampipe::kernels

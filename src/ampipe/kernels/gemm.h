@@ -55,8 +55,6 @@ void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& 
 // Name of the oneDNN implementation chosen for a descriptor (e.g. "brg:avx512_core_amx_bf16").
 std::string gemm_impl_name(const GemmDesc& d);
 
-// Sets the number of OpenMP threads oneDNN uses on this rank.
-void set_num_threads(int n);
 
 // A clock of the time spent inside gemm(), summed over the threads that call it (attention's block GEMMs run on
 // several threads at once), for a benchmark's split of a step into GEMMs and everything else. Off by default (no

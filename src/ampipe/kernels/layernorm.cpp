@@ -7,8 +7,7 @@
 
 namespace ampipe::kernels {
 namespace {
-constexpr int kLanes = 8;
-constexpr int64_t kColumnGrain = 128;  // columns a piece of the dgamma/dbeta sums  // independent partial sums: vectorisable (one ymm) and ~sqrt(8) less rounding error
+constexpr int kLanes = 8;  // independent partial sums: vectorisable (one ymm) and ~sqrt(8) less rounding error
 
 // Sum of a[j] over j in [0, n) by kLanes partial sums (a fixed order, so results are deterministic).
 inline float lane_sum(const float* acc) {
@@ -38,38 +37,38 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   float* rp = rstd.data<float>();
   const float inv_h = 1.0f / float(h);
   parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = xp + r * h;
-    float* yr = yp + r * h;
-    // Corrected two-pass (Chan, Golub & LeVeque): m0 = sum(x)/h, then over d = x - m0 accumulate sum(d) and
-    // sum(d^2); mean = m0 + sum(d)/h and var = (sum(d^2) - sum(d)^2/h)/h. No cancellation when |mean| >> std, and
-    // the rounding error of the first pass's mean is removed by the second.
-    const int64_t hv = h - h % kLanes;
-    float acc[kLanes] = {};
-    for (int64_t j = 0; j < hv; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += xr[j + l];
-    for (int64_t j = hv; j < h; ++j) acc[j - hv] += xr[j];
-    const float m0 = lane_sum(acc) * inv_h;
-    float accd[kLanes] = {}, accq[kLanes] = {};
-    for (int64_t j = 0; j < hv; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) {
-        const float d = xr[j + l] - m0;
-        accd[l] += d;
-        accq[l] += d * d;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * h;
+      float* yr = yp + r * h;
+      // Corrected two-pass (Chan, Golub & LeVeque): m0 = sum(x)/h, then over d = x - m0 accumulate sum(d) and
+      // sum(d^2); mean = m0 + sum(d)/h and var = (sum(d^2) - sum(d)^2/h)/h. No cancellation when |mean| >> std, and
+      // the rounding error of the first pass's mean is removed by the second.
+      const int64_t hv = h - h % kLanes;
+      float acc[kLanes] = {};
+      for (int64_t j = 0; j < hv; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[l] += xr[j + l];
+      for (int64_t j = hv; j < h; ++j) acc[j - hv] += xr[j];
+      const float m0 = lane_sum(acc) * inv_h;
+      float accd[kLanes] = {}, accq[kLanes] = {};
+      for (int64_t j = 0; j < hv; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          const float d = xr[j + l] - m0;
+          accd[l] += d;
+          accq[l] += d * d;
+        }
+      for (int64_t j = hv; j < h; ++j) {
+        const float d = xr[j] - m0;
+        accd[j - hv] += d;
+        accq[j - hv] += d * d;
       }
-    for (int64_t j = hv; j < h; ++j) {
-      const float d = xr[j] - m0;
-      accd[j - hv] += d;
-      accq[j - hv] += d * d;
+      const float sd = lane_sum(accd), sq = lane_sum(accq);
+      const float m = m0 + sd * inv_h;
+      const float var = std::max(0.0f, (sq - sd * sd * inv_h) * inv_h);
+      const float rs = 1.0f / std::sqrt(var + eps);
+      for (int64_t j = 0; j < h; ++j) yr[j] = (xr[j] - m) * rs * gp[j] + bp[j];
+      mp[r] = m;
+      rp[r] = rs;
     }
-    const float sd = lane_sum(accd), sq = lane_sum(accq);
-    const float m = m0 + sd * inv_h;
-    const float var = std::max(0.0f, (sq - sd * sd * inv_h) * inv_h);
-    const float rs = 1.0f / std::sqrt(var + eps);
-    for (int64_t j = 0; j < h; ++j) yr[j] = (xr[j] - m) * rs * gp[j] + bp[j];
-    mp[r] = m;
-    rp[r] = rs;
-  }
   });
 }
 
@@ -110,40 +109,40 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
     }
   });
   parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* dyr = dyp + r * h;
-    const float* xr = xp + r * h;
-    float* dxr = dxp + r * h;
-    const float m = mp[r], rs = rp[r];
-    const int64_t hv = h - h % kLanes;
-    float acc_g[kLanes] = {}, acc_gx[kLanes] = {};
-    for (int64_t j = 0; j < hv; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) {
-        const float xhat = (xr[j + l] - m) * rs;
-        const float g = dyr[j + l] * gp[j + l];
-        acc_g[l] += g;
-        acc_gx[l] += g * xhat;
-      }
-    for (int64_t j = hv; j < h; ++j) {
-      const float xhat = (xr[j] - m) * rs;
-      const float g = dyr[j] * gp[j];
-      acc_g[j - hv] += g;
-      acc_gx[j - hv] += g * xhat;
-    }
-    const float sum_g = lane_sum(acc_g), sum_gx = lane_sum(acc_gx);
-    const float mean_g = sum_g * inv_h, mean_gx = sum_gx * inv_h;
-    if (accumulate_dx) {
-      for (int64_t j = 0; j < h; ++j) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* dyr = dyp + r * h;
+      const float* xr = xp + r * h;
+      float* dxr = dxp + r * h;
+      const float m = mp[r], rs = rp[r];
+      const int64_t hv = h - h % kLanes;
+      float acc_g[kLanes] = {}, acc_gx[kLanes] = {};
+      for (int64_t j = 0; j < hv; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          const float xhat = (xr[j + l] - m) * rs;
+          const float g = dyr[j + l] * gp[j + l];
+          acc_g[l] += g;
+          acc_gx[l] += g * xhat;
+        }
+      for (int64_t j = hv; j < h; ++j) {
         const float xhat = (xr[j] - m) * rs;
-        dxr[j] += rs * (dyr[j] * gp[j] - mean_g - xhat * mean_gx);
+        const float g = dyr[j] * gp[j];
+        acc_g[j - hv] += g;
+        acc_gx[j - hv] += g * xhat;
       }
-    } else {
-      for (int64_t j = 0; j < h; ++j) {
-        const float xhat = (xr[j] - m) * rs;
-        dxr[j] = rs * (dyr[j] * gp[j] - mean_g - xhat * mean_gx);
+      const float sum_g = lane_sum(acc_g), sum_gx = lane_sum(acc_gx);
+      const float mean_g = sum_g * inv_h, mean_gx = sum_gx * inv_h;
+      if (accumulate_dx) {
+        for (int64_t j = 0; j < h; ++j) {
+          const float xhat = (xr[j] - m) * rs;
+          dxr[j] += rs * (dyr[j] * gp[j] - mean_g - xhat * mean_gx);
+        }
+      } else {
+        for (int64_t j = 0; j < h; ++j) {
+          const float xhat = (xr[j] - m) * rs;
+          dxr[j] = rs * (dyr[j] * gp[j] - mean_g - xhat * mean_gx);
+        }
       }
     }
-  }
   });
 }
 

@@ -7,7 +7,6 @@
 namespace ampipe::kernels {
 namespace {
 constexpr int kLanes = 8;  // independent partial sums, as in layernorm.cpp
-constexpr int64_t kColumnGrain = 128;  // columns a piece of the dgamma sums
 
 void check_f32(const Tensor& t, const char* name, const Shape& want) { detail::check_f32(t, "rmsnorm", name, want); }
 
@@ -77,26 +76,26 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
     }
   });
   parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* dyr = dyp + r * h;
-    const float* xr = xp + r * h;
-    float* dxr = dxp + r * h;
-    const float rs = rp[r];
-    // mean_j(g * xhat) = rstd * mean_j(dy * gamma * x)
-    float acc[kLanes] = {};
-    const int64_t hv = h - h % kLanes;
-    for (int64_t j = 0; j < hv; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += dyr[j + l] * gp[j + l] * xr[j + l];
-    for (int64_t j = hv; j < h; ++j) acc[j - hv] += dyr[j] * gp[j] * xr[j];
-    float s = 0.0f;
-    for (float v : acc) s += v;
-    const float mean_gx = s * rs * inv_h;
-    for (int64_t j = 0; j < h; ++j) {
-      const float xhat = xr[j] * rs;
-      const float d = rs * (dyr[j] * gp[j] - xhat * mean_gx);
-      dxr[j] = accumulate_dx ? dxr[j] + d : d;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* dyr = dyp + r * h;
+      const float* xr = xp + r * h;
+      float* dxr = dxp + r * h;
+      const float rs = rp[r];
+      // mean_j(g * xhat) = rstd * mean_j(dy * gamma * x)
+      float acc[kLanes] = {};
+      const int64_t hv = h - h % kLanes;
+      for (int64_t j = 0; j < hv; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[l] += dyr[j + l] * gp[j + l] * xr[j + l];
+      for (int64_t j = hv; j < h; ++j) acc[j - hv] += dyr[j] * gp[j] * xr[j];
+      float s = 0.0f;
+      for (float v : acc) s += v;
+      const float mean_gx = s * rs * inv_h;
+      for (int64_t j = 0; j < h; ++j) {
+        const float xhat = xr[j] * rs;
+        const float d = rs * (dyr[j] * gp[j] - xhat * mean_gx);
+        dxr[j] = accumulate_dx ? dxr[j] + d : d;
+      }
     }
-  }
   });
 }
 

@@ -45,28 +45,28 @@ void rope_apply(const RopeSpec& spec, Tensor& x, int64_t heads, int64_t d, int64
   // channel pairs (lo, hi) of frequency i: (i, i + r/2) or, interleaved, (2i, 2i + 1)
   const int64_t step = spec.interleaved ? 2 : 1, partner = spec.interleaved ? 1 : half;
   parallel_for(rows, rows_grain(b * heads * d), [&](int64_t i0, int64_t i1) {
-  std::vector<float> cs(static_cast<size_t>(2 * half));  // cos, sin of the position's angles
-  for (int64_t i = i0; i < i1; ++i) {
-    const float p = float(positions[size_t(i)]) * float(spec.position_scale);
-    for (int64_t f = 0; f < half; ++f) {
-      const float a = p * inv_freq[size_t(f)];
-      cs[size_t(f)] = std::cos(a);
-      cs[size_t(half + f)] = sign * std::sin(a);
-    }
-    for (int64_t bb = 0; bb < b; ++bb) {
-      float* row = base + (i * b + bb) * ld;
-      for (int64_t hh = 0; hh < heads; ++hh) {
-        float* v = row + hh * d;
-        for (int64_t f = 0; f < half; ++f) {
-          float& lo = v[f * step];
-          float& hi = v[f * step + partner];
-          const float c = cs[size_t(f)], s = cs[size_t(half + f)], x0 = lo, x1 = hi;
-          lo = x0 * c - x1 * s;
-          hi = x1 * c + x0 * s;
+    std::vector<float> cs(static_cast<size_t>(2 * half));  // cos, sin of the position's angles
+    for (int64_t i = i0; i < i1; ++i) {
+      const float p = float(positions[size_t(i)]) * float(spec.position_scale);
+      for (int64_t f = 0; f < half; ++f) {
+        const float a = p * inv_freq[size_t(f)];
+        cs[size_t(f)] = std::cos(a);
+        cs[size_t(half + f)] = sign * std::sin(a);
+      }
+      for (int64_t bb = 0; bb < b; ++bb) {
+        float* row = base + (i * b + bb) * ld;
+        for (int64_t hh = 0; hh < heads; ++hh) {
+          float* v = row + hh * d;
+          for (int64_t f = 0; f < half; ++f) {
+            float& lo = v[f * step];
+            float& hi = v[f * step + partner];
+            const float c = cs[size_t(f)], s = cs[size_t(half + f)], x0 = lo, x1 = hi;
+            lo = x0 * c - x1 * s;
+            hi = x1 * c + x0 * s;
+          }
         }
       }
     }
-  }
   });
 }
 

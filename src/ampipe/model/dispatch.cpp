@@ -41,30 +41,30 @@ void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& out) {
   check_ech(out, r, h, "dispatch output");
   Tensor out2 = out.view({r.E * r.C, h});  // [E, C, h] -> [E*C, h]
   parallel_for(r.E * r.C, rows_grain(h), [&](int64_t ec0, int64_t ec1) {
-  for (int64_t ec = ec0; ec < ec1; ++ec) {
-    const int32_t t = r.slot_token[size_t(ec)];
-    if (out.dtype() == DType::f32) {
-      float* o = row_ptr<float>(out2, ec);
-      if (t < 0) {
-        std::memset(o, 0, size_t(h) * sizeof(float));
-      } else if (x.dtype() == DType::f32) {
-        std::memcpy(o, row_ptr<float>(x, t), size_t(h) * sizeof(float));
+    for (int64_t ec = ec0; ec < ec1; ++ec) {
+      const int32_t t = r.slot_token[size_t(ec)];
+      if (out.dtype() == DType::f32) {
+        float* o = row_ptr<float>(out2, ec);
+        if (t < 0) {
+          std::memset(o, 0, size_t(h) * sizeof(float));
+        } else if (x.dtype() == DType::f32) {
+          std::memcpy(o, row_ptr<float>(x, t), size_t(h) * sizeof(float));
+        } else {
+          const bf16* s = row_ptr<bf16>(x, t);
+          for (int64_t j = 0; j < h; ++j) o[j] = bf16_to_f32(s[j]);
+        }
       } else {
-        const bf16* s = row_ptr<bf16>(x, t);
-        for (int64_t j = 0; j < h; ++j) o[j] = bf16_to_f32(s[j]);
-      }
-    } else {
-      bf16* o = row_ptr<bf16>(out2, ec);
-      if (t < 0) {
-        std::fill(o, o + h, bf16{});
-      } else if (x.dtype() == DType::bf16) {
-        std::memcpy(o, row_ptr<bf16>(x, t), size_t(h) * sizeof(bf16));
-      } else {
-        const float* s = row_ptr<float>(x, t);
-        for (int64_t j = 0; j < h; ++j) o[j] = f32_to_bf16(s[j]);
+        bf16* o = row_ptr<bf16>(out2, ec);
+        if (t < 0) {
+          std::fill(o, o + h, bf16{});
+        } else if (x.dtype() == DType::bf16) {
+          std::memcpy(o, row_ptr<bf16>(x, t), size_t(h) * sizeof(bf16));
+        } else {
+          const float* s = row_ptr<float>(x, t);
+          for (int64_t j = 0; j < h; ++j) o[j] = f32_to_bf16(s[j]);
+        }
       }
     }
-  }
   });
 }
 
@@ -103,23 +103,23 @@ void combine_forward(const Tensor& y, const GateRouting& r, Tensor& out) {
   check_rows(out, r.S, h, "combine output");
   const float* Y = y.data<float>();
   parallel_for(r.S, rows_grain(r.k * h), [&](int64_t t0, int64_t t1) {
-  std::vector<float> acc_buf;  // only for a bf16 output
-  if (out.dtype() == DType::bf16) acc_buf.resize(size_t(h));
-  for (int64_t t = t0; t < t1; ++t) {
-    float* acc = out.dtype() == DType::f32 ? row_ptr<float>(out, t) : acc_buf.data();
-    std::memset(acc, 0, size_t(h) * sizeof(float));
-    for (int64_t i = 0; i < r.k; ++i) {
-      const int32_t s = r.slot[size_t(t * r.k + i)];
-      if (s < 0) continue;
-      const float w = r.weight[size_t(t * r.k + i)];
-      const float* src = Y + (int64_t(r.expert[size_t(t * r.k + i)]) * r.C + s) * h;
-      for (int64_t j = 0; j < h; ++j) acc[j] += w * src[j];
+    std::vector<float> acc_buf;  // only for a bf16 output
+    if (out.dtype() == DType::bf16) acc_buf.resize(size_t(h));
+    for (int64_t t = t0; t < t1; ++t) {
+      float* acc = out.dtype() == DType::f32 ? row_ptr<float>(out, t) : acc_buf.data();
+      std::memset(acc, 0, size_t(h) * sizeof(float));
+      for (int64_t i = 0; i < r.k; ++i) {
+        const int32_t s = r.slot[size_t(t * r.k + i)];
+        if (s < 0) continue;
+        const float w = r.weight[size_t(t * r.k + i)];
+        const float* src = Y + (int64_t(r.expert[size_t(t * r.k + i)]) * r.C + s) * h;
+        for (int64_t j = 0; j < h; ++j) acc[j] += w * src[j];
+      }
+      if (out.dtype() == DType::bf16) {
+        bf16* o = row_ptr<bf16>(out, t);
+        for (int64_t j = 0; j < h; ++j) o[j] = f32_to_bf16(acc[j]);
+      }
     }
-    if (out.dtype() == DType::bf16) {
-      bf16* o = row_ptr<bf16>(out, t);
-      for (int64_t j = 0; j < h; ++j) o[j] = f32_to_bf16(acc[j]);
-    }
-  }
   });
 }
 
@@ -143,25 +143,25 @@ void combine_backward(const Tensor& d_out, const Tensor& y, const GateRouting& r
       if (r.slot_token[size_t(ec)] < 0) std::memset(dY + ec * h, 0, size_t(h) * sizeof(float));
   });
   parallel_for(r.S, rows_grain(2 * r.k * h), [&](int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {
-    const float* g = row_ptr<float>(d_out, t);
-    for (int64_t i = 0; i < r.k; ++i) {
-      const int64_t ci = t * r.k + i;
-      const int32_t s = r.slot[size_t(ci)];
-      if (s < 0) {
-        dw[ci] = 0.0f;
-        continue;
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = row_ptr<float>(d_out, t);
+      for (int64_t i = 0; i < r.k; ++i) {
+        const int64_t ci = t * r.k + i;
+        const int32_t s = r.slot[size_t(ci)];
+        if (s < 0) {
+          dw[ci] = 0.0f;
+          continue;
+        }
+        const float w = r.weight[size_t(ci)];
+        const int64_t off = (int64_t(r.expert[size_t(ci)]) * r.C + s) * h;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < h; ++j) {
+          dY[off + j] = w * g[j];
+          dot += g[j] * Y[off + j];
+        }
+        dw[ci] = dot;
       }
-      const float w = r.weight[size_t(ci)];
-      const int64_t off = (int64_t(r.expert[size_t(ci)]) * r.C + s) * h;
-      float dot = 0.0f;
-      for (int64_t j = 0; j < h; ++j) {
-        dY[off + j] = w * g[j];
-        dot += g[j] * Y[off + j];
-      }
-      dw[ci] = dot;
     }
-  }
   });
 }
 

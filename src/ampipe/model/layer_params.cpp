@@ -299,7 +299,7 @@ LayerParams init_params(const LayerConfig& cfg, int ep_rank, int tp_rank) {
       // Element i of the local shard is element base + i of the full tensor.
       const int64_t base = LayerParams::is_expert(name) ? int64_t(ep_rank) * t.numel() : 0;
       float* w = t.data<float>();
-      parallel_for(t.numel(), int64_t(1) << 14, [&](int64_t i0, int64_t i1) {  // counter-based: any split
+      parallel_for(t.numel(), kElementGrain, [&](int64_t i0, int64_t i1) {  // counter-based: any split
         for (int64_t i = i0; i < i1; ++i)
           w[i] = float(cfg.init_method_std) * core::philox_normal(key, id, uint64_t(base + i));
       });

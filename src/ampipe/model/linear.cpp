@@ -26,7 +26,7 @@ void add_column_sums(const Tensor& dy, Tensor& db) {
   float* d = db.data<float>();
   // Summed over the rows in row order, the columns spread over the threads: the same sums at any thread count.
   const int64_t rows = dy.size(0);
-  parallel_for(k, 128, [&](int64_t j0, int64_t j1) {
+  parallel_for(k, kColumnGrain, [&](int64_t j0, int64_t j1) {
     if (dy.dtype() == DType::f32) {
       const float* base = dy.data<float>();
       for (int64_t r = 0; r < rows; ++r)

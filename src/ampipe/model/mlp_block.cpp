@@ -29,7 +29,7 @@ void add_rows(Tensor dst, const Tensor& src) {
                shape_str(dst.shape()), shape_str(src.shape()));
   float* d = dst.data<float>();
   const float* x = src.data<float>();
-  parallel_for(dst.numel(), int64_t(1) << 15, [&](int64_t i0, int64_t i1) {
+  parallel_for(dst.numel(), kElementGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) d[i] += x[i];
   });
 }
@@ -92,7 +92,7 @@ void shared_expert_gate_backward(LayerState& s, int c) {
     for (int64_t j = 0; j < h; ++j) dx[j] += z[size_t(t)] * g[j];
   });
   // dg sums over the rows in row order, the columns spread over the threads
-  parallel_for(h, 128, [&](int64_t j0, int64_t j1) {
+  parallel_for(h, kColumnGrain, [&](int64_t j0, int64_t j1) {
     for (int64_t t = 0; t < x2.size(0); ++t) {
       const float* x = x2.data<float>() + t * h;
       for (int64_t j = j0; j < j1; ++j) dg[j] += z[size_t(t)] * x[j];

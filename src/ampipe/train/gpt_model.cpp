@@ -36,7 +36,7 @@ Tensor normal_init(const Shape& shape, const TrainConfig& cfg, uint64_t id) {
   Tensor t = Tensor::empty(shape);
   const core::PhiloxKey key{cfg.layer.seed, kModelKeyLayer, core::RngPurpose::init};
   float* p = t.data<float>();
-  parallel_for(t.numel(), int64_t(1) << 14, [&](int64_t i0, int64_t i1) {  // counter-based: any split
+  parallel_for(t.numel(), kElementGrain, [&](int64_t i0, int64_t i1) {  // counter-based: any split
     for (int64_t i = i0; i < i1; ++i)
       p[i] = float(cfg.layer.init_method_std * double(core::philox_normal(key, id, uint64_t(i))));
   });
