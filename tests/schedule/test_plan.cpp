@@ -45,7 +45,7 @@ TEST(Plan, ForwardDispatchOfChunkIsIssuedBeforeNextAttentionAndOverlapsIt) {
   for (int M : {2, 3, 4, 8}) {
     const Plan p = plan_for(0, M);
     for (int c = 0; c + 1 < M; ++c) {
-      const int d = p.index_of(Dir::fwd, Stage::dispatch, c), a = p.index_of(Dir::fwd, Stage::attention, c + 1);
+      const int d = p.index_of(Dir::fwd, CommStage::dispatch, c), a = p.index_of(Dir::fwd, Stage::attention, c + 1);
       EXPECT_LT(d, a) << "M=" << M << " c=" << c;
       EXPECT_EQ(p.tasks[size_t(d)].lane, Lane::ep);
       // attention(c+1) and the stages up to its own gate never wait for dispatch(c): they overlap it.
@@ -61,14 +61,14 @@ TEST(Plan, EachExpertWaitsOnlyForItsOwnDispatchAndCombineOverlapsNextExperts) {
     for (int c = 0; c < M; ++c) {
       const Task& ex = p.find(Dir::fwd, Stage::experts, c);
       ASSERT_EQ(ex.deps.size(), 1u);
-      EXPECT_EQ(ex.deps[0], p.find(Dir::fwd, Stage::dispatch, c).id);
+      EXPECT_EQ(ex.deps[0], p.find(Dir::fwd, CommStage::dispatch, c).id);
       // exactly one expert consumer per dispatch
       int consumers = 0;
       for (const Task& t : p.tasks)
-        for (uint32_t d : t.deps) consumers += d == p.find(Dir::fwd, Stage::dispatch, c).id;
+        for (uint32_t d : t.deps) consumers += d == p.find(Dir::fwd, CommStage::dispatch, c).id;
       EXPECT_EQ(consumers, 1);
       if (c + 1 < M) {
-        const Task& ca = p.find(Dir::fwd, Stage::combine, c);
+        const Task& ca = p.find(Dir::fwd, CommStage::combine, c);
         EXPECT_LT(ca.id, p.find(Dir::fwd, Stage::experts, c + 1).id);
         EXPECT_FALSE(depends_on(p, p.find(Dir::fwd, Stage::experts, c + 1).id, ca.id));
       }
@@ -82,7 +82,7 @@ TEST(Plan, BackwardRunsChunksInReverseAndReverseDispatchOverlapsAttentionSide) {
     EXPECT_LT(p.index_of(Dir::bwd, Stage::weighted_sum, M - 1), p.index_of(Dir::bwd, Stage::weighted_sum, 0));
     for (int c = 1; c < M; ++c) {
       // rev-dispatch(c-1) is issued before the attention-side backward of chunk c starts and is not needed by it.
-      const uint32_t rd = p.find(Dir::bwd, Stage::dispatch, c - 1).id;
+      const uint32_t rd = p.find(Dir::bwd, CommStage::dispatch, c - 1).id;
       EXPECT_LT(rd, p.find(Dir::bwd, Stage::gate, c).id);
       for (Stage s : {Stage::gate, Stage::residual_ln2, Stage::out_proj, Stage::attention})
         EXPECT_FALSE(depends_on(p, p.find(Dir::bwd, s, c).id, rd));
@@ -117,7 +117,7 @@ TEST(Plan, QkvIsComputedPerChunkSoTheFirstDispatchStartsEarly) {
     for (int c = 0; c < M; ++c)
       for (int c2 = 0; c2 < M; ++c2)
         EXPECT_EQ(depends_on(p, p.find(Dir::fwd, Stage::attention, c).id, p.find(Dir::fwd, Stage::ln1_qkv, c2).id), c2 <= c);
-    EXPECT_LT(p.find(Dir::fwd, Stage::dispatch, 0).id, p.find(Dir::fwd, Stage::ln1_qkv, 1).id);
+    EXPECT_LT(p.find(Dir::fwd, CommStage::dispatch, 0).id, p.find(Dir::fwd, Stage::ln1_qkv, 1).id);
   }
 }
 
@@ -130,7 +130,7 @@ Plan cp_plan(int C, int M) {
   cfg.hidden_size = 32;
   return build_layer_plan(cfg, M);
 }
-const Task* find_piece(const Plan& p, Dir d, Stage s, int chunk, int piece) {
+const Task* find_piece(const Plan& p, Dir d, TaskStage s, int chunk, int piece) {
   for (const Task& t : p.tasks)
     if (t.dir == d && t.stage == s && t.chunk == chunk && t.piece == piece) return &t;
   return nullptr;
@@ -150,7 +150,7 @@ TEST(Plan, ContextParallelRingHidesBehindOwnKeyAttention) {
       const Plan p = cp_plan(C, M);
       std::vector<const Task*> steps, bsteps;
       for (const Task& t : p.tasks)
-        if (t.stage == Stage::cp_ring) (t.dir == Dir::fwd ? steps : bsteps).push_back(&t);
+        if (t.stage == CommStage::cp_ring) (t.dir == Dir::fwd ? steps : bsteps).push_back(&t);
       ASSERT_EQ(int(steps.size()), 2 * M * (C - 1));  // per chunk and step: its rows of each half
       ASSERT_EQ(int(bsteps.size()), C - 1);
       const int last_qkv = p.index_of(Dir::fwd, Stage::ln1_qkv, M - 1);
@@ -195,7 +195,7 @@ TEST(Plan, ContextParallelRingHidesBehindOwnKeyAttention) {
       }
       EXPECT_LT(bsteps.front()->id, find_piece(p, Dir::bwd, Stage::attention, M - 1, 0)->id);
       // the aux-loss statistics are summed over the cp ranks
-      EXPECT_GE(p.index_of(Dir::fwd, Stage::cp_aux_stats, -1), 0);
+      EXPECT_GE(p.index_of(Dir::fwd, CommStage::cp_aux_stats, -1), 0);
     }
 }
 
@@ -229,21 +229,21 @@ TEST(Plan, WithoutTheTpOverlapTheLastReductionsHideBehindTheWeightGradients) {
     cfg.tensor_model_parallel_size = 2;
     cfg.sequence_parallel = true;
     const Plan p = build_layer_plan(cfg, M);
-    auto find = [&](Dir d, Stage s, int chunk) {
+    auto find = [&](Dir d, TaskStage s, int chunk) {
       const Task* t = find_piece(p, d, s, chunk, -1);
-      EXPECT_NE(t, nullptr) << ampipe::model::stage_name(s) << " chunk " << chunk;
+      EXPECT_NE(t, nullptr) << s.name() << " chunk " << chunk;
       return t ? t->id : 0u;
     };
     const uint32_t awg = find(Dir::bwd, Stage::attention_wgrad, -1), ewg = find(Dir::bwd, Stage::expert_wgrad, -1);
     // experts: the reduction of the last piece (chunk 0, done last) is issued before the weight gradients, which
     // do not wait for it; every earlier piece's is waited for by the next piece (synchronous)
-    const uint32_t last_red = find(Dir::bwd, Stage::tp_expert_in, 0);
+    const uint32_t last_red = find(Dir::bwd, CommStage::tp_expert_in, 0);
     EXPECT_LT(last_red, ewg);
     EXPECT_FALSE(depends_on(p, ewg, last_red));
     for (int c = M - 1; c > 0; --c)
-      EXPECT_TRUE(depends_on(p, find(Dir::bwd, Stage::experts, c - 1), find(Dir::bwd, Stage::tp_expert_in, c)));
+      EXPECT_TRUE(depends_on(p, find(Dir::bwd, Stage::experts, c - 1), find(Dir::bwd, CommStage::tp_expert_in, c)));
     // attention: chunk 0's LN1 backward comes after the weight gradients, which do not wait for its reduction
-    const uint32_t qkv_red = find(Dir::bwd, Stage::tp_qkv_in, 0), ln1 = find(Dir::bwd, Stage::ln1, 0);
+    const uint32_t qkv_red = find(Dir::bwd, CommStage::tp_qkv_in, 0), ln1 = find(Dir::bwd, Stage::ln1, 0);
     EXPECT_LT(qkv_red, awg);
     EXPECT_LT(awg, ln1);
     EXPECT_FALSE(depends_on(p, awg, qkv_red));

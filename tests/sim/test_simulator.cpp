@@ -61,7 +61,7 @@ struct PlanBuilder {
   }
   // A collective that takes `seconds` under unit_profile() (an all-to-all over 2 ranks sends half its bytes).
   uint32_t collective(double seconds, Lane lane = Lane::ep, std::vector<uint32_t> deps = {}, Dir dir = Dir::fwd,
-                      Stage stage = Stage::dispatch) {
+                      CommStage stage = CommStage::dispatch) {
     Task t;
     t.id = uint32_t(p.tasks.size());
     t.dir = dir;
@@ -196,7 +196,7 @@ TEST(SimCost, GemmAttentionElementwiseAndCollective) {
   t.bytes = 5e9;
   EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 3e-6 + 5e9 / 1e9);
   // An all-to-all over ep = 2 sends half its bytes off the rank, with no task overhead.
-  t.stage = Stage::dispatch;
+  t.stage = CommStage::dispatch;
   t.lane = Lane::ep;
   t.collective = CollectiveSpec{CollKind::all_to_all, comm::GroupKind::ep, {}, {}, 4e9};
   EXPECT_DOUBLE_EQ(cost_seconds(t, plan, p, {}), 7e-6 + 2e9 / 20e9);
@@ -308,8 +308,8 @@ TEST(Simulator, ComputeCollectiveComputeChain) {  // (d)
 TEST(Simulator, ExposedWaitsAreChargedToWhatHeldThemUp) {
   PlanBuilder b;
   const uint32_t a = b.compute(1);
-  const uint32_t red = b.collective(2, Lane::etp, {a}, Dir::fwd, Stage::tp_expert_out);
-  const uint32_t comb = b.collective(1, Lane::ep, {red}, Dir::fwd, Stage::combine);
+  const uint32_t red = b.collective(2, Lane::etp, {a}, Dir::fwd, CommStage::tp_expert_out);
+  const uint32_t comb = b.collective(1, Lane::ep, {red}, Dir::fwd, CommStage::combine);
   b.compute(0.5, {comb});
   SimResult r = simulate({b.p}, unit_profile());
   EXPECT_DOUBLE_EQ(r.step_s, 4.5);
@@ -322,8 +322,8 @@ TEST(Simulator, ExposedWaitsAreChargedToWhatHeldThemUp) {
 
   // Queued behind another lane's collective on the same link: charged to that collective while it held the link.
   PlanBuilder q;
-  q.collective(2, Lane::ep, {}, Dir::fwd, Stage::dispatch);
-  const uint32_t ring = q.collective(1, Lane::cp, {}, Dir::fwd, Stage::cp_ring);
+  q.collective(2, Lane::ep, {}, Dir::fwd, CommStage::dispatch);
+  const uint32_t ring = q.collective(1, Lane::cp, {}, Dir::fwd, CommStage::cp_ring);
   q.compute(1, {ring});
   SimOptions o;
   o.cp_size = 2;

@@ -165,7 +165,7 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
     json j{{"id", t.id},
            {"name", t.name()},
            {"dir", model::dir_name(t.dir)},
-           {"stage", model::stage_name(t.stage)},
+           {"stage", t.stage.name()},
            {"layer", t.layer},
            {"chunk", t.chunk},
            {"piece", t.piece},

@@ -38,14 +38,14 @@ kernels::AttentionShape chunk_shape(const LayerState& s, int c) {
 
 void AttentionBlock::ln1(int c) {
   LayerState& s = st_;
-  // Sequence parallel: the chunk's local rows, all-gathered next (Stage::tp_qkv_in) from ln1_local (fp32) or
+  // Sequence parallel: the chunk's local rows, all-gathered next (the Plan's tp_qkv_in) from ln1_local (fp32) or
   // ln1_send (bf16) into ln1_out / ln1_out_bf16. Otherwise every row of the chunk, written where QKV reads it
   // (bf16: the fp32 output is one chunk's staging, only its bf16 copy is kept).
   Tensor xn = s.dims.sp ? s.mem.get(Buf::ln1_local) : s.bf16() ? s.mem.get(Buf::ln1_out) : s.full_rows(Buf::ln1_out, c);
   Tensor mean = s.rows(Buf::ln1_mean, c), rstd = s.rows(Buf::ln1_rstd, c);
   norm_forward(s.cfg, s.rows(s.x, c), s.p.ln1_w, s.p.ln1_b, xn, mean, rstd);
   if (s.bf16()) {
-    Tensor copy = s.dims.sp ? s.mem.get(Buf::ln1_send) : s.full_rows(Buf::ln1_out_bf16, c);
+    Tensor copy = s.dims.sp ? s.mem.get(s.mem.seams().qkv_in.send) : s.full_rows(Buf::ln1_out_bf16, c);
     copy.copy_from(xn);
   }
 }
@@ -182,7 +182,7 @@ void AttentionBlock::cp_dkv_reduce(int piece) {
   const int C = int(s.dims.cp);
   Tensor dst = s.mem.get(Buf::cp_dkv, piece);
   if (piece != 1) {  // the sums received at the step before (the last step for piece 0), added in fp32
-    const Tensor src = s.mem.get(Buf::cp_dkv_recv, piece == 0 ? C - 1 : piece - 1);
+    const Tensor src = s.mem.get(s.mem.seams().dkv.recv, piece == 0 ? C - 1 : piece - 1);
     float* a = dst.data<float>();
     const int64_t n = dst.numel();
     if (src.dtype() == DType::f32) {
@@ -194,7 +194,7 @@ void AttentionBlock::cp_dkv_reduce(int piece) {
     }
   }
   if (piece != 0) {  // bf16: what this step sends, rounded once
-    if (s.bf16()) s.mem.get(Buf::cp_dkv_send, piece).copy_from(dst);
+    if (s.bf16()) s.mem.get(s.mem.seams().dkv.send, piece).copy_from(dst);
     return;
   }
   // every rank's contribution to this rank's own dK, dV is in slot 0: into the K, V columns of dqkv, per chunk
@@ -220,7 +220,7 @@ void AttentionBlock::attention(int c, int piece) {
 
 void AttentionBlock::out_proj(int c) {
   LayerState& s = st_;
-  // tp > 1: partial sums over the local heads, reduced next (Stage::tp_proj_out): reduce-scattered from
+  // tp > 1: partial sums over the local heads, reduced next (the Plan's tp_proj_out): reduce-scattered from
   // proj_partial into the local rows of proj (sequence parallel), or all-reduced in place.
   Tensor proj = s.dims.sp ? s.mem.get(Buf::proj_partial) : s.full_rows(Buf::proj, c);
   const Tensor attn = s.full_rows(Buf::attn, c);
@@ -230,12 +230,12 @@ void AttentionBlock::out_proj(int c) {
     in.copy_from(attn);
   }
   linear_forward(in, s.w.proj, proj);
-  if (s.dims.sp && s.bf16()) s.mem.get(Buf::proj_send).copy_from(proj);  // bf16 payload, as Megatron's
+  if (s.dims.sp && s.bf16()) s.mem.get(s.mem.seams().proj_out.send).copy_from(proj);  // bf16 payload, as Megatron's
 }
 
 void AttentionBlock::residual_ln2(int c) {
   LayerState& s = st_;
-  if (s.dims.sp && s.bf16()) s.rows(Buf::proj, c).copy_from(s.rows(Buf::proj_recv, c));  // the reduced rows
+  if (s.dims.sp && s.bf16()) s.rows(Buf::proj, c).copy_from(s.rows(s.mem.seams().proj_out.recv, c));  // reduced
   Tensor ln_in = s.rows(Buf::ln_in, c), ln2 = s.rows(Buf::ln2_out, c);
   const Tensor proj = s.rows(Buf::proj, c), x = s.rows(s.x, c);
   if (s.p.proj_b.defined()) add_bias(proj, s.p.proj_b);  // --add-bias-linear: after the reduce, before the dropout
@@ -246,8 +246,8 @@ void AttentionBlock::residual_ln2(int c) {
   });
   Tensor mean = s.rows(Buf::ln2_mean, c), rstd = s.rows(Buf::ln2_rstd, c);
   norm_forward(s.cfg, ln_in, s.p.ln2_w, s.p.ln2_b, ln2, mean, rstd);
-  // the dense MLP's input, all-gathered next with sequence parallelism (Stage::tp_mlp_in): bf16 payload
-  if (s.dims.mlp && s.dims.sp && s.bf16()) s.rows(Buf::mlp_send, c).copy_from(ln2);
+  // the dense MLP's input, all-gathered next with sequence parallelism (the Plan's tp_mlp_in): bf16 payload
+  if (s.dims.mlp && s.dims.sp && s.bf16()) s.rows(s.mem.seams().mlp_in.send, c).copy_from(ln2);
 }
 
 // ----------------------------------------------------------------------------------------------- backward
@@ -260,8 +260,8 @@ void AttentionBlock::begin_backward() {
 
 Tensor AttentionBlock::d_proj_all() const {
   const LayerState& s = st_;
-  if (s.bf16()) return s.mem.get(Buf::d_proj_bf16);               // converted or all-gathered
-  return s.mem.get(s.dims.sp ? Buf::d_proj_full : Buf::d_proj);  // all-gathered, or every row already
+  // all-gathered (sequence parallel), converted to bf16 by residual_ln2_backward, or every fp32 row already
+  return s.mem.get(s.dims.sp ? s.mem.seams().d_proj_out.recv : s.bf16() ? Buf::d_proj_bf16 : Buf::d_proj);
 }
 
 void AttentionBlock::residual_ln2_backward(int c) {
@@ -282,7 +282,8 @@ void AttentionBlock::residual_ln2_backward(int c) {
   if (s.g.proj_b.defined()) add_column_sums(d_proj, s.g.proj_b);  // this rank's rows (sequence parallel: summed over tp)
   // The out-projection's backward reads every row of the chunk in the compute dtype: all-gathered next (sequence
   // parallel, from d_proj or its bf16 copy d_proj_send), or converted here.
-  if (s.bf16()) (s.dims.sp ? s.mem.get(Buf::d_proj_send) : s.full_rows(Buf::d_proj_bf16, c)).copy_from(d_proj);
+  if (s.bf16())
+    (s.dims.sp ? s.mem.get(s.mem.seams().d_proj_out.send) : s.full_rows(Buf::d_proj_bf16, c)).copy_from(d_proj);
 }
 
 void AttentionBlock::out_proj_backward(int c) {
@@ -317,7 +318,7 @@ void AttentionBlock::attention_recompute(int c) {
 
 void AttentionBlock::qkv_backward(int c) {
   // The chunk's rows of dqkv are complete: dq from attention_backward(c), dK and dV from chunks c..M-1. tp > 1:
-  // d_ln1_out holds partial sums over the local heads, reduced next (Stage::tp_qkv_in).
+  // d_ln1_out holds partial sums over the local heads, reduced next (the Plan's tp_qkv_in).
   LayerState& s = st_;
   Tensor d_xn = s.mem.get(Buf::d_ln1_out, c);
   Tensor dqkv = s.full_rows(Buf::dqkv, c);
@@ -329,12 +330,12 @@ void AttentionBlock::qkv_backward(int c) {
     in.copy_from(dqkv);
   }
   linear_input_grad(in, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
-  if (s.dims.sp && s.bf16()) s.mem.get(Buf::d_ln1_send, c).copy_from(d_xn);  // bf16 payload of the reduction
+  if (s.dims.sp && s.bf16()) s.mem.get(s.mem.seams().d_qkv_in.send, c).copy_from(d_xn);  // bf16 payload
 }
 
 void AttentionBlock::ln1_backward(int c) {
   LayerState& s = st_;
-  if (s.dims.sp && s.bf16()) s.mem.get(Buf::d_ln1_local, c).copy_from(s.mem.get(Buf::d_ln1_recv, c));
+  if (s.dims.sp && s.bf16()) s.mem.get(Buf::d_ln1_local, c).copy_from(s.mem.get(s.mem.seams().d_qkv_in.recv, c));
   const Tensor d_xn = s.mem.get(s.dims.sp ? Buf::d_ln1_local : Buf::d_ln1_out, c);  // this rank's rows, reduced
   Tensor dx = s.rows(s.mem.get(Buf::dx).view({s.dims.Tl, s.dims.h}), c);
   norm_backward(s.cfg, d_xn, s.rows(s.x, c), s.p.ln1_w, s.rows(Buf::ln1_mean, c), s.rows(Buf::ln1_rstd, c), dx,

@@ -7,7 +7,7 @@ namespace ampipe::model {
 LayerMemory::LayerMemory(const LayerDims& dims, const BufferLayout& layout, Arena& arena, size_t saved_base,
                          size_t shared_base)
     : dims_(&dims), layout_(&layout), arena_(&arena), saved_base_(saved_base), shared_base_(shared_base),
-      C_(size_t(dims.M), dims.C) {}
+      C_(size_t(dims.M), dims.C), seams_(Seams::make(dims)) {}
 
 Tensor LayerMemory::get(Buf b, int c) const {
   const BufferSpec* spec = layout_->spec(b);
@@ -151,20 +151,6 @@ void Layer::run(Stage s, Dir d, int c, int p) {
     case Stage::mlp_wgrad:
       if (!fwd) return mlp_.weight_grads();
       break;
-    // Communication stages are Plan collectives, run by the executor through comm/: none reaches a block.
-    case Stage::capacity:
-    case Stage::dispatch:
-    case Stage::combine:
-    case Stage::tp_qkv_in:
-    case Stage::tp_proj_out:
-    case Stage::tp_aux_stats:
-    case Stage::tp_expert_in:
-    case Stage::tp_expert_out:
-    case Stage::cp_ring:
-    case Stage::cp_aux_stats:
-    case Stage::tp_mlp_in:
-    case Stage::tp_mlp_out:
-    case Stage::tp_capacity: break;
   }
   AMPIPE_CHECK(false, "stage {}.{} is not a compute stage of the layer", stage_name(s), dir_name(d));
 }

@@ -143,7 +143,7 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
     case Stage::expert_wgrad: return dir == Dir::bwd && d.defer_expert_wgrad ? double(d.M) * expert : 0;
     case Stage::mlp: return 2 * Sc * h * double(d.F1ml + d.Fml);  // backward: the input-gradient GEMMs
     case Stage::mlp_wgrad: return dir == Dir::bwd ? 2 * T * h * double(d.F1ml + d.Fml) : 0;
-    default: return 0;  // element-wise stages and collectives
+    default: return 0;  // element-wise stages
   }
 }
 
@@ -199,39 +199,7 @@ double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece) {
       const double Fm = double(d.F1ml + d.Fml);
       return T * (2 * h + Fm) * e + 2 * Fm * h * f;
     }
-    default: return 0;  // the aux loss and collectives
-  }
-}
-
-double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece) {
-  const double e = double(dtype_size(d.cd)), f = 4, h = double(d.h);
-  // one ring step (piece = step): the K and V of this rank's rows, or their gradient sums (compute dtype)
-  if (s == Stage::cp_ring) return double(d.T) * 2 * double(d.kvl) * e;
-  // slots of one a2a block set: all L experts and C slots of a chunk, or one piece's
-  const double slots = piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots)
-                                  : double(d.E * d.C);
-  const bool fwd = dir == Dir::fwd;
-  switch (s) {
-    case Stage::dispatch:
-    case Stage::combine: return slots * h * e;
-    case Stage::capacity: return fwd ? 4 : 0;
-    case Stage::tp_capacity: return fwd ? 4.0 * double(d.ep) : 0;
-    // all-gather: this rank's block; reduce-scatter: the t blocks it reduces; all-reduce: the whole buffer
-    // the attention side's reductions: fp32, or bf16 with sequence parallelism in bf16 (the all-reduce stays fp32)
-    case Stage::tp_qkv_in:  // fwd: gather the LN1 rows (compute dtype); bwd: reduce the input gradient
-      return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * (d.sp ? e : f);
-    case Stage::tp_proj_out:  // fwd: reduce the partial sums; bwd: gather the output gradient (compute dtype)
-      return fwd ? double(d.Sc) * h * (d.sp ? e : f) : (d.sp ? double(d.Scl) * h * e : 0);
-    case Stage::tp_expert_in:  // fwd: gather the received slots; bwd: reduce the input gradient
-      return fwd ? (d.sp ? slots * h * e : 0) : (d.sp ? double(d.tp) : 1.0) * slots * h * e;
-    case Stage::tp_expert_out:  // fwd: reduce the partial outputs; bwd: gather their gradient
-      return fwd ? (d.sp ? double(d.tp) : 1.0) * slots * h * e : (d.sp ? slots * h * e : 0);
-    case Stage::tp_aux_stats:
-    case Stage::cp_aux_stats: return fwd ? double(2 * d.E + 2) * f : 0;
-    // the dense MLP's: the input rows gathered in the compute dtype, the reductions and the gradient's gather fp32
-    case Stage::tp_mlp_in: return fwd ? (d.sp ? double(d.Scl) * h * e : 0) : double(d.Sc) * h * f;
-    case Stage::tp_mlp_out: return fwd ? double(d.Sc) * h * f : (d.sp ? double(d.Scl) * h * f : 0);
-    default: return 0;
+    default: return 0;  // the aux loss
   }
 }
 

@@ -102,10 +102,5 @@ double stage_flops(const LayerDims& d, Stage s, Dir dir, int c, int piece = -1);
 // Bytes a compute stage reads and writes in memory (activations and weights, once each): an estimate for the cost
 // model, not a measurement.
 double stage_bytes(const LayerDims& d, Stage s, Dir dir, int c, int piece = -1);
-// Bytes one rank sends in a collective stage of chunk c at the planned capacity (all-to-all: all ep blocks,
-// including the one it keeps; capacity all-gather: its one float; tensor-parallel all-gather: its block;
-// reduce-scatter and all-reduce: the whole buffer it reduces). A pipe-experts piece's all-to-all sends
-// ep*experts*slots*h elements.
-double collective_bytes(const LayerDims& d, Stage s, Dir dir, int piece = -1);
 
 }  // namespace ampipe::model

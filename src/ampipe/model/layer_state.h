@@ -12,6 +12,7 @@
 #include "ampipe/model/layer_config.h"
 #include "ampipe/model/layer_dims.h"
 #include "ampipe/model/layer_params.h"
+#include "ampipe/model/seams.h"
 
 namespace ampipe::model {
 
@@ -48,6 +49,9 @@ class LayerMemory {
   Tensor collective_view(Buf b, int c, int p) const;
   void set_capacity(int c, int64_t C);
   int64_t capacity(int c) const { return C_[size_t(c)]; }
+  // The buffers at the seams with communication (seams.h): a block writes a collective's send buffer and reads its
+  // receive buffer from here, never choosing them itself.
+  const Seams& seams() const { return seams_; }
 
  private:
   const LayerDims* dims_;
@@ -55,6 +59,7 @@ class LayerMemory {
   Arena* arena_;
   size_t saved_base_, shared_base_;
   std::vector<int64_t> C_;  // run-time capacity per chunk
+  Seams seams_;
 };
 
 struct LayerState {

@@ -10,18 +10,20 @@
 namespace ampipe::model {
 
 Tensor MlpBlock::input_all() const {
-  // sequence parallel: all-gathered (Stage::tp_mlp_in); bf16: converted by forward(); fp32: LN2's output itself
+  // sequence parallel: all-gathered (the Plan's tp_mlp_in); bf16: converted by forward(); fp32: LN2's output itself
   return st_.mem.get(st_.dims.sp || st_.bf16() ? Buf::mlp_in : Buf::ln2_out);
 }
 
-Tensor MlpBlock::output_grad_all() const { return st_.mem.get(st_.dims.sp ? Buf::d_mlp_full : Buf::d_mlp); }
+Tensor MlpBlock::output_grad_all() const {
+  return st_.mem.get(st_.dims.sp ? st_.mem.seams().d_mlp_out.recv : Buf::d_mlp);
+}
 
 Tensor mlp_output_rows(const LayerState& s, int c) {
-  return s.dims.sp ? s.rows(Buf::mlp_y, c) : s.full_rows(Buf::mlp_out, c);
+  return s.dims.sp ? s.rows(s.mem.seams().mlp_out.recv, c) : s.full_rows(s.mem.seams().mlp_out.recv, c);
 }
 
 Tensor mlp_input_grad_rows(const LayerState& s, int c) {
-  return s.dims.sp ? s.rows(Buf::d_mlp_in_local, c) : s.full_rows(Buf::d_mlp_in, c);
+  return s.dims.sp ? s.rows(s.mem.seams().d_mlp_in.recv, c) : s.full_rows(s.mem.seams().d_mlp_in.recv, c);
 }
 
 void add_rows(Tensor dst, const Tensor& src) {
@@ -119,7 +121,7 @@ void MlpBlock::forward(int c) {
 
 void MlpBlock::backward(int c) {
   LayerState& s = st_;
-  Tensor d_out = s.full_rows(output_grad_all(), c);  // sequence parallel: all-gathered (Stage::tp_mlp_out)
+  Tensor d_out = s.full_rows(output_grad_all(), c);  // sequence parallel: all-gathered (the Plan's tp_mlp_out)
   if (s.bf16()) {
     Tensor copy = s.full_rows(Buf::d_mlp_bf16, c);
     copy.copy_from(d_out);

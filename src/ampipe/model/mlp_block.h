@@ -2,7 +2,7 @@
 // routed experts (Megatron-Core's shared expert: its output is added to theirs before the dropout and residual) or
 // as a dense layer's FFN (no router, no experts). Megatron's column-parallel fc1 and row-parallel fc2 with tp > 1:
 // the chunk's LN2 rows are all-gathered first with sequence parallelism, and the partial sums are reduced after
-// (Stage::tp_mlp_in, tp_mlp_out: Plan collectives); the block only computes.
+// (the Plan's tp_mlp_in, tp_mlp_out: Plan collectives); the block only computes.
 //   forward(c)     mlp_out rows of chunk c = fc2(act(fc1(ln2 rows)))   (tp: partial sums)
 //   backward(c)    d_mlp_in rows of chunk c from the output gradient   (tp: partial sums); the LN2 backward adds it
 //   weight_grads() dW2 += dY^T act, dW1 += d_fc1^T x over every chunk's rows at once (K = T), as the attention's

@@ -100,8 +100,8 @@ void MoeBlock::gate(int c) {
 void MoeBlock::accumulate_stats(const GateStats& chunk) {
   total_.accumulate(chunk);
   if (!st_.dims.sp && st_.dims.cp == 1) return;
-  // Sequence or context parallel: this rank's running totals, all-reduced over tp (Stage::tp_aux_stats) and cp
-  // (Stage::cp_aux_stats) after the last chunk
+  // Sequence or context parallel: this rank's running totals, all-reduced over tp (the Plan's tp_aux_stats) and cp
+  // (the Plan's cp_aux_stats) after the last chunk
   const int64_t E = st_.dims.E;
   float* v = st_.mem.get(Buf::gate_stats).data<float>();
   for (int64_t e = 0; e < E; ++e) {
@@ -118,7 +118,8 @@ void MoeBlock::accumulate_stats(const GateStats& chunk) {
 }
 
 void MoeBlock::gate_assign(int c) {
-  const Tensor all = st_.mem.get(st_.dims.agree_capacity_tp ? Buf::capacity_tp : Buf::capacity_all, c);
+  const Seams& m = st_.mem.seams();
+  const Tensor all = st_.mem.get(st_.dims.agree_capacity_tp ? m.capacity_tp.recv : m.capacity.recv, c);
   const float* v = all.data<float>();
   const float C = std::max(1.0f, *std::max_element(v, v + all.numel()));
   gate_assign_forward(int64_t(C), gctx_[size_t(c)]);
@@ -186,8 +187,9 @@ void MoeBlock::experts(int c, int p) {
   const ExpertPiece pc = piece(c, p);
   const int64_t F1 = s.dims.F1l, h = s.dims.h, r0 = s.dims.srcs * pc.slot0, n = s.dims.srcs * pc.slots;
   const int64_t l0 = pc.expert0, l1 = pc.expert0 + pc.experts;
-  // sequence parallel: the slots all-gathered over tp (Stage::tp_expert_in)
-  piece_to_experts(s.mem.get(s.dims.sp ? Buf::expert_gather : Buf::dispatch_recv, c, p), Buf::expert_in, c, pc);
+  // sequence parallel: the slots all-gathered over tp (the Plan's tp_expert_in)
+  const Seams& m = s.mem.seams();
+  piece_to_experts(s.mem.get(s.dims.sp ? m.expert_in.recv : m.dispatch.recv, c, p), Buf::expert_in, c, pc);
   const Tensor out = s.mem.get(Buf::expert_out, c);
   const bool grouped = s.cfg.moe_grouped_gemm && pc.experts > 1;
   const Buf kept_act = s.bf16() ? Buf::act_bf16 : Buf::act;  // what fc2 reads (and its weight gradient)
@@ -218,9 +220,9 @@ void MoeBlock::experts(int c, int p) {
   // --add-bias-linear: fc2's bias once in the sum over tp's partial outputs (on tp rank 0, before the reduce)
   if (s.p.fc2_b.defined() && s.tp_rank == 0)
     for (int64_t l = l0; l < l1; ++l) add_bias(out_rows(l), s.p.fc2_b.rows(l, l + 1));
-  // tp > 1: partial sums over the local F columns, reduced next (Stage::tp_expert_out): reduce-scattered from
+  // tp > 1: partial sums over the local F columns, reduced next (the Plan's tp_expert_out): reduce-scattered from
   // combine_partial into combine_send (sequence parallel), or all-reduced in place
-  Tensor send = s.mem.get(s.dims.sp ? Buf::combine_partial : Buf::combine_send, c, p);
+  Tensor send = s.mem.get(s.dims.tp > 1 ? s.mem.seams().expert_out.send : s.mem.seams().combine.send, c, p);
   experts_to_piece(out, send, pc);
 }
 
@@ -229,10 +231,11 @@ void MoeBlock::weighted_sum(int c) {
   Tensor moe = s.rows(Buf::moe_out, c);
   if (s.dims.moe) {
     Tensor Y = s.mem.get(Buf::expert_y, c);  // fp32 without pipe-experts: the combine all-to-all received into it
+    const Buf recv = s.mem.seams().combine.recv;
     if (s.dims.pieced())
-      copy_slots_pieces(s.mem.get(Buf::combine_recv, c), Y, c, /*to_pieces=*/false);
-    else if (s.bf16())
-      Y.copy_from(s.mem.get(Buf::combine_recv, c));
+      copy_slots_pieces(s.mem.get(recv, c), Y, c, /*to_pieces=*/false);
+    else if (recv != Buf::expert_y)
+      Y.copy_from(s.mem.get(recv, c));
     // Recomputing: the backward reads expert_y (above) but not the weighted sum or the output, which is kept.
     if (s.recomputing) return;
     combine_forward(Y, gctx_[size_t(c)].routing, moe);
@@ -301,7 +304,8 @@ void MoeBlock::experts_backward(int c, int p) {
   const ExpertPiece pc = piece(c, p);
   const int64_t L = s.dims.L, F1 = s.dims.F1l, h = s.dims.h, r0 = s.dims.srcs * pc.slot0, n = s.dims.srcs * pc.slots;
   const bool wgrad_now = !s.dims.defer_expert_wgrad;  // --moe-no-drop: chunks' slots are not packed
-  piece_to_experts(s.mem.get(s.dims.sp ? Buf::d_gather : Buf::combine_bwd_recv, c, p), Buf::d_expert_out, c, pc);
+  const Seams& m = s.mem.seams();
+  piece_to_experts(s.mem.get(s.dims.sp ? m.d_expert_out.recv : m.d_combine.recv, c, p), Buf::d_expert_out, c, pc);
   const Tensor d_in = s.mem.get(Buf::d_expert_in, c);
   Tensor d_act = s.mem.get(Buf::d_act, c).rows(0, n);
   Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.Fl});
@@ -344,7 +348,7 @@ void MoeBlock::experts_backward(int c, int p) {
       linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), gw1_l);
     }
   }
-  Tensor send = s.mem.get(s.dims.sp ? Buf::dispatch_bwd_partial : Buf::dispatch_bwd_send, c, p);  // tp: partial
+  Tensor send = s.mem.get(s.dims.tp > 1 ? s.mem.seams().d_expert_in.send : s.mem.seams().d_dispatch.send, c, p);
   experts_to_piece(d_in, send, pc);
 }
 

@@ -43,7 +43,7 @@ void Executor::run(const Plan& plan, Dir dir, model::Layer& layer) {
       }
       const int64_t t0 = comm::Trace::now_us();
       stats_.blocked_us += t0 - w0;
-      layer.run(t.stage, t.dir, t.chunk, t.piece);
+      layer.run(t.stage.compute(), t.dir, t.chunk, t.piece);
       const int64_t t1 = comm::Trace::now_us();
       stats_.compute_us += t1 - t0;
       comm::Trace::record(Lane::compute, t.name(), t.chunk, t0, t1);

@@ -7,63 +7,26 @@
 #include <optional>
 
 #include "ampipe/core/error.h"
+#include "ampipe/model/seams.h"
 
 namespace ampipe::schedule {
 
-namespace {
-// The stage-to-lane table, in Stage order.
-constexpr std::array<Lane, model::kNumStages> kLane = {
-    Lane::compute,  // ln1_qkv
-    Lane::compute,  // attention
-    Lane::compute,  // out_proj
-    Lane::compute,  // residual_ln2
-    Lane::compute,  // attention_wgrad
-    Lane::compute,  // gate
-    Lane::ep,       // capacity
-    Lane::compute,  // gate_assign
-    Lane::ep,       // dispatch
-    Lane::compute,  // experts
-    Lane::compute,  // expert_wgrad
-    Lane::ep,       // combine
-    Lane::compute,  // weighted_sum
-    Lane::compute,  // aux_loss
-    Lane::compute,  // ln1
-    Lane::compute,  // qkv
-    Lane::tp,       // tp_qkv_in
-    Lane::tp,       // tp_proj_out
-    Lane::tp,       // tp_aux_stats
-    Lane::etp,      // tp_expert_in
-    Lane::etp,      // tp_expert_out
-    Lane::cp,       // cp_ring
-    Lane::compute,  // cp_dkv_reduce
-    Lane::cp,       // cp_aux_stats
-    Lane::compute,  // attention_recompute
-    Lane::compute,  // mlp
-    Lane::compute,  // mlp_wgrad
-    Lane::tp,       // tp_mlp_in
-    Lane::tp,       // tp_mlp_out
-    Lane::tp,       // tp_capacity
-};
-}  // namespace
-
-Lane lane_of(Stage s) { return kLane[size_t(s)]; }
-
 std::string Task::name() const {
-  std::string n = fmt::format("L{}.{}.{}", layer, model::dir_name(dir), model::stage_name(stage));
+  std::string n = fmt::format("L{}.{}.{}", layer, model::dir_name(dir), stage.name());
   if (chunk >= 0) n += fmt::format(".c{}", chunk);
   if (piece >= 0) n += fmt::format(".p{}", piece);
   return n;
 }
 
-int Plan::index_of(Dir d, Stage s, int chunk) const {
+int Plan::index_of(Dir d, TaskStage s, int chunk) const {
   for (size_t i = 0; i < tasks.size(); ++i)
     if (tasks[i].dir == d && tasks[i].stage == s && tasks[i].chunk == chunk) return int(i);
   return -1;
 }
 
-const Task& Plan::find(Dir d, Stage s, int chunk) const {
+const Task& Plan::find(Dir d, TaskStage s, int chunk) const {
   const int i = index_of(d, s, chunk);
-  AMPIPE_CHECK(i >= 0, "plan has no task {}.{} chunk {}", model::dir_name(d), model::stage_name(s), chunk);
+  AMPIPE_CHECK(i >= 0, "plan has no task {}.{} chunk {}", model::dir_name(d), s.name(), chunk);
   return tasks[size_t(i)];
 }
 
@@ -84,7 +47,8 @@ namespace {
 struct Builder {
   Plan plan;
   int layer;
-  uint32_t add(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, int piece = -1) {
+  model::Seams seams;
+  uint32_t add(Dir d, TaskStage s, int chunk, std::vector<uint32_t> deps, int piece = -1) {
     Task t;
     t.id = uint32_t(plan.tasks.size());
     t.dir = d;
@@ -94,26 +58,28 @@ struct Builder {
     t.piece = piece;
     t.lane = lane_of(s);
     t.deps = std::move(deps);
-    t.flops = model::stage_flops(plan.dims, s, d, chunk, piece);
-    t.bytes = model::stage_bytes(plan.dims, s, d, chunk, piece);
+    if (!s.is_comm()) {
+      t.flops = model::stage_flops(plan.dims, s.compute(), d, chunk, piece);
+      t.bytes = model::stage_bytes(plan.dims, s.compute(), d, chunk, piece);
+    }
     plan.tasks.push_back(std::move(t));
     return plan.tasks.back().id;
   }
-  uint32_t collective(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, CollKind kind, Buf send, Buf recv,
-                      int piece = -1, comm::GroupKind group = comm::GroupKind::ep) {
+  // A collective: what it moves (kind, group, buffers) is the stage's (comm_io), never chosen here.
+  uint32_t collective(Dir d, CommStage s, int chunk, std::vector<uint32_t> deps, int piece = -1) {
     const uint32_t id = add(d, s, chunk, std::move(deps), piece);
     Task& t = plan.tasks.back();
-    t.collective = CollectiveSpec{kind, group, send, recv, model::collective_bytes(plan.dims, s, d, piece)};
+    const CommIO io = comm_io(plan.dims, seams, s, d);
+    t.collective = CollectiveSpec{io.kind, io.group, io.send, io.recv, comm_bytes(plan.dims, s, d, piece)};
     t.bytes = t.collective->bytes;
     return id;
   }
-  // One context-parallel ring step (cp lane, cp group): slot send_slot of `send` to the next cp rank, slot recv_slot
-  // of `recv` from the previous one.
+  // One context-parallel ring step (piece `step`): slot send_slot of the seam's send buffer to the next cp rank,
+  // slot recv_slot of its receive buffer from the previous one.
   // rows >= 0: only rows [row0, row0 + rows) of the slots (chunk c's task, piece `step` names it then).
-  uint32_t ring(Dir d, int step, std::vector<uint32_t> deps, Buf send, int send_slot, Buf recv, int recv_slot,
-                int chunk = -1, int64_t row0 = 0, int64_t rows = -1) {
-    const uint32_t id = collective(d, Stage::cp_ring, chunk, std::move(deps), CollKind::send_recv, send, recv, step,
-                                   comm::GroupKind::cp);
+  uint32_t ring(Dir d, int step, std::vector<uint32_t> deps, int send_slot, int recv_slot, int chunk = -1,
+                int64_t row0 = 0, int64_t rows = -1) {
+    const uint32_t id = collective(d, CommStage::cp_ring, chunk, std::move(deps), step);
     CollectiveSpec& c = *plan.tasks.back().collective;
     c.send_slot = send_slot;
     c.recv_slot = recv_slot;
@@ -124,11 +90,6 @@ struct Builder {
       plan.tasks.back().bytes = c.bytes;
     }
     return id;
-  }
-  // A tensor-parallel collective (tp lane, tp group).
-  uint32_t tp(Dir d, Stage s, int chunk, std::vector<uint32_t> deps, CollKind kind, Buf send, Buf recv,
-              int piece = -1) {
-    return collective(d, s, chunk, std::move(deps), kind, send, recv, piece, comm::GroupKind::tp);
   }
 };
 
@@ -167,8 +128,6 @@ class LayerPlanBuilder {
   const size_t nM;
   const bool bf16, tp, sp, ring_attn, ahead;
   const int ncp;  // the context-parallel size cp (C is the capacity)
-  Buf combine_recv;
-  CollKind reduce;
   std::vector<int> pieces;
   size_t nP = 0;
   std::vector<std::vector<uint32_t>> dispatch, combine, combine_bwd, dispatch_bwd;
@@ -190,7 +149,7 @@ class LayerPlanBuilder {
 };
 
 LayerPlanBuilder::LayerPlanBuilder(const model::LayerConfig& cfg, int M_)
-    : b{{}, cfg.layer_index},
+    : b{{}, cfg.layer_index, {}},
       d((b.plan.dims = model::LayerDims::make(cfg, M_), b.plan.dims)),
       M(M_),
       nM(size_t(M_)),
@@ -201,12 +160,7 @@ LayerPlanBuilder::LayerPlanBuilder(const model::LayerConfig& cfg, int M_)
       ahead(tp && d.overlap_tp),
       ncp(int(d.cp)) {
   b.plan.memory = model::BufferLayout::make(b.plan.dims);
-  // In fp32 the combine all-to-all receives straight into the weighted sum's input; bf16 (and the piece layout of
-  // pipe-experts and the tp overlap) lands in a staging buffer.
-  combine_recv = !bf16 && !d.pieced() ? Buf::expert_y : Buf::combine_recv;
-  // The tp collectives of Megatron's linears (Stage comments in model/stage.h): all-gather and reduce-scatter with
-  // sequence parallelism, else all-reduce where the forward (or backward) needs a sum and nothing where it does not.
-  reduce = sp ? CollKind::reduce_scatter : CollKind::all_reduce;
+  b.seams = model::Seams::make(d);
   for (size_t p = 0; p < d.pieces.size(); ++p) pieces.push_back(int(p));
   if (pieces.empty()) pieces.push_back(-1);
   nP = pieces.size();
@@ -231,10 +185,8 @@ std::optional<uint32_t> LayerPlanBuilder::expert_gather(Dir dir, size_t idx) {
     const int c = int(idx / nP);
     const size_t q = idx % nP;
     gathered[idx] = dir == Dir::fwd
-                        ? b.tp(dir, Stage::tp_expert_in, c, {dispatch[size_t(c)][q]}, CollKind::all_gather,
-                               Buf::dispatch_recv, Buf::expert_gather, pieces[q])
-                        : b.tp(dir, Stage::tp_expert_out, c, {combine_bwd[size_t(c)][q]}, CollKind::all_gather,
-                               Buf::combine_bwd_recv, Buf::d_gather, pieces[q]);
+                        ? b.collective(dir, CommStage::tp_expert_in, c, {dispatch[size_t(c)][q]}, pieces[q])
+                        : b.collective(dir, CommStage::tp_expert_out, c, {combine_bwd[size_t(c)][q]}, pieces[q]);
   }
   return gathered[idx];
 }
@@ -243,8 +195,7 @@ std::optional<uint32_t> LayerPlanBuilder::expert_gather(Dir dir, size_t idx) {
 uint32_t LayerPlanBuilder::qkv_input(int c, std::vector<uint32_t> deps) {
   const uint32_t l1 = b.add(Dir::fwd, Stage::ln1, c, std::move(deps));
   if (!sp) return l1;
-  return b.tp(Dir::fwd, Stage::tp_qkv_in, c, {l1}, CollKind::all_gather, bf16 ? Buf::ln1_send : Buf::ln1_local,
-              bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out);
+  return b.collective(Dir::fwd, CommStage::tp_qkv_in, c, {l1});
 }
 
 // Context parallelism (docs/ampipe.md §6): a chunk's queries see keys of every cp rank, in full halves, so every
@@ -268,8 +219,7 @@ void LayerPlanBuilder::cp_qkv_forward() {
     for (int h = 0; h < 2; ++h) {  // chunk c's rows of both halves, every step
       uint32_t prev = qkv.back();
       for (int t = 1; t < ncp; ++t) {
-        prev = b.ring(Dir::fwd, 2 * (t - 1) + h, {prev}, Buf::cp_kv, t - 1, Buf::cp_kv, t, c,
-                      h * half_rows + c * sub_rows, sub_rows);
+        prev = b.ring(Dir::fwd, 2 * (t - 1) + h, {prev}, t - 1, t, c, h * half_rows + c * sub_rows, sub_rows);
         ring[size_t(t - 1)].push_back(prev);
       }
     }
@@ -304,8 +254,7 @@ uint32_t LayerPlanBuilder::attention_forward(int c) {
   }
   uint32_t proj = b.add(Dir::fwd, Stage::out_proj, c, {att});
   if (tp)  // the local heads' partial sums: reduce-scattered to this rank's rows (bf16: a bf16 payload), or all-reduced
-    proj = b.tp(Dir::fwd, Stage::tp_proj_out, c, {proj}, reduce,
-                sp ? (bf16 ? Buf::proj_send : Buf::proj_partial) : Buf::proj, sp && bf16 ? Buf::proj_recv : Buf::proj);
+    proj = b.collective(Dir::fwd, CommStage::tp_proj_out, c, {proj});
   if (!ring_attn && ahead && c + 1 < M) qkv.push_back(b.add(Dir::fwd, Stage::qkv, c + 1, {*next_input}));
   return proj;
 }
@@ -320,21 +269,17 @@ void LayerPlanBuilder::gate_forward(int c, uint32_t proj) {
   // the shared expert's input rows: all-gathered now (sequence parallel), under the attention of the next chunks
   if (d.mlp)
     mlp_input[i] = !sp ? res
-                       : b.tp(Dir::fwd, Stage::tp_mlp_in, c, {res}, CollKind::all_gather,
-                              bf16 ? Buf::mlp_send : Buf::ln2_out, Buf::mlp_in);
+                       : b.collective(Dir::fwd, CommStage::tp_mlp_in, c, {res});
   if (d.agree_capacity) {  // dropless: every EP rank's required capacity (and every tp rank's, sequence parallel)
     uint32_t cap = gate[i];
     if (d.ep > 1)
-      cap = b.collective(Dir::fwd, Stage::capacity, c, {cap}, CollKind::all_gather, Buf::capacity_need,
-                         Buf::capacity_all);
+      cap = b.collective(Dir::fwd, CommStage::capacity, c, {cap});
     if (d.agree_capacity_tp)
-      cap = b.tp(Dir::fwd, Stage::tp_capacity, c, {cap}, CollKind::all_gather,
-                 d.ep > 1 ? Buf::capacity_all : Buf::capacity_need, Buf::capacity_tp);
+      cap = b.collective(Dir::fwd, CommStage::tp_capacity, c, {cap});
     gate[i] = b.add(Dir::fwd, Stage::gate_assign, c, {cap});  // the largest of them
   }
   for (size_t q = 0; q < nP; ++q)
-    dispatch[i][q] = b.collective(Dir::fwd, Stage::dispatch, c, {gate[i]}, CollKind::all_to_all, Buf::dispatch_send,
-                                  Buf::dispatch_recv, pieces[q]);
+    dispatch[i][q] = b.collective(Dir::fwd, CommStage::dispatch, c, {gate[i]}, pieces[q]);
   // --ampipe-tp-sp-comm-overlap: the experts' all-gathers of every chunk but the last are issued as soon as its
   // dispatch is, so that they run under the next chunk's attention (on the etp lane: waiting for a dispatch they
   // hold up no attention-side collective); the last chunk's follow the pieces one ahead.
@@ -347,10 +292,9 @@ void LayerPlanBuilder::gate_forward(int c, uint32_t proj) {
 std::vector<uint32_t> LayerPlanBuilder::aux_stats() {
   std::vector<uint32_t> deps = gate;
   if (sp)
-    deps = {b.tp(Dir::fwd, Stage::tp_aux_stats, -1, gate, CollKind::all_reduce, Buf::gate_stats, Buf::gate_stats)};
+    deps = {b.collective(Dir::fwd, CommStage::tp_aux_stats, -1, gate)};
   if (ring_attn)
-    deps = {b.collective(Dir::fwd, Stage::cp_aux_stats, -1, deps, CollKind::all_reduce, Buf::gate_stats,
-                         Buf::gate_stats, -1, comm::GroupKind::cp)};
+    deps = {b.collective(Dir::fwd, CommStage::cp_aux_stats, -1, deps)};
   return deps;
 }
 
@@ -369,12 +313,10 @@ void LayerPlanBuilder::experts_forward() {
     if (sync_reduce) deps.push_back(*sync_reduce);
     uint32_t out = b.add(Dir::fwd, Stage::experts, c, deps, pieces[q]);
     if (tp) {
-      out = b.tp(Dir::fwd, Stage::tp_expert_out, c, {out}, reduce, sp ? Buf::combine_partial : Buf::combine_send,
-                 Buf::combine_send, pieces[q]);
+      out = b.collective(Dir::fwd, CommStage::tp_expert_out, c, {out}, pieces[q]);
       if (!d.overlap_tp) sync_reduce = out;
     }
-    combine[size_t(c)][q] = b.collective(Dir::fwd, Stage::combine, c, {out}, CollKind::all_to_all, Buf::combine_send,
-                                         combine_recv, pieces[q]);
+    combine[size_t(c)][q] = b.collective(Dir::fwd, CommStage::combine, c, {out}, pieces[q]);
     // the shared expert of chunk c once its last combine is in flight: its GEMMs hide that all-to-all (the last
     // chunk's, which no later expert compute hides)
     if (d.mlp && q + 1 == nP) mlp_done[size_t(c)] = mlp_forward(c);
@@ -385,7 +327,7 @@ void LayerPlanBuilder::experts_forward() {
 uint32_t LayerPlanBuilder::mlp_forward(int c) {
   const uint32_t m = b.add(Dir::fwd, Stage::mlp, c, {mlp_input[size_t(c)]});
   if (!tp) return m;  // the local F columns' partial sums: reduce-scattered to this rank's rows, or all-reduced
-  return b.tp(Dir::fwd, Stage::tp_mlp_out, c, {m}, reduce, Buf::mlp_out, sp ? Buf::mlp_y : Buf::mlp_out);
+  return b.collective(Dir::fwd, CommStage::tp_mlp_out, c, {m});
 }
 
 // A dense layer's chunk c after the attention side: residual_ln2(c) [tp_mlp_in(c)] mlp(c) [tp_mlp_out(c)]
@@ -394,8 +336,7 @@ void LayerPlanBuilder::dense_forward(int c, uint32_t proj) {
   const size_t i = size_t(c);
   const uint32_t res = b.add(Dir::fwd, Stage::residual_ln2, c, {proj});
   mlp_input[i] = !sp ? res
-                     : b.tp(Dir::fwd, Stage::tp_mlp_in, c, {res}, CollKind::all_gather,
-                            bf16 ? Buf::mlp_send : Buf::ln2_out, Buf::mlp_in);
+                     : b.collective(Dir::fwd, CommStage::tp_mlp_in, c, {res});
   mlp_done[i] = mlp_forward(c);
   weighted[i] = b.add(Dir::fwd, Stage::weighted_sum, c, {mlp_done[i]});
 }
@@ -404,11 +345,11 @@ void LayerPlanBuilder::dense_forward(int c, uint32_t proj) {
 // returns the last task (the LN2 backward of the chunk waits for it).
 uint32_t LayerPlanBuilder::mlp_backward(int c, uint32_t weighted_bwd) {
   std::vector<uint32_t> deps = {weighted_bwd};
-  if (sp) deps = {b.tp(Dir::bwd, Stage::tp_mlp_out, c, deps, CollKind::all_gather, Buf::d_mlp, Buf::d_mlp_full)};
+  if (sp) deps = {b.collective(Dir::bwd, CommStage::tp_mlp_out, c, deps)};
   const uint32_t m = b.add(Dir::bwd, Stage::mlp, c, deps);
   mlp_bwd.push_back(m);
   if (!tp) return m;
-  return b.tp(Dir::bwd, Stage::tp_mlp_in, c, {m}, reduce, Buf::d_mlp_in, sp ? Buf::d_mlp_in_local : Buf::d_mlp_in);
+  return b.collective(Dir::bwd, CommStage::tp_mlp_in, c, {m});
 }
 
 // weighted_sum(c) for each chunk (waits for its own combine only), then the aux loss once.
@@ -435,8 +376,7 @@ void LayerPlanBuilder::moe_backward() {
   for (int c = M - 1; c >= 0; --c) {
     const uint32_t ws = b.add(Dir::bwd, Stage::weighted_sum, c, {weighted[size_t(c)]});
     for (size_t q = 0; q < nP; ++q)
-      combine_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::combine, c, {ws}, CollKind::all_to_all,
-                                               Buf::combine_bwd_send, Buf::combine_bwd_recv, pieces[q]);
+      combine_bwd[size_t(c)][q] = b.collective(Dir::bwd, CommStage::combine, c, {ws}, pieces[q]);
     if (d.mlp) mlp_bwd_done[size_t(c)] = mlp_backward(c, ws);  // hides the reverse combine just issued
     if (d.overlap_tp && c == M - 1) expert_gather(Dir::bwd, order[0]);  // no attention-side tp work is queued yet
   }
@@ -452,12 +392,10 @@ void LayerPlanBuilder::moe_backward() {
     experts_bwd.push_back(b.add(Dir::bwd, Stage::experts, c, deps, pieces[q]));
     uint32_t out = experts_bwd.back();
     if (tp) {  // the input gradient's partial sums over the local F columns
-      out = b.tp(Dir::bwd, Stage::tp_expert_in, c, {out}, reduce, sp ? Buf::dispatch_bwd_partial : Buf::dispatch_bwd_send,
-                 Buf::dispatch_bwd_send, pieces[q]);
+      out = b.collective(Dir::bwd, CommStage::tp_expert_in, c, {out}, pieces[q]);
       if (!d.overlap_tp) prev_reduce = {out};
     }
-    dispatch_bwd[size_t(c)][q] = b.collective(Dir::bwd, Stage::dispatch, c, {out}, CollKind::all_to_all,
-                                              Buf::dispatch_bwd_send, Buf::dispatch_bwd_recv, pieces[q]);
+    dispatch_bwd[size_t(c)][q] = b.collective(Dir::bwd, CommStage::dispatch, c, {out}, pieces[q]);
   }
   if (d.defer_expert_wgrad) b.add(Dir::bwd, Stage::expert_wgrad, -1, experts_bwd);
   if (d.mlp) b.add(Dir::bwd, Stage::mlp_wgrad, -1, mlp_bwd);  // also while the last reverse dispatch is in flight
@@ -480,8 +418,7 @@ uint32_t LayerPlanBuilder::gate_backward(int c) {
     rb = b.add(Dir::bwd, Stage::residual_ln2, c, {mlp_backward(c, ws)});
   }
   if (sp)
-    rb = b.tp(Dir::bwd, Stage::tp_proj_out, c, {rb}, CollKind::all_gather, bf16 ? Buf::d_proj_send : Buf::d_proj,
-              bf16 ? Buf::d_proj_bf16 : Buf::d_proj_full);
+    rb = b.collective(Dir::bwd, CommStage::tp_proj_out, c, {rb});
   return rb;
 }
 
@@ -501,9 +438,7 @@ void LayerPlanBuilder::qkv_backward(int c, const std::vector<uint32_t>& deps) {
     return;
   }
   input_grads.push_back(b.add(Dir::bwd, Stage::qkv, c, deps));
-  const uint32_t red = b.tp(Dir::bwd, Stage::tp_qkv_in, c, {input_grads.back()}, reduce,
-                            sp && bf16 ? Buf::d_ln1_send : Buf::d_ln1_out,
-                            sp ? (bf16 ? Buf::d_ln1_recv : Buf::d_ln1_local) : Buf::d_ln1_out);
+  const uint32_t red = b.collective(Dir::bwd, CommStage::tp_qkv_in, c, {input_grads.back()});
   flush_ln1();
   pending_c = c;
   pending_red = red;
@@ -549,7 +484,7 @@ void LayerPlanBuilder::cp_dkv_backward() {
       deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, {steps.back()}, t)};
     else if (bf16)
       deps = {b.add(Dir::bwd, Stage::cp_dkv_reduce, -1, remote_bwd, t)};  // rounded to bf16
-    steps.push_back(b.ring(Dir::bwd, t, deps, bf16 ? Buf::cp_dkv_send : Buf::cp_dkv, t, Buf::cp_dkv_recv, t));
+    steps.push_back(b.ring(Dir::bwd, t, deps, t, t));
     if (next_own >= 0) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own--, remote_bwd, 0));
   }
   for (; next_own >= 0; --next_own) own_bwd.push_back(b.add(Dir::bwd, Stage::attention, next_own, remote_bwd, 0));

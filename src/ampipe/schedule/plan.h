@@ -32,6 +32,7 @@
 #include "ampipe/model/layer_config.h"
 #include "ampipe/model/layer_dims.h"
 #include "ampipe/model/stage.h"
+#include "ampipe/schedule/comm_stage.h"
 
 namespace ampipe::schedule {
 
@@ -43,7 +44,7 @@ using model::Stage;
 using comm::CollKind;  // what a collective does: comm/backend.h
 using comm::coll_kind_name;
 
-// What a communication task moves: `send` of this rank to `recv`, over `group`.
+// What a communication task moves: `send` of this rank to `recv`, over `group` (comm_io: the seam buffers).
 struct CollectiveSpec {
   CollKind kind = CollKind::all_to_all;
   comm::GroupKind group = comm::GroupKind::ep;
@@ -60,7 +61,7 @@ struct CollectiveSpec {
 struct Task {
   uint32_t id = 0;
   Dir dir = Dir::fwd;
-  Stage stage = Stage::ln1_qkv;
+  TaskStage stage = Stage::ln1_qkv;  // a compute stage (model/stage.h) or a communication stage (comm_stage.h)
   int layer = 0;
   int chunk = -1;  // -1: the whole sequence
   // -1: the whole chunk. Otherwise, by stage:
@@ -86,8 +87,8 @@ struct Plan {
   model::BufferLayout memory;  // every buffer of the step, sized once
 
   // Index of the first task with this direction, stage and chunk; -1 if absent.
-  int index_of(Dir d, Stage s, int chunk) const;
-  const Task& find(Dir d, Stage s, int chunk) const;  // throws if absent
+  int index_of(Dir d, TaskStage s, int chunk) const;
+  const Task& find(Dir d, TaskStage s, int chunk) const;  // throws if absent
   double flops() const;                                 // all compute tasks
   double collective_bytes(CollKind k) const;            // bytes this rank sends in collectives of kind k
   // Planned bytes of a stack of `num_layers` such layers: each its saved region, plus one shared region.
@@ -95,9 +96,6 @@ struct Plan {
     return size_t(num_layers) * memory.saved_bytes + memory.shared_bytes;
   }
 };
-
-// The stage-to-lane table: where a stage runs (collectives on their group's lane, the rest on the compute lane).
-Lane lane_of(Stage s);
 
 // The forward and backward Plan of one layer (cfg.layer_index names its tasks) with AMPipe degree M (M = 1 is the
 // baseline, no split). The all-to-all tasks are emitted for ep = 1 too (the executor runs them as local copies), so

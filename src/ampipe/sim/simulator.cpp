@@ -57,7 +57,7 @@ double gemm_min_dim(const Task& t, const model::LayerDims& d) {
   // tp ranks: the attention core's GEMMs have hl = h/t columns of q, k, v (out-projection K), the experts F/t
   const double h = double(d.h), hl = double(d.hl), F = double(d.Fl), Sc = double(d.Sc), Scl = double(d.Scl),
                T = double(d.T), E = double(d.E);
-  switch (t.stage) {
+  switch (t.stage.compute()) {
     case Stage::ln1_qkv:
     case Stage::qkv: return std::min({Sc, h, double(d.qkvl)});  // [S_c, h] x [h, qkvl] and its dx GEMM
     case Stage::out_proj: return std::min({Sc, h, hl});  // [S_c, h/t] x [h/t, h] and its dx GEMM
@@ -143,7 +143,7 @@ double cost_seconds(const Task& t, const Plan& plan, const Profile& profile, con
                               profile.link(group_spans_nodes(c.group, opts)));
   }
   double s = profile.task_overhead_us * 1e-6;
-  if (is_gemm_stage(t.stage)) {
+  if (is_gemm_stage(t.stage.compute())) {
     const bool fp32 = t.stage == Stage::gate || plan.dims.cd == DType::f32;
     const ComputeRates& r = t.stage == Stage::gate ? profile.fp32 : profile.rates(plan.dims.cd);
     const double d = std::max(1.0, gemm_min_dim(t, plan.dims));
@@ -214,7 +214,7 @@ Item plan_item(const Task& t, const Plan& plan, const Profile& profile, const Si
   it.name = prefix + t.name();
   it.lane = t.lane;
   it.coll = t.is_collective();
-  it.stage = model::stage_name(t.stage);
+  it.stage = t.stage.name();
   AMPIPE_CHECK(it.coll == (t.lane != Lane::compute), "simulate: task {} is {} on lane {}", it.name,
                it.coll ? "a collective" : "compute", comm::lane_name(t.lane));
   it.chunk = t.chunk;
