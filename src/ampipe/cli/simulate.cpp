@@ -457,46 +457,36 @@ void write_json(const SimulateArgs& a, const train::TrainConfig& cfg, const Layo
   fmt::print("wrote {}\n", a.json_file);
 }
 
-}  // namespace
-
-int run_simulate(SimulateArgs& a) {
-  train::TrainConfig cfg = a.train.finish();
-  const bool rank0 = !comm::Runtime::exists() || comm::Runtime::current().rank() == 0;
-  const int W = a.world_size > 0 ? a.world_size : (comm::Runtime::exists() ? comm::Runtime::current().size() : 1);
-  if (a.world_size < 0) throw ConfigError(fmt::format("--world-size {} is invalid: it must be >= 1", a.world_size));
-  if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
-  {  // the vocabulary: the tokenizer's (as train), else --vocab-size (no data: default the bundled corpus's 256
-     // bytes), padded as train pads it
-    train::DataVocab need;
-    need.ids = cfg.vocab_size > 0 ? cfg.vocab_size : train::kVocabSize;
-    need.source = cfg.vocab_size > 0 ? "--vocab-size" : "simulate reads no data: the bundled corpus's bytes";
-    if (!cfg.tokenizer_type.empty()) {
-      try {
-        const std::unique_ptr<train::Tokenizer> tok =
-            train::make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file);
-        need.ids = tok->vocab_size();
-        need.source = "the tokenizer is " + tok->describe();
-        need.tokenizer = true;
-        need.tokenizer_type = cfg.tokenizer_type;
-      } catch (const ConfigError& e) {
-        if (cfg.vocab_size <= 0)
-          throw ConfigError(fmt::format("{} (simulate takes the vocabulary from the tokenizer: make its file "
-                                        "readable here, or give --vocab-size)",
-                                        e.what()));
-        a.train.layer.notices.push_back(fmt::format("the tokenizer cannot be read here ({}): --vocab-size {} stands "
-                                                    "in for its vocabulary",
-                                                    e.what(), cfg.vocab_size));
-      }
+// The vocabulary: the tokenizer's (as train), else --vocab-size (no data: the bundled corpus's 256 bytes), padded as
+// train pads it; its notes join the layer's.
+void simulated_vocabulary(train::TrainConfig& cfg, SimulateArgs& a) {
+  train::DataVocab need;
+  need.ids = cfg.vocab_size > 0 ? cfg.vocab_size : train::kVocabSize;
+  need.source = cfg.vocab_size > 0 ? "--vocab-size" : "simulate reads no data: the bundled corpus's bytes";
+  if (!cfg.tokenizer_type.empty()) {
+    try {
+      const std::unique_ptr<train::Tokenizer> tok =
+          train::make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file);
+      need.ids = tok->vocab_size();
+      need.source = "the tokenizer is " + tok->describe();
+      need.tokenizer = true;
+      need.tokenizer_type = cfg.tokenizer_type;
+    } catch (const ConfigError& e) {
+      if (cfg.vocab_size <= 0)
+        throw ConfigError(fmt::format("{} (simulate takes the vocabulary from the tokenizer: make its file "
+                                      "readable here, or give --vocab-size)",
+                                      e.what()));
+      a.train.layer.notices.push_back(fmt::format("the tokenizer cannot be read here ({}): --vocab-size {} stands "
+                                                  "in for its vocabulary",
+                                                  e.what(), cfg.vocab_size));
     }
-    const train::VocabSizing v = train::size_vocabulary(cfg, need);
-    for (const std::string& n : v.notes) a.train.layer.notices.push_back(n);
   }
-  if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
-    throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
-                                  "the profile's compute rates)",
-                                  a.compute_efficiency));
-  const sim::Profile prof = sim::scale_compute(sim::load_profile(a.profile_file, "--profile"), a.compute_efficiency);
-  const int dpn = prof.devices_per_node;
+  const train::VocabSizing v = train::size_vocabulary(cfg, need);
+  for (const std::string& n : v.notes) a.train.layer.notices.push_back(n);
+}
+
+// The nodes of the simulated world: --nodes, else as many as W devices fill at dpn a node.
+int node_count(const SimulateArgs& a, int W, int dpn) {
   int K = a.nodes;
   if (K == 0) {
     if (W > dpn && W % dpn != 0)
@@ -513,6 +503,24 @@ int run_simulate(SimulateArgs& a) {
     throw ConfigError(fmt::format("--world-size {} on {} node{} puts {} devices on a node, more than --profile {} "
                                   "has (devices_per_node {}): pass --nodes {} or more",
                                   W, K, K == 1 ? "" : "s", W / K, a.profile_file, dpn, (W + dpn - 1) / dpn));
+  return K;
+}
+
+}  // namespace
+
+int run_simulate(SimulateArgs& a) {
+  train::TrainConfig cfg = a.train.finish();
+  const bool rank0 = !comm::Runtime::exists() || comm::Runtime::current().rank() == 0;
+  const int W = a.world_size > 0 ? a.world_size : (comm::Runtime::exists() ? comm::Runtime::current().size() : 1);
+  if (a.world_size < 0) throw ConfigError(fmt::format("--world-size {} is invalid: it must be >= 1", a.world_size));
+  if (a.nodes < 0) throw ConfigError(fmt::format("--nodes {} is invalid: it must be >= 1", a.nodes));
+  simulated_vocabulary(cfg, a);
+  if (!std::isfinite(a.compute_efficiency) || a.compute_efficiency <= 0)
+    throw ConfigError(fmt::format("--compute-efficiency {} is invalid: it must be a positive number (a factor on "
+                                  "the profile's compute rates)",
+                                  a.compute_efficiency));
+  const sim::Profile prof = sim::scale_compute(sim::load_profile(a.profile_file, "--profile"), a.compute_efficiency);
+  const int K = node_count(a, W, prof.devices_per_node);
   if (rank0 && !a.json_file.empty()) check_output_path("--json", a.json_file);  // rank 0 writes them
   if (rank0 && !cfg.trace.empty()) check_output_path("--trace", cfg.trace);
 

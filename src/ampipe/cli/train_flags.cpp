@@ -129,103 +129,106 @@ void finish_schedule(const TrainFlags& f, train::TrainConfig& cfg) {
 
 }  // namespace
 
-train::TrainConfig TrainFlags::finish() {
-  if (!config_file.empty()) {
-    std::ifstream in(config_file);
-    if (!in) throw ConfigError(fmt::format("--config {}: the file cannot be read", config_file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    nlohmann::json j;
+// --config FILE: the file's keys as flags (the command line wins), a checkpoint's metadata.json read as its config.
+void TrainFlags::apply_config_file() {
+  std::ifstream in(config_file);
+  if (!in) throw ConfigError(fmt::format("--config {}: the file cannot be read", config_file));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = core::parse_json(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("--config {}: not valid JSON ({})", config_file, e.what()));
+  }
+  if (!j.is_object())
+    throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
+  check_config_keys_once(ss.str(), j, config_file, *app);
+  // A checkpoint's metadata.json: its "config" object holds this run's flags.
+  if (j.contains("format") && j["format"] == train::kCheckpointFormat && j.contains("config") &&
+      j["config"].is_object()) {
+    const nlohmann::json inner = j["config"];
+    j = inner;
+  }
+  // A flag given on the command line also overrides the file's way of saying the same thing (--train-samples
+  // on the command line and train_iters in a checkpoint's metadata.json).
+  std::vector<std::string> alternatives_given;
+  for (const auto& [a, b] : kAlternativeFlags)
+    for (const auto& [given, other] : {std::pair{a, b}, std::pair{b, a}})
+      if (const CLI::Option* o = app->get_option_no_throw(given); o != nullptr && o->count() > 0)
+        alternatives_given.push_back(other);
+  add_data_source_alternatives(*app, alternatives_given);
+  for (const auto& item : j.items()) {
+    std::string key = item.key();
+    nlohmann::json value = item.value();
+    // Keys of checkpoints written before every config key was a flag: use_rts (true/false) and
+    // noisy_gate_policy as an enum number.
+    if (key == "use_rts" && value.is_boolean()) {
+      key = "no_use_rts";
+      value = !value.get<bool>();
+    }
+    if (key == "noisy_gate_policy" && value.is_number_integer() && value.get<int>() >= 0 && value.get<int>() < 3)
+      value = std::array<const char*, 3>{"None", "Jitter", "RSample"}[size_t(value.get<int>())];
+    if (value.is_string() && value.get<std::string>().empty()) continue;  // "": the default (as a checkpoint's
+                                                                           // data_path of the bundled corpus)
+    const std::string flag = config_key_flag(key);
+    const FlagSpec* spec = find_flag(sub, flag);  // the registry's keys: the flags of this subcommand
+    if (spec != nullptr && (spec->attrs & kNoConfig))
+      throw ConfigError(fmt::format("--config {}: key \"{}\" is not a config key: {} is given on the command line "
+                                    "only",
+                                    config_file, key, flag));
+    CLI::Option* opt = spec == nullptr ? nullptr : app->get_option_no_throw(flag);
+    if (opt == nullptr)
+      throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {}{})", config_file, key, flag,
+                                    closest_flag(*app, flag).empty() ? std::string()
+                                                                     : "; did you mean " + closest_flag(*app, flag) + "?"));
+    // A list is a value only for a flag that takes several (or a comma list); an empty one gives no value at all,
+    // and a list of lists none this engine reads.
+    if (value.is_array()) {
+      const bool takes_list = spec->grammar == Grammar::string_list || spec->grammar == Grammar::text_list ||
+                              spec->grammar == Grammar::int_list || spec->grammar == Grammar::degree_list ||
+                              spec->grammar == Grammar::text;
+      for (const nlohmann::json& e : value)
+        if (e.is_array() || e.is_object())
+          throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: a list of lists or objects is not a value "
+                                        "of {}",
+                                        config_file, key, value.dump(), flag));
+      if (!takes_list)
+        throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {} takes one value, not a list", config_file,
+                                      key, value.dump(), flag));
+      if (value.empty() && spec->grammar != Grammar::string_list)
+        throw ConfigError(fmt::format("--config {}: key \"{}\" = []: an empty list gives {} no value", config_file,
+                                      key, flag));
+    }
+    if ((spec->attrs & kUnsetZero) && value.is_number() && value == 0) continue;  // 0: not given (a checkpoint's
+                                                                                  // metadata.json)
+    if (opt->count() > 0) continue;  // the command line wins
+    if (std::find(alternatives_given.begin(), alternatives_given.end(), flag) != alternatives_given.end()) continue;
+    std::string arg;
     try {
-      j = core::parse_json(ss.str());
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(fmt::format("--config {}: not valid JSON ({})", config_file, e.what()));
+      arg = json_to_arg(value);
+    } catch (const ConfigError&) {
+      throw ConfigError(fmt::format("--config {}: key \"{}\" has an unsupported value {}", config_file, key,
+                                    value.dump()));
     }
-    if (!j.is_object())
-      throw ConfigError(fmt::format("--config {}: expected a JSON object of flag names to values", config_file));
-    check_config_keys_once(ss.str(), j, config_file, *app);
-    // A checkpoint's metadata.json: its "config" object holds this run's flags.
-    if (j.contains("format") && j["format"] == train::kCheckpointFormat && j.contains("config") &&
-        j["config"].is_object()) {
-      const nlohmann::json inner = j["config"];
-      j = inner;
-    }
-    // A flag given on the command line also overrides the file's way of saying the same thing (--train-samples
-    // on the command line and train_iters in a checkpoint's metadata.json).
-    std::vector<std::string> alternatives_given;
-    for (const auto& [a, b] : kAlternativeFlags)
-      for (const auto& [given, other] : {std::pair{a, b}, std::pair{b, a}})
-        if (const CLI::Option* o = app->get_option_no_throw(given); o != nullptr && o->count() > 0)
-          alternatives_given.push_back(other);
-    add_data_source_alternatives(*app, alternatives_given);
-    for (const auto& item : j.items()) {
-      std::string key = item.key();
-      nlohmann::json value = item.value();
-      // Keys of checkpoints written before every config key was a flag: use_rts (true/false) and
-      // noisy_gate_policy as an enum number.
-      if (key == "use_rts" && value.is_boolean()) {
-        key = "no_use_rts";
-        value = !value.get<bool>();
+    if (value.is_boolean() && opt->get_type_size() == 0 && !value.get<bool>()) continue;  // flag off
+    const bool list = spec->grammar == Grammar::string_list && value.is_array();
+    if (list && value.empty()) continue;  // no value: the default
+    try {
+      if (list) {  // one value per element (0.7 A 0.3 B)
+        for (const nlohmann::json& e : value) opt->add_result(json_to_arg(e));
+      } else {
+        opt->add_result(arg);
       }
-      if (key == "noisy_gate_policy" && value.is_number_integer() && value.get<int>() >= 0 && value.get<int>() < 3)
-        value = std::array<const char*, 3>{"None", "Jitter", "RSample"}[size_t(value.get<int>())];
-      if (value.is_string() && value.get<std::string>().empty()) continue;  // "": the default (as a checkpoint's
-                                                                             // data_path of the bundled corpus)
-      const std::string flag = config_key_flag(key);
-      const FlagSpec* spec = find_flag(sub, flag);  // the registry's keys: the flags of this subcommand
-      if (spec != nullptr && (spec->attrs & kNoConfig))
-        throw ConfigError(fmt::format("--config {}: key \"{}\" is not a config key: {} is given on the command line "
-                                      "only",
-                                      config_file, key, flag));
-      CLI::Option* opt = spec == nullptr ? nullptr : app->get_option_no_throw(flag);
-      if (opt == nullptr)
-        throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {}{})", config_file, key, flag,
-                                      closest_flag(*app, flag).empty() ? std::string()
-                                                                       : "; did you mean " + closest_flag(*app, flag) + "?"));
-      // A list is a value only for a flag that takes several (or a comma list); an empty one gives no value at all,
-      // and a list of lists none this engine reads.
-      if (value.is_array()) {
-        const bool takes_list = spec->grammar == Grammar::string_list || spec->grammar == Grammar::text_list ||
-                                spec->grammar == Grammar::int_list || spec->grammar == Grammar::degree_list ||
-                                spec->grammar == Grammar::text;
-        for (const nlohmann::json& e : value)
-          if (e.is_array() || e.is_object())
-            throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: a list of lists or objects is not a value "
-                                          "of {}",
-                                          config_file, key, value.dump(), flag));
-        if (!takes_list)
-          throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {} takes one value, not a list", config_file,
-                                        key, value.dump(), flag));
-        if (value.empty() && spec->grammar != Grammar::string_list)
-          throw ConfigError(fmt::format("--config {}: key \"{}\" = []: an empty list gives {} no value", config_file,
-                                        key, flag));
-      }
-      if ((spec->attrs & kUnsetZero) && value.is_number() && value == 0) continue;  // 0: not given (a checkpoint's
-                                                                                    // metadata.json)
-      if (opt->count() > 0) continue;  // the command line wins
-      if (std::find(alternatives_given.begin(), alternatives_given.end(), flag) != alternatives_given.end()) continue;
-      std::string arg;
-      try {
-        arg = json_to_arg(value);
-      } catch (const ConfigError&) {
-        throw ConfigError(fmt::format("--config {}: key \"{}\" has an unsupported value {}", config_file, key,
-                                      value.dump()));
-      }
-      if (value.is_boolean() && opt->get_type_size() == 0 && !value.get<bool>()) continue;  // flag off
-      const bool list = spec->grammar == Grammar::string_list && value.is_array();
-      if (list && value.empty()) continue;  // no value: the default
-      try {
-        if (list) {  // one value per element (0.7 A 0.3 B)
-          for (const nlohmann::json& e : value) opt->add_result(json_to_arg(e));
-        } else {
-          opt->add_result(arg);
-        }
-        opt->run_callback();
-      } catch (const CLI::Error& e) {
-        throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {}", config_file, key, value.dump(), e.what()));
-      }
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      throw ConfigError(fmt::format("--config {}: key \"{}\" = {}: {}", config_file, key, value.dump(), e.what()));
     }
   }
+}
+
+train::TrainConfig TrainFlags::finish() {
+  if (!config_file.empty()) apply_config_file();
   refused.check();
   {  // the flags accepted with no effect: one note (rank 0 prints layer.notices after validate)
     std::vector<std::string> extra;

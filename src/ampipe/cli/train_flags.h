@@ -55,6 +55,9 @@ struct TrainFlags {
   bool given(const char* flag) const;
   // --data-path and the per-split data paths: one kind only, and --split (or --valid-fraction) with --data-path only.
   void check_data_sources() const;
+
+ private:
+  void apply_config_file();  // finish()'s first part: --config's keys as flags
 };
 
 }  // namespace ampipe::cli

@@ -94,20 +94,22 @@ TensorAllocStats tensor_alloc_stats() {
   return {g_alloc_count.load(std::memory_order_relaxed), g_alloc_bytes.load(std::memory_order_relaxed)};
 }
 
-Tensor Tensor::empty(Shape shape, DType dtype) {
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape) AMPIPE_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
   Tensor t;
   t.dtype_ = dtype;
-  t.device_ = Device::cpu;
+  t.device_ = device;
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
   t.storage_ = allocate_storage(size_t(t.numel()) * dtype_size(dtype), t.device_, t.shape_);
   return t;
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
-  std::memset(t.raw(), 0, t.nbytes());
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  switch (device) {  // a device's own fill, where another device is added
+    case Device::cpu: std::memset(t.raw(), 0, t.nbytes()); break;
+  }
   return t;
 }
 

@@ -37,14 +37,14 @@ TensorAllocStats tensor_alloc_stats();
 class Tensor {
  public:
   Tensor() = default;
-  // Uninitialised / zero-filled contiguous tensors.
-  static Tensor empty(Shape shape, DType dtype = DType::f32);
-  static Tensor zeros(Shape shape, DType dtype = DType::f32);
+  // Uninitialised / zero-filled contiguous tensors, their storage on `device` (core/device.h: its allocator).
+  static Tensor empty(Shape shape, DType dtype = DType::f32, Device device = Device::cpu);
+  static Tensor zeros(Shape shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor from(const std::vector<float>& values, Shape shape, DType dtype = DType::f32);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
-  // Where the storage lives; always Device::cpu today (allocated by the CPU allocator).
+  // Where the storage lives (Device::cpu is the only device built today).
   Device device() const { return device_; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }

@@ -1,17 +1,15 @@
-// Dispatch and combine in index form (reference §6.4), driven by a GateRouting (gate.h).
-//
-// Notation: S = tokens of the call (one AMPipe chunk: S_c), h = hidden, E = experts, C = capacity, k = choices.
-//   dispatch:  D[e, c, :] = x[slot_token[e, c], :]                 (empty slot: zero)      [S, h] -> [E, C, h]
-//   combine:   out[t, :]  = sum_{kept choices i} w[t, i] * Y[e_i, slot_i, :]  (none kept: zero)  [E, C, h] -> [S, h]
-// Each kept choice occupies exactly one slot and each filled slot names exactly one token, so dispatch is a
-// gather with a scatter-add backward, and combine is a weighted gather.
-// Plain loops over rows (each row a contiguous h-vector); no allocation.
+// Dispatch and combine driven by a GateRouting (gate.h): the math is kernels/dispatch.h (notation and rules there);
+// these take the router's routing as it is kept per chunk.
 #pragma once
 
 #include "ampipe/core/tensor.h"
+#include "ampipe/kernels/dispatch.h"
 #include "ampipe/model/gate.h"
 
 namespace ampipe::model {
+
+// The kernels' view of a routing (checks that it was assigned).
+kernels::Routing routing_view(const GateRouting& r);
 
 // x: [S, h] fp32 or bf16 (any row stride); out: [E, C, h] contiguous, fp32 or bf16 (converted), overwritten.
 void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& out);

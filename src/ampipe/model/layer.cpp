@@ -1,5 +1,7 @@
 #include "ampipe/model/layer.h"
 
+#include "ampipe/model/stage_io.h"
+
 namespace ampipe::model {
 
 // ---------------------------------------------------------------------------------------------- LayerMemory
@@ -7,9 +9,27 @@ namespace ampipe::model {
 LayerMemory::LayerMemory(const LayerDims& dims, const BufferLayout& layout, Arena& arena, size_t saved_base,
                          size_t shared_base)
     : dims_(&dims), layout_(&layout), arena_(&arena), saved_base_(saved_base), shared_base_(shared_base),
-      C_(size_t(dims.M), dims.C), seams_(Seams::make(dims)) {}
+      C_(size_t(dims.M), dims.C), seams_(Seams::make(dims)), check_io_(stage_io_checking()) {}
+
+void LayerMemory::enter_stage(Stage s, Dir d) {
+  if (!check_io_) return;
+  in_stage_ = true;
+  stage_ = s;
+  dir_ = d;
+  const StageIO io = stage_io(*dims_, s, d);
+  allowed_.assign(size_t(kNumBufs), false);
+  for (Buf b : io.reads) allowed_[size_t(b)] = true;
+  for (Buf b : io.writes) allowed_[size_t(b)] = true;
+}
+
+void LayerMemory::check_access(Buf b) const {
+  if (!in_stage_) return;
+  AMPIPE_CHECK(allowed_[size_t(b)], "stage {}.{} took buffer {}, which is not in its input/output table (stage_io)",
+               stage_name(stage_), dir_name(dir_), buf_name(b));
+}
 
 Tensor LayerMemory::get(Buf b, int c) const {
+  if (check_io_) check_access(b);
   const BufferSpec* spec = layout_->spec(b);
   AMPIPE_CHECK(spec != nullptr, "buffer {} is not planned for this layer", buf_name(b));
   const size_t slot = spec->chunks > 1 ? size_t(c) : 0;
@@ -118,6 +138,15 @@ void Layer::begin_backward(const Tensor& dy, float d_aux) {
 }
 
 void Layer::run(Stage s, Dir d, int c, int p) {
+  struct InStage {  // the stage input/output check's scope, left on an exception too
+    LayerMemory& mem;
+    ~InStage() { mem.leave_stage(); }
+  } in{st_.mem};
+  st_.mem.enter_stage(s, d);
+  run_stage(s, d, c, p);
+}
+
+void Layer::run_stage(Stage s, Dir d, int c, int p) {
   const bool fwd = d == Dir::fwd;
   switch (s) {
     case Stage::ln1_qkv: return fwd ? attn_.ln1_qkv(c) : attn_.ln1_qkv_backward(c);

@@ -60,6 +60,7 @@ class Layer {
   double flops() const;
 
  private:
+  void run_stage(Stage s, Dir d, int chunk, int piece);
   void refresh_weights();
 
   LayerState st_;

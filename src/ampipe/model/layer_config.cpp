@@ -43,10 +43,22 @@ LayerConfig LayerConfig::as_dense(int64_t ffn) const {
   return c;
 }
 
+namespace {
+void positive(const char* flag, int64_t v) {
+  if (v <= 0) throw ConfigError(fmt::format("{} {} is invalid: it must be a positive integer", flag, v));
+}
+}  // namespace
+
 void LayerConfig::validate() const {
-  auto positive = [](const char* flag, int64_t v) {
-    if (v <= 0) throw ConfigError(fmt::format("{} {} is invalid: it must be a positive integer", flag, v));
-  };
+  validate_shapes();
+  validate_rope();
+  validate_router();
+  validate_parallel();
+  check_layer_sizes(*this);  // every derived size fits in 64 bits (model/size_check.h)
+}
+
+// The sizes, the heads and their groups, the shared expert.
+void LayerConfig::validate_shapes() const {
   positive("--seq-length", seq_length);
   positive("--micro-batch-size", micro_batch_size);
   positive("--hidden-size", hidden_size);
@@ -78,6 +90,10 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}: every "
                                   "tensor-parallel rank holds whole query groups (Megatron's rule)",
                                   query_groups(), tensor_model_parallel_size));
+}
+
+// Rotary embeddings.
+void LayerConfig::validate_rope() const {
   if (rope()) {
     if (!(rotary_base > 0) || !std::isfinite(rotary_base))
       throw ConfigError(fmt::format("--rotary-base {} is invalid: it must be a positive number", rotary_base));
@@ -95,6 +111,10 @@ void LayerConfig::validate() const {
       throw ConfigError(fmt::format("--rope-scaling-factor {} is invalid: it must be a positive number",
                                     rope_scaling_factor));
   }
+}
+
+// The router and the experts' capacity.
+void LayerConfig::validate_router() const {
   // (a dense block has no router: Megatron ignores the router flags of a dense GPT, and so does this check)
   if (!dense() && megatron_router() && (moe_router_topk < 1 || moe_router_topk > 8))
     throw ConfigError(fmt::format("--moe-router-topk {} is not supported: Megatron-Core's router takes 1 to 8 "
@@ -144,6 +164,10 @@ void LayerConfig::validate() const {
     throw ConfigError(fmt::format("--moe-router-topk {} is larger than --num-experts {}: a token cannot pick more "
                                   "experts than exist",
                                   moe_router_topk, num_experts));
+}
+
+// Dropouts, init and the parallel layout.
+void LayerConfig::validate_parallel() const {
   for (const auto& [flag, v] : {std::pair<const char*, double>{"--moe-train-capacity-factor", moe_train_capacity_factor},
                                 {"--hidden-dropout", hidden_dropout}, {"--attention-dropout", attention_dropout},
                                 {"--init-method-std", init_method_std}})
@@ -192,7 +216,6 @@ void LayerConfig::validate() const {
   if (pipe_experts_multi_data < 1)
     throw ConfigError(fmt::format("--pipe-experts-multi-data {} is invalid: it must be >= 1",
                                   pipe_experts_multi_data));
-  check_layer_sizes(*this);  // every derived size fits in 64 bits (model/size_check.h)
 }
 
 std::string LayerConfig::check_pipe_experts(int M) const {

@@ -168,6 +168,10 @@ struct LayerConfig {
 
   // Throws ConfigError naming the flag, value and rule for a config that cannot work.
   void validate() const;
+  void validate_shapes() const;    // the parts of validate()
+  void validate_rope() const;
+  void validate_router() const;
+  void validate_parallel() const;
   // The pipe-experts rules that need the AMPipe degree M (MindSpeed's AMPipe rules and pipe-experts checks, as errors
   // where MindSpeed silently switched the feature off): N divisible by M and N > M, N / M slices per chunk at most
   // the chunk's expert capacity, not with --moe-no-drop. Throws ConfigError. Returns a notice (one line) when the

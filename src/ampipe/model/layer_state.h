@@ -52,6 +52,10 @@ class LayerMemory {
   // The buffers at the seams with communication (seams.h): a block writes a collective's send buffer and reads its
   // receive buffer from here, never choosing them itself.
   const Seams& seams() const { return seams_; }
+  // The stage input/output check (stage_io.h, on when AMPIPE_CHECK_STAGE_IO=1, as in the tests): while stage s runs
+  // in direction d, taking a buffer that is not in its table stops with the stage and the buffer named.
+  void enter_stage(Stage s, Dir d);
+  void leave_stage() { in_stage_ = false; }
 
  private:
   const LayerDims* dims_;
@@ -60,6 +64,11 @@ class LayerMemory {
   size_t saved_base_, shared_base_;
   std::vector<int64_t> C_;  // run-time capacity per chunk
   Seams seams_;
+  bool check_io_ = false, in_stage_ = false;
+  Stage stage_{};
+  Dir dir_{};
+  std::vector<bool> allowed_;  // [Buf] while in_stage_
+  void check_access(Buf b) const;
 };
 
 struct LayerState {

@@ -849,6 +849,96 @@ int64_t Trainer::end_iteration(int64_t max_iterations) const {
   return std::max(end, iteration_);
 }
 
+// Megatron's log line for the iterations of `window` (st the last of them), the per-layer MoE lines and the
+// TensorBoard scalars; returns the window's expert loads (collective: every rank calls it).
+MoeLog Trainer::log_window(const std::vector<IterationStats>& window, const IterationStats& st, bool tty,
+                           const std::function<void(const std::string&)>& say) {
+  IterationStats a{};
+  for (const IterationStats& w : window) {
+    a.lm_loss += w.lm_loss;
+    a.aux_loss += w.aux_loss;
+    a.z_loss += w.z_loss;
+    a.drop_fraction += w.drop_fraction;
+    a.iter_ms += w.iter_ms;
+    a.flops += w.flops;
+    a.exposed_comm_ms += w.exposed_comm_ms;
+    a.a2a_ms += w.a2a_ms;
+    a.a2a_exposed_ms += w.a2a_exposed_ms;
+  }
+  const double n = double(window.size());
+  const double ms = a.iter_ms / n;
+  // Exposed times first (what the step waited for); the hidden share only where it means something.
+  std::string a2a = g_.ep.size() > 1 ? fmt::format(" a2a exposed (ms): {:.2f} |", a.a2a_exposed_ms / n) : "";
+  if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
+    a2a += fmt::format(" a2a hidden: {:.1f}% |", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
+  // Expert loads of the window (collective): the layer with the largest max / mean load and the one with the
+  // largest drop share (kept counts are capped by the capacity, so a skewed router shows in both).
+  const MoeLog moe = reduce_expert_loads(st.iteration);
+  size_t worst = 0, most_dropped = 0;
+  for (size_t i = 1; i < moe.layers.size(); ++i) {
+    if (moe.layers[i].load_imbalance() > moe.layers[worst].load_imbalance()) worst = i;
+    if (moe.layers[i].dropped_fraction() > moe.layers[most_dropped].dropped_fraction()) most_dropped = i;
+  }
+  const std::string z_loss =
+      cfg_.layer.moe_z_loss_coeff > 0 ? fmt::format(" z loss: {:.4E} |", a.z_loss / n) : std::string();
+  const std::string moe_summary =
+      moe.layers.empty()
+          ? std::string()
+          : fmt::format(" expert load max/mean: {:.3f} (layer {}) | most dropped: {:.2f}% (layer {}) |",
+                        moe.layers[worst].load_imbalance(), worst,
+                        100.0 * moe.layers[most_dropped].dropped_fraction(), most_dropped);
+  const double tokens_per_s = double(G_ * s_) / (ms / 1e3), tflops = a.flops / (a.iter_ms / 1e3) / 1e12;
+  if (tty) std::fputs("\r\033[K", stdout);
+  // Megatron's log line, key for key in its order (megatron/training/training.py, training_log): bf16 has no
+  // loss scale (1.0), and no iteration is skipped or NaN here (a NaN or Inf stops the run on every rank). This
+  // engine's fields follow.
+  say(fmt::format(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
+                  "| throughput per GPU (TFLOP/s/GPU): {:.3f} | learning rate: {:.6E} | global batch size: {:5d} | "
+                  "lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.4f} | number of skipped iterations: {:3d} | "
+                  "number of nan iterations: {:3d} | tokens/s: {:.0f} | aux loss: {:.4E} | token drops: {:.2f}% | "
+                  "exposed comm (ms): {:.2f} |{}{}{}",
+                  log_timestamp(), st.iteration, cfg_.train_iters, consumed_, ms, tflops, st.lr, G_, a.lm_loss / n,
+                  st.grad_norm, 0, 0, tokens_per_s, a.aux_loss / n, 100.0 * a.drop_fraction / n,
+                  a.exposed_comm_ms / n, a2a, z_loss, moe_summary));
+  if (cfg_.moe_per_layer_logging)
+    for (size_t i = 0; i < moe.layers.size(); ++i) {
+      const MoeLayerStats& l = moe.layers[i];
+      say(fmt::format(" moe layer {}: max/mean load: {:.3f} | dropped: {:.2f}% of {} choices | tokens per "
+                      "expert: {} |",
+                      i, l.load_imbalance(), 100.0 * l.dropped_fraction(), l.choices, fmt::join(l.tokens, " ")));
+    }
+  if (tb_) {
+    // Megatron's tags, each also " vs samples" (the consumed samples as the step), then this engine's.
+    const std::vector<std::pair<std::string, double>> megatron = {
+        {"learning-rate", st.lr}, {"batch-size", double(G_)}, {"lm loss", a.lm_loss / n},
+        {"loss-scale", 1.0},      {"grad-norm", st.grad_norm}};
+    std::vector<std::pair<std::string, double>> vs_samples;
+    for (const auto& [tag, v] : megatron) vs_samples.emplace_back(tag + " vs samples", v);
+    tb_->add_scalars(consumed_, vs_samples);
+    std::vector<std::pair<std::string, double>> sc = megatron;
+    sc.insert(sc.end(), {{"iteration-time", ms / 1e3},
+                         {"throughput", tflops},
+                         {"aux loss", a.aux_loss / n},
+                         {"z loss", a.z_loss / n},
+                         {"tokens/s", tokens_per_s},
+                         {"exposed communication ms", a.exposed_comm_ms / n},
+                         {"moe/dropped_fraction", a.drop_fraction / n}});
+    if (g_.ep.size() > 1) sc.emplace_back("a2a exposed ms", a.a2a_exposed_ms / n);
+    if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
+      sc.emplace_back("a2a hidden fraction", std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
+    for (size_t i = 0; i < moe.layers.size(); ++i) {
+      const MoeLayerStats& l = moe.layers[i];
+      sc.emplace_back(fmt::format("moe/layer{}/load_imbalance", i), l.load_imbalance());
+      sc.emplace_back(fmt::format("moe/layer{}/dropped_fraction", i), l.dropped_fraction());
+      for (size_t e = 0; e < l.tokens.size(); ++e)
+        sc.emplace_back(fmt::format("moe/layer{}/expert{}_tokens", i, e), double(l.tokens[e]));
+    }
+    tb_->add_scalars(st.iteration, sc);
+    tb_->flush();
+  }
+  return moe;
+}
+
 TrainResult Trainer::train(const std::function<void(const std::string&)>& print, int64_t max_iterations) {
   TrainResult res;
   res.start_iteration = iteration_;
@@ -876,90 +966,7 @@ TrainResult Trainer::train(const std::function<void(const std::string&)>& print,
       say(fmt::format(" trace of iteration {} written to {}", st.iteration, cfg_.trace));
     }
     if (st.iteration % cfg_.log_interval == 0 || st.iteration == end) {
-      IterationStats a{};
-      for (const IterationStats& w : window) {
-        a.lm_loss += w.lm_loss;
-        a.aux_loss += w.aux_loss;
-        a.z_loss += w.z_loss;
-        a.drop_fraction += w.drop_fraction;
-        a.iter_ms += w.iter_ms;
-        a.flops += w.flops;
-        a.exposed_comm_ms += w.exposed_comm_ms;
-        a.a2a_ms += w.a2a_ms;
-        a.a2a_exposed_ms += w.a2a_exposed_ms;
-      }
-      const double n = double(window.size());
-      const double ms = a.iter_ms / n;
-      // Exposed times first (what the step waited for); the hidden share only where it means something.
-      std::string a2a = g_.ep.size() > 1 ? fmt::format(" a2a exposed (ms): {:.2f} |", a.a2a_exposed_ms / n) : "";
-      if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
-        a2a += fmt::format(" a2a hidden: {:.1f}% |", 100.0 * std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
-      // Expert loads of the window (collective): the layer with the largest max / mean load and the one with the
-      // largest drop share (kept counts are capped by the capacity, so a skewed router shows in both).
-      const MoeLog moe = reduce_expert_loads(st.iteration);
-      size_t worst = 0, most_dropped = 0;
-      for (size_t i = 1; i < moe.layers.size(); ++i) {
-        if (moe.layers[i].load_imbalance() > moe.layers[worst].load_imbalance()) worst = i;
-        if (moe.layers[i].dropped_fraction() > moe.layers[most_dropped].dropped_fraction()) most_dropped = i;
-      }
-      const std::string z_loss =
-          cfg_.layer.moe_z_loss_coeff > 0 ? fmt::format(" z loss: {:.4E} |", a.z_loss / n) : std::string();
-      const std::string moe_summary =
-          moe.layers.empty()
-              ? std::string()
-              : fmt::format(" expert load max/mean: {:.3f} (layer {}) | most dropped: {:.2f}% (layer {}) |",
-                            moe.layers[worst].load_imbalance(), worst,
-                            100.0 * moe.layers[most_dropped].dropped_fraction(), most_dropped);
-      const double tokens_per_s = double(G_ * s_) / (ms / 1e3), tflops = a.flops / (a.iter_ms / 1e3) / 1e12;
-      if (tty) std::fputs("\r\033[K", stdout);
-      // Megatron's log line, key for key in its order (megatron/training/training.py, training_log): bf16 has no
-      // loss scale (1.0), and no iteration is skipped or NaN here (a NaN or Inf stops the run on every rank). This
-      // engine's fields follow.
-      say(fmt::format(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
-                      "| throughput per GPU (TFLOP/s/GPU): {:.3f} | learning rate: {:.6E} | global batch size: {:5d} | "
-                      "lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.4f} | number of skipped iterations: {:3d} | "
-                      "number of nan iterations: {:3d} | tokens/s: {:.0f} | aux loss: {:.4E} | token drops: {:.2f}% | "
-                      "exposed comm (ms): {:.2f} |{}{}{}",
-                      log_timestamp(), st.iteration, cfg_.train_iters, consumed_, ms, tflops, st.lr, G_, a.lm_loss / n,
-                      st.grad_norm, 0, 0, tokens_per_s, a.aux_loss / n, 100.0 * a.drop_fraction / n,
-                      a.exposed_comm_ms / n, a2a, z_loss, moe_summary));
-      if (cfg_.moe_per_layer_logging)
-        for (size_t i = 0; i < moe.layers.size(); ++i) {
-          const MoeLayerStats& l = moe.layers[i];
-          say(fmt::format(" moe layer {}: max/mean load: {:.3f} | dropped: {:.2f}% of {} choices | tokens per "
-                          "expert: {} |",
-                          i, l.load_imbalance(), 100.0 * l.dropped_fraction(), l.choices, fmt::join(l.tokens, " ")));
-        }
-      if (tb_) {
-        // Megatron's tags, each also " vs samples" (the consumed samples as the step), then this engine's.
-        const std::vector<std::pair<std::string, double>> megatron = {
-            {"learning-rate", st.lr}, {"batch-size", double(G_)}, {"lm loss", a.lm_loss / n},
-            {"loss-scale", 1.0},      {"grad-norm", st.grad_norm}};
-        std::vector<std::pair<std::string, double>> vs_samples;
-        for (const auto& [tag, v] : megatron) vs_samples.emplace_back(tag + " vs samples", v);
-        tb_->add_scalars(consumed_, vs_samples);
-        std::vector<std::pair<std::string, double>> sc = megatron;
-        sc.insert(sc.end(), {{"iteration-time", ms / 1e3},
-                             {"throughput", tflops},
-                             {"aux loss", a.aux_loss / n},
-                             {"z loss", a.z_loss / n},
-                             {"tokens/s", tokens_per_s},
-                             {"exposed communication ms", a.exposed_comm_ms / n},
-                             {"moe/dropped_fraction", a.drop_fraction / n}});
-        if (g_.ep.size() > 1) sc.emplace_back("a2a exposed ms", a.a2a_exposed_ms / n);
-        if (g_.ep.size() > 1 && report_a2a_hidden_ && a.a2a_ms > 0)
-          sc.emplace_back("a2a hidden fraction", std::clamp(1.0 - a.a2a_exposed_ms / a.a2a_ms, 0.0, 1.0));
-        for (size_t i = 0; i < moe.layers.size(); ++i) {
-          const MoeLayerStats& l = moe.layers[i];
-          sc.emplace_back(fmt::format("moe/layer{}/load_imbalance", i), l.load_imbalance());
-          sc.emplace_back(fmt::format("moe/layer{}/dropped_fraction", i), l.dropped_fraction());
-          for (size_t e = 0; e < l.tokens.size(); ++e)
-            sc.emplace_back(fmt::format("moe/layer{}/expert{}_tokens", i, e), double(l.tokens[e]));
-        }
-        tb_->add_scalars(st.iteration, sc);
-        tb_->flush();
-      }
-      res.moe.push_back(moe);
+      res.moe.push_back(log_window(window, st, tty, say));
       window.clear();
     } else if (tty) {
       const int width = 30, done = int(width * (st.iteration - res.start_iteration) / std::max<int64_t>(1, end - res.start_iteration));

@@ -126,6 +126,9 @@ class Trainer {
   void count_expert_loads();
   // The window's expert loads summed over the ranks (one all-reduce; collective), then reset.
   MoeLog reduce_expert_loads(int64_t iteration);
+  // Megatron's log line for a window of iterations, the MoE lines and the TensorBoard scalars (collective).
+  MoeLog log_window(const std::vector<IterationStats>& window, const IterationStats& st, bool tty,
+                    const std::function<void(const std::string&)>& say);
   // The test split's loss at the end of a run (when it holds a global batch), printed through `say`.
   // Rank 0 with --tensorboard-dir: the loss and perplexity of an evaluation ("validation" or "test").
   void write_eval_scalars(int64_t iteration, double loss, const char* split);
