@@ -327,16 +327,36 @@ TEST(Collectives, EventsReadyNeverBlocksAndWaitRecordsBlockedTime) {
   EXPECT_EQ(e.info().group, g.label());
 }
 
+// An op holds its tensors' storage until it completed, so a caller may drop its handles once it issued it. The op
+// waits behind `gate`, an event only this test completes, so it has certainly not started when the caller's handle on
+// `send` goes: from then on the engine's share is all that keeps that storage, which the op reads when it starts and
+// again when it finishes (this rank's own block). Tensors of the same size allocated and filled with -1 meanwhile would
+// be handed that storage had it been freed, and the sums would show it. The result lands in `recv`, which the test
+// keeps: an in-place all_reduce's result could only be read through a handle that itself keeps the storage alive.
 TEST(Collectives, KeepsTensorsAliveUntilDone) {
   const Group& g = groups().world;
+  const int n = g.size(), me = g.rank();
+  constexpr int64_t kBlock = 1000;
+  auto gate = std::make_shared<EventState>();
+  Tensor recv = Tensor::zeros({kBlock});
   Event e;
   {
-    Tensor t = Tensor::empty({1000});
-    t.fill(1.0f);
-    e = all_reduce(g, t, Reduce::sum, "test.keepalive");
-  }  // the caller's handle is gone; the op still holds the storage
+    Tensor send = Tensor::empty({n * kBlock});
+    for (int64_t i = 0; i < n * kBlock; ++i) send.set(i, float((me + 1) * (i + 1)));
+    e = reduce_scatter(g, send, recv, Reduce::sum, "test.keepalive", {.after = {Event(gate)}});
+  }  // the caller's handle is gone; the op, not started yet, holds the storage
+  std::vector<Tensor> decoys;
+  for (int i = 0; i < 8; ++i) {
+    decoys.push_back(Tensor::empty({n * kBlock}));
+    decoys.back().fill(-1.0f);
+  }
+  EXPECT_FALSE(e.ready());
+  gate->complete();
   e.wait(30s);
-  SUCCEED();
+  // recv[i] = sum over ranks q of send_q[me * kBlock + i] = (1 + ... + n) * (me * kBlock + i + 1): integers below
+  // 2^24 (at most 10 * 4000), so exact in fp32 whatever the order of the sum.
+  for (int64_t i = 0; i < kBlock; ++i)
+    ASSERT_EQ(recv.get(i), float(n * (n + 1) / 2 * (me * kBlock + i + 1))) << "element " << i << " on rank " << me;
 }
 
 TEST(Collectives, CheckModePassesWhenRanksAgree) {

@@ -19,9 +19,9 @@ struct CalibrateArgs {
 
 int run_calibrate(CalibrateArgs& args);
 
-// Measures this machine (every rank of `groups.world` takes part; the link is measured over the world when it
-// has 2+ ranks) and returns rank 0's profile on rank 0 (other ranks get their own measurements). `summary`:
-// print the table (rank 0). Used by `calibrate` and by `--ampipe-degree auto` without --sim-profile.
+// Measures this machine (sim::measure_machine: every rank of `groups.world` takes part; the link is measured over the
+// world when it has 2+ ranks) and returns rank 0's profile on rank 0 (other ranks get their own measurements).
+// `summary`: print the table (rank 0). Used by `calibrate` and by `--ampipe-degree auto` without --sim-profile.
 sim::Profile calibrate_machine(const comm::Groups& groups, const std::string& name, bool summary);
 
 }  // namespace ampipe::cli

@@ -310,32 +310,32 @@ void check_peer(const Group& g, int peer, const std::string& tag) {
                peer, g.label(), g.rank());
 }
 constexpr int kP2PTag = 7;
-}  // namespace
 
-Event send(const Group& g, Tensor t, int peer, std::string tag, const Issue& how) {
-  require(t, "send", tag);
+// send and recv: one message of t to or from `peer`, the same checks and op either way.
+Event point_to_point(OpKind kind, const Group& g, Tensor t, int peer, std::string tag, const Issue& how) {
+  const bool is_send = kind == OpKind::send;
+  require(t, is_send ? "send" : "recv", tag);
   check_peer(g, peer, tag);
   int cnt = to_int(t.numel(), tag);
-  auto op = make_op(g, OpKind::send, t.nbytes(), std::move(tag), how, false);
+  auto op = make_op(g, kind, t.nbytes(), std::move(tag), how, false);
   op->ev->info.peer = peer;
-  op->start = [t, cnt, peer](Op& o, MPI_Comm comm) mutable {
+  op->start = [t, cnt, peer, is_send](Op& o, MPI_Comm comm) mutable {
     o.reqs.emplace_back();
-    check_rc(MPI_Isend(t.raw(), cnt, move_type(t.dtype()), peer, kP2PTag, comm, &o.reqs.back()), "MPI_Isend");
+    if (is_send)
+      check_rc(MPI_Isend(t.raw(), cnt, move_type(t.dtype()), peer, kP2PTag, comm, &o.reqs.back()), "MPI_Isend");
+    else
+      check_rc(MPI_Irecv(t.raw(), cnt, move_type(t.dtype()), peer, kP2PTag, comm, &o.reqs.back()), "MPI_Irecv");
   };
   return submit(std::move(op));
 }
+}  // namespace
+
+Event send(const Group& g, Tensor t, int peer, std::string tag, const Issue& how) {
+  return point_to_point(OpKind::send, g, std::move(t), peer, std::move(tag), how);
+}
 
 Event recv(const Group& g, Tensor t, int peer, std::string tag, const Issue& how) {
-  require(t, "recv", tag);
-  check_peer(g, peer, tag);
-  int cnt = to_int(t.numel(), tag);
-  auto op = make_op(g, OpKind::recv, t.nbytes(), std::move(tag), how, false);
-  op->ev->info.peer = peer;
-  op->start = [t, cnt, peer](Op& o, MPI_Comm comm) mutable {
-    o.reqs.emplace_back();
-    check_rc(MPI_Irecv(t.raw(), cnt, move_type(t.dtype()), peer, kP2PTag, comm, &o.reqs.back()), "MPI_Irecv");
-  };
-  return submit(std::move(op));
+  return point_to_point(OpKind::recv, g, std::move(t), peer, std::move(tag), how);
 }
 
 Event send_recv(const Group& g, Tensor out, int dst, Tensor in, int src, std::string tag, const Issue& how) {

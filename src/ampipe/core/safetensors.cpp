@@ -115,69 +115,78 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
 
 namespace {
 
+// A regular file open for reading (ConfigError "PATH: cannot open: ..." or "PATH: not a regular file"), closed when
+// it goes.
+class ReadFile {
+ public:
+  explicit ReadFile(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY)) {
+    if (fd_ < 0) throw ConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw ConfigError(fmt::format("{}: not a regular file", path));
+    }
+    size_ = uint64_t(st.st_size);
+  }
+  ~ReadFile() { ::close(fd_); }
+  ReadFile(const ReadFile&) = delete;
+  ReadFile& operator=(const ReadFile&) = delete;
+
+  uint64_t size() const { return size_; }  // when opened
+  // Reads `bytes` into dst (an interrupted read is retried) and returns how many it read: fewer when the file ended
+  // first or a read failed, and then *err is that read's errno (0 when the file ended).
+  size_t read(char* dst, size_t bytes, int* err) {
+    size_t done = 0;
+    *err = 0;
+    while (done < bytes) {
+      const ssize_t r = ::read(fd_, dst + done, bytes - done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        if (r < 0) *err = errno;
+        break;
+      }
+      done += size_t(r);
+    }
+    return done;
+  }
+
+ private:
+  int fd_;
+  uint64_t size_ = 0;
+};
+
 // The whole file, read once into memory (its size taken first: a file that is not regular is refused).
 std::string read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw ConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw ConfigError(fmt::format("{}: not a regular file", path));
-  }
-  std::string buf(size_t(st.st_size), '\0');
-  size_t done = 0;
-  while (done < buf.size()) {
-    const ssize_t r = ::read(fd, buf.data() + done, buf.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw ConfigError(fmt::format("{}: read failed after {} of {} bytes{}{}", path, done, buf.size(),
-                                    r < 0 ? ": " : " (the file shrank)", r < 0 ? std::strerror(err) : ""));
-    }
-    done += size_t(r);
-  }
-  ::close(fd);
+  ReadFile f(path);
+  std::string buf(size_t(f.size()), '\0');
+  int err = 0;
+  const size_t done = f.read(buf.data(), buf.size(), &err);
+  if (done < buf.size())
+    throw ConfigError(fmt::format("{}: read failed after {} of {} bytes{}{}", path, done, buf.size(),
+                                  err ? ": " : " (the file shrank)", err ? std::strerror(err) : ""));
   return buf;
 }
 
 }  // namespace
 
 nlohmann::json read_safetensors_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw ConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw ConfigError(fmt::format("{}: not a regular file", path));
-  }
-  auto read_exact = [&](char* dst, size_t bytes) {
-    size_t done = 0;
-    while (done < bytes) {
-      const ssize_t r = ::read(fd, dst + done, bytes - done);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-      done += size_t(r);
-    }
-    return true;
-  };
-  unsigned char len[8];
-  const uint64_t size = uint64_t(st.st_size);
-  if (size < 8 || !read_exact(reinterpret_cast<char*>(len), 8)) {
-    ::close(fd);
-    throw ConfigError(fmt::format("{}: not a safetensors file: shorter than 8 bytes", path));
-  }
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
-  if (n > size - 8) {
-    ::close(fd);
-    throw ConfigError(fmt::format("{}: truncated safetensors file: header length {} exceeds file size {}", path, n,
-                                  size));
-  }
-  std::string h(size_t(n), '\0');
-  const bool ok = read_exact(h.data(), h.size());
-  ::close(fd);
-  if (!ok) throw ConfigError(fmt::format("{}: the header cannot be read (the file shrank)", path));
+  std::string h;
+  {
+    ReadFile f(path);
+    unsigned char len[8];
+    const uint64_t size = f.size();
+    int err = 0;
+    if (size < 8 || f.read(reinterpret_cast<char*>(len), 8, &err) != 8)
+      throw ConfigError(fmt::format("{}: not a safetensors file: shorter than 8 bytes", path));
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+    if (n > size - 8)
+      throw ConfigError(fmt::format("{}: truncated safetensors file: header length {} exceeds file size {}", path, n,
+                                    size));
+    h.assign(size_t(n), '\0');
+    if (f.read(h.data(), h.size(), &err) != h.size())
+      throw ConfigError(fmt::format("{}: the header cannot be read (the file shrank)", path));
+  }  // closed before the header is parsed
   nlohmann::json header;
   try {
     header = parse_json(h);

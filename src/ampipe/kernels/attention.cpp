@@ -266,6 +266,22 @@ void pack_rows(const void* src, int64_t ld, int64_t rows, int64_t cols, size_t e
     std::memcpy(t + size_t(r * cols) * esz, s + size_t(r * ld) * esz, size_t(cols) * esz);
 }
 
+// What the forward and the backward derive alike from the (relative) shape, the input dtype and the tile sizes. The
+// backward recomputes the forward's probabilities block by block, so its tiles and scale must be the forward's.
+struct Tiling {
+  int64_t BQ, BK;      // query rows, key rows of a block
+  int64_t kv_max;      // keys seen by any row of the chunk (rows beyond: no work, dK and dV unchanged)
+  size_t esz;          // bytes of a q, k, v element
+  bool lowp;           // bf16 inputs (P and dS rounded to bf16 for their GEMMs)
+  float scale;         // 1 / sqrt(d)
+  int64_t kvh, group;  // K, V heads; query heads per K, V head
+};
+Tiling tiling(const AttentionShape& sh, DType in, const AttentionBlocks& blocks) {
+  const int64_t kvh = sh.kv_heads();
+  return {std::min(blocks.q, sh.sq), std::min(blocks.k, sh.skv), kv_end_for(sh, sh.sq), dtype_size(in),
+          in == DType::bf16, 1.0f / std::sqrt(float(sh.d)), kvh, sh.n / kvh};
+}
+
 }  // namespace
 
 int64_t causal_attention_pairs(const AttentionShape& shape) {
@@ -292,17 +308,12 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   const AttentionDropout& dr = shape.dropout;  // keyed by the global positions shape.q_offset + i, k_offset + j
   if (sh.sq == 0) return;
   const int64_t b = sh.b, n = sh.n, d = sh.d;
-  const int64_t BQ = std::min(blocks.q, sh.sq), BK = std::min(blocks.k, sh.skv);
-  const int64_t kv_max = kv_end_for(sh, sh.sq);  // keys seen by any row of this chunk
-  const size_t esz = dtype_size(in);
-  const bool lowp = in == DType::bf16;
-  const float scale = 1.0f / std::sqrt(float(d));
+  const auto [BQ, BK, kv_max, esz, lowp, scale, kvh, group] = tiling(sh, in, blocks);
 
   const auto* qc = static_cast<const std::byte*>(q);
   const auto* kc = static_cast<const std::byte*>(k);
   const auto* vc = static_cast<const std::byte*>(v);
 
-  const int64_t kvh = sh.kv_heads(), group = n / kvh;  // query heads per K, V head
   // One unit of work per (batch, K/V head): its K and V packed once, then its query heads in order. Units write
   // disjoint rows and columns of out and lse, so they run on any thread in any order with the same bits.
   parallel_for(b * kvh, 1, [&](int64_t u0, int64_t u1) {
@@ -400,17 +411,13 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
                "attention backward row strides dout {} out {} dq {} dk {} dv {} below n*d = {}, g*d = {}", lddo, ldo,
                lddq, lddk, lddv, h, hkv);
   if (sh.sq == 0) return;
-  const int64_t BQ = std::min(blocks.q, sh.sq), BK = std::min(blocks.k, sh.skv);
-  const int64_t kv_max = kv_end_for(sh, sh.sq);  // keys seen by any row; dk, dv rows beyond stay unchanged
-  const size_t esz = dtype_size(in);
-  const bool lowp = in == DType::bf16;
-  const float scale = 1.0f / std::sqrt(float(d));
+  // The forward's tiles; the `group` query heads of a K, V head sum their dK, dV in dKp, dVp.
+  const auto [BQ, BK, kv_max, esz, lowp, scale, kvh, group] = tiling(sh, in, blocks);
 
   const auto* qc = static_cast<const std::byte*>(q);
   const auto* kc = static_cast<const std::byte*>(k);
   const auto* vc = static_cast<const std::byte*>(v);
 
-  const int64_t kvh = sh.kv_heads(), group = n / kvh;  // query heads per K, V head: their dK, dV sum in dKp, dVp
   // One unit of work per (batch, K/V head), as in the forward: its query heads in order, then its dK, dV added to
   // its own columns of dk_accum, dv_accum. Units touch disjoint outputs: the same bits on any thread.
   parallel_for(b * kvh, 1, [&](int64_t u0, int64_t u1) {

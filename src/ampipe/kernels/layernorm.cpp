@@ -1,5 +1,6 @@
 #include "ampipe/kernels/layernorm.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/lanes.h"
 #include "ampipe/core/parallel.h"
 
 #include <algorithm>
@@ -7,14 +8,10 @@
 
 namespace ampipe::kernels {
 namespace {
-constexpr int kLanes = 8;  // independent partial sums: vectorisable (one ymm) and ~sqrt(8) less rounding error
+using detail::kLanes;
+using detail::lane_sum;
+using detail::sum_lanes;
 
-// Sum of a[j] over j in [0, n) by kLanes partial sums (a fixed order, so results are deterministic).
-inline float lane_sum(const float* acc) {
-  float s = 0.0f;
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
-}
 void check_f32(const Tensor& t, const char* name, const Shape& want) { detail::check_f32(t, "layernorm", name, want); }
 }  // namespace
 
@@ -44,11 +41,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
       // sum(d^2); mean = m0 + sum(d)/h and var = (sum(d^2) - sum(d)^2/h)/h. No cancellation when |mean| >> std, and
       // the rounding error of the first pass's mean is removed by the second.
       const int64_t hv = h - h % kLanes;
-      float acc[kLanes] = {};
-      for (int64_t j = 0; j < hv; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[l] += xr[j + l];
-      for (int64_t j = hv; j < h; ++j) acc[j - hv] += xr[j];
-      const float m0 = lane_sum(acc) * inv_h;
+      const float m0 = sum_lanes(h, [&](int64_t j) { return xr[j]; }) * inv_h;
       float accd[kLanes] = {}, accq[kLanes] = {};
       for (int64_t j = 0; j < hv; j += kLanes)
         for (int l = 0; l < kLanes; ++l) {

@@ -1,26 +1,15 @@
 #include "ampipe/kernels/rmsnorm.h"
 #include "ampipe/kernels/checks.h"
+#include "ampipe/kernels/lanes.h"
 #include "ampipe/core/parallel.h"
 
 #include <cmath>
 
 namespace ampipe::kernels {
 namespace {
-constexpr int kLanes = 8;  // independent partial sums, as in layernorm.cpp
+using detail::sum_lanes;
 
 void check_f32(const Tensor& t, const char* name, const Shape& want) { detail::check_f32(t, "rmsnorm", name, want); }
-
-// sum_j a[j] * b[j] over a row of h by kLanes partial sums (a fixed order: deterministic).
-float dot_lanes(const float* a, const float* b, int64_t h) {
-  float acc[kLanes] = {};
-  const int64_t hv = h - h % kLanes;
-  for (int64_t j = 0; j < hv; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
-  for (int64_t j = hv; j < h; ++j) acc[j - hv] += a[j] * b[j];
-  float s = 0.0f;
-  for (float v : acc) s += v;
-  return s;
-}
 }  // namespace
 
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) {
@@ -39,7 +28,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y,
   parallel_for(rows, rows_grain(h), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * h;
-      const float rs = 1.0f / std::sqrt(dot_lanes(xr, xr, h) * inv_h + eps);
+      const float rs = 1.0f / std::sqrt(sum_lanes(h, [&](int64_t j) { return xr[j] * xr[j]; }) * inv_h + eps);
       float* yr = yp + r * h;
       for (int64_t j = 0; j < h; ++j) yr[j] = xr[j] * rs * gp[j];
       rp[r] = rs;
@@ -82,13 +71,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
       float* dxr = dxp + r * h;
       const float rs = rp[r];
       // mean_j(g * xhat) = rstd * mean_j(dy * gamma * x)
-      float acc[kLanes] = {};
-      const int64_t hv = h - h % kLanes;
-      for (int64_t j = 0; j < hv; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[l] += dyr[j + l] * gp[j + l] * xr[j + l];
-      for (int64_t j = hv; j < h; ++j) acc[j - hv] += dyr[j] * gp[j] * xr[j];
-      float s = 0.0f;
-      for (float v : acc) s += v;
+      const float s = sum_lanes(h, [&](int64_t j) { return dyr[j] * gp[j] * xr[j]; });
       const float mean_gx = s * rs * inv_h;
       for (int64_t j = 0; j < h; ++j) {
         const float xhat = xr[j] * rs;

@@ -472,10 +472,21 @@ nlohmann::json parse_json(const std::string& text, const std::string& where, con
 
 }  // namespace
 
+// ---- ByteLevelBpeTokenizer: what both share ----
+
+ByteLevelBpeTokenizer::ByteLevelBpeTokenizer() : p_(std::make_unique<Pipeline>()) {}
+ByteLevelBpeTokenizer::~ByteLevelBpeTokenizer() = default;
+int64_t ByteLevelBpeTokenizer::vocab_size() const { return int64_t(p_->id_token.size()); }
+std::vector<int32_t> ByteLevelBpeTokenizer::encode(const std::string& text) const { return p_->encode(text); }
+std::string ByteLevelBpeTokenizer::decode(const std::vector<int32_t>& ids) const { return p_->decode(ids); }
+int32_t ByteLevelBpeTokenizer::eod() const { return p_->eod; }
+std::string ByteLevelBpeTokenizer::describe() const {
+  return fmt::format("{} ({}: {} ids, eod {})", p_->name, p_->files, vocab_size(), p_->eod);
+}
+
 // ---- GPT2BPETokenizer ----
 
-GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file)
-    : p_(std::make_unique<Pipeline>()) {
+GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file) {
   p_->name = "GPT2BPETokenizer";
   p_->files = fmt::format("--vocab-file {}, --merge-file {}", vocab_file, merge_file);
   const std::string vw = "--vocab-file " + vocab_file, mw = "--merge-file " + merge_file;
@@ -503,15 +514,6 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
   p_->eod = eod->second;
   p_->pre.push_back({bpe::PreStep::Kind::byte_level,
                      std::make_shared<const bpe::Regex>(bpe::kGpt2Pattern, false, "GPT-2's pattern"), false, false});
-}
-
-GPT2BPETokenizer::~GPT2BPETokenizer() = default;
-int64_t GPT2BPETokenizer::vocab_size() const { return int64_t(p_->id_token.size()); }
-std::vector<int32_t> GPT2BPETokenizer::encode(const std::string& text) const { return p_->encode(text); }
-std::string GPT2BPETokenizer::decode(const std::vector<int32_t>& ids) const { return p_->decode(ids); }
-int32_t GPT2BPETokenizer::eod() const { return p_->eod; }
-std::string GPT2BPETokenizer::describe() const {
-  return fmt::format("GPT2BPETokenizer ({}: {} ids, eod {})", p_->files, vocab_size(), p_->eod);
 }
 
 // ---- HuggingFaceTokenizer ----
@@ -724,7 +726,7 @@ int32_t find_eod(const Pipeline& p, const std::filesystem::path& file) {
 
 }  // namespace
 
-HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : p_(std::make_unique<Pipeline>()) {
+HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
   std::error_code ec;
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(file, ec)) {
@@ -757,15 +759,6 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : p_(std::ma
       if (id < 0 || size_t(id) >= p_->id_token.size() || p_->id_token[size_t(id)].empty())
         throw ConfigError(fmt::format("{}: the post-processor adds id {}, which no token has", where, id));
   p_->eod = find_eod(*p_, file);
-}
-
-HuggingFaceTokenizer::~HuggingFaceTokenizer() = default;
-int64_t HuggingFaceTokenizer::vocab_size() const { return int64_t(p_->id_token.size()); }
-std::vector<int32_t> HuggingFaceTokenizer::encode(const std::string& text) const { return p_->encode(text); }
-std::string HuggingFaceTokenizer::decode(const std::vector<int32_t>& ids) const { return p_->decode(ids); }
-int32_t HuggingFaceTokenizer::eod() const { return p_->eod; }
-std::string HuggingFaceTokenizer::describe() const {
-  return fmt::format("HuggingFaceTokenizer ({}: {} ids, eod {})", p_->files, vocab_size(), p_->eod);
 }
 
 }  // namespace ampipe::train

@@ -52,36 +52,34 @@ const std::string& byte_char(uint8_t b);
 std::string utf8_lossy(std::string_view bytes);
 }  // namespace bpe
 
-class GPT2BPETokenizer : public Tokenizer {
+// What both tokenizers are once their files are read: a bpe::Pipeline (the vocabulary, the merges and the steps) behind
+// the Tokenizer interface. describe() gives "<type> (<files>: <n> ids, eod <id>)".
+class ByteLevelBpeTokenizer : public Tokenizer {
+ public:
+  ~ByteLevelBpeTokenizer() override;
+  int64_t vocab_size() const override;
+  std::vector<int32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t eod() const override;
+  std::string describe() const override;
+
+ protected:
+  ByteLevelBpeTokenizer();  // an empty pipeline, for the derived constructor to fill
+  std::unique_ptr<bpe::Pipeline> p_;
+};
+
+class GPT2BPETokenizer : public ByteLevelBpeTokenizer {
  public:
   // Throws ConfigError naming --vocab-file or --merge-file and the path when a file is missing, unreadable or
   // malformed, a byte's character or a merge's token is not in the vocabulary, or there is no <|endoftext|>.
   GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file);
-  ~GPT2BPETokenizer() override;
-  int64_t vocab_size() const override;
-  std::vector<int32_t> encode(const std::string& text) const override;
-  std::string decode(const std::vector<int32_t>& ids) const override;
-  int32_t eod() const override;
-  std::string describe() const override;
-
- private:
-  std::unique_ptr<bpe::Pipeline> p_;
 };
 
-class HuggingFaceTokenizer : public Tokenizer {
+class HuggingFaceTokenizer : public ByteLevelBpeTokenizer {
  public:
   // `path`: a tokenizer.json, or a directory holding one. Throws ConfigError naming --tokenizer-model and the file
   // when it is missing, not JSON, or holds something this tokenizer does not read (see above).
   explicit HuggingFaceTokenizer(const std::string& path);
-  ~HuggingFaceTokenizer() override;
-  int64_t vocab_size() const override;
-  std::vector<int32_t> encode(const std::string& text) const override;
-  std::string decode(const std::vector<int32_t>& ids) const override;
-  int32_t eod() const override;
-  std::string describe() const override;
-
- private:
-  std::unique_ptr<bpe::Pipeline> p_;
 };
 
 }  // namespace ampipe::train
