@@ -640,7 +640,7 @@ void add_position_flags(std::vector<FlagSpec>& v) {
                    AT(layer->cfg.rope_scaling_factor), kDef));
 }
 
-// The layer (LayerFlags), shared by every subcommand that builds a layer, and the runtime flags.
+// The layer (LayerFlags), shared by every subcommand that builds a layer: its sizes and the router.
 void add_layer_flags(std::vector<FlagSpec>& v) {
   const unsigned L = kLayerSubs;
   v.push_back(flag("--seq-length", L, kGroupModel, G::integer, "sequence length s", AT(layer->cfg.seq_length), kDef));
@@ -751,6 +751,11 @@ void add_layer_flags(std::vector<FlagSpec>& v) {
       flag("--no-use-rts", L, kGroupMoe, G::on_off, "turn off random token selection (top-1)", AT(layer->no_use_rts)));
   v.push_back(flag("--noisy-gate-policy", L, kGroupMoe, G::text, "None, Jitter or RSample",
                    AT(layer->noisy_gate_policy), kDef));
+}
+
+// The layer, continued: its model options, parallel layout and runtime.
+void add_layer_model_flags(std::vector<FlagSpec>& v) {
+  const unsigned L = kLayerSubs;
   v.push_back(flag("--swiglu", L, kGroupModel, G::on_off, "SwiGLU experts instead of GeLU", AT(layer->swiglu)));
   v.push_back(flag("--normalization", L, kGroupModel, G::text,
                    "LayerNorm or RMSNorm (weight only, no biases): LN1, LN2 and the final norm",
@@ -1288,6 +1293,7 @@ void add_tool_flags(std::vector<FlagSpec>& v) {
 std::vector<FlagSpec> make_registry() {
   std::vector<FlagSpec> v;
   add_layer_flags(v);
+  add_layer_model_flags(v);
   add_layer_command_flags(v);
   add_train_model_flags(v);
   add_train_schedule_flags(v);
