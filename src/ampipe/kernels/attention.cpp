@@ -240,16 +240,13 @@ const float* dropout_row(const AttentionDropout& dr, int64_t b, int64_t bb, int6
   return buf;
 }
 
-// Thread-local scratch, grown on demand and reused by every call on this thread.
+// Scratch of one OpenMP thread, kept in the compute context (context.h), grown on demand and reused by every call.
 struct Scratch {
   std::vector<float> s, dp, o, m, l, dd, dkp, dvp, mask;
   std::vector<bf16> pb, dsb;
   std::vector<std::byte> kp, vp, qp, dop;  // packed operands in the input dtype
 };
-Scratch& scratch() {
-  thread_local Scratch sc;
-  return sc;
-}
+
 template <typename T>
 T* grow(std::vector<T>& v, int64_t n) {
   if (int64_t(v.size()) < n) v.resize(size_t(n));
@@ -301,7 +298,7 @@ double causal_attention_flops(const AttentionShape& sh, bool backward) {
 
 void attention_forward(const AttentionShape& shape, DType in, const void* q, int64_t ldq, const void* k,
                        int64_t ldk, const void* v, int64_t ldv, float* out, int64_t ldo, float* lse,
-                       const AttentionBlocks& blocks) {
+                       const AttentionBlocks& blocks, ComputeContext& ctx) {
   check_args(shape, in, ldq, ldk, ldv, blocks);
   const AttentionShape sh = relative(shape);
   AMPIPE_CHECK(ldo >= sh.n * sh.d, "attention out row stride {} below n*d = {}", ldo, sh.n * sh.d);
@@ -317,7 +314,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   // One unit of work per (batch, K/V head): its K and V packed once, then its query heads in order. Units write
   // disjoint rows and columns of out and lse, so they run on any thread in any order with the same bits.
   parallel_for(b * kvh, 1, [&](int64_t u0, int64_t u1) {
-    Scratch& sc = scratch();
+    Scratch& sc = ctx.state<Scratch>();
     float* S = grow(sc.s, BQ * BK);  // [bq, kb] logits, then fp32 P
     float* O = grow(sc.o, BQ * d);   // [bq, d] unnormalised output
     float* M = grow(sc.m, BQ);       // running max of scaled logits
@@ -346,7 +343,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
             // S [bq, kb] = Q_blk [bq, d] * K_blk^T [d, kb]
             GemmDesc qk;
             qk.m = bq, qk.n = kb, qk.k = d, qk.tb = Trans::t, qk.in = in;
-            gemm(qk, Qp, Kp + size_t(j0 * d) * esz, S);
+            gemm(qk, Qp, Kp + size_t(j0 * d) * esz, S, ctx);
             // online softmax: P = exp(S*scale - m_new); O, L rescaled by exp(m_old - m_new)
             for (int64_t r = 0; r < bq; ++r) {
               float* srow = S + r * kb;
@@ -374,7 +371,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
             // O [bq, d] (+)= P [bq, kb] * V_blk [kb, d]; the first key block overwrites O
             GemmDesc pv;
             pv.m = bq, pv.n = d, pv.k = kb, pv.in = in, pv.accumulate = j0 > 0;
-            gemm(pv, lowp ? static_cast<const void*>(Pb) : S, Vp + size_t(j0 * d) * esz, O);
+            gemm(pv, lowp ? static_cast<const void*>(Pb) : S, Vp + size_t(j0 * d) * esz, O, ctx);
           }
           for (int64_t r = 0; r < bq; ++r) {
             const float* orow = O + r * d;
@@ -402,7 +399,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
 void attention_backward(const AttentionShape& shape, DType in, const float* dout, int64_t lddo, const void* q,
                         int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, const float* out,
                         int64_t ldo, const float* lse, float* dq, int64_t lddq, float* dk_accum, int64_t lddk,
-                        float* dv_accum, int64_t lddv, const AttentionBlocks& blocks) {
+                        float* dv_accum, int64_t lddv, const AttentionBlocks& blocks, ComputeContext& ctx) {
   check_args(shape, in, ldq, ldk, ldv, blocks);
   const AttentionShape sh = relative(shape);
   const AttentionDropout& dr = shape.dropout;  // the forward's mask, regenerated
@@ -421,7 +418,7 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
   // One unit of work per (batch, K/V head), as in the forward: its query heads in order, then its dK, dV added to
   // its own columns of dk_accum, dv_accum. Units touch disjoint outputs: the same bits on any thread.
   parallel_for(b * kvh, 1, [&](int64_t u0, int64_t u1) {
-    Scratch& sc = scratch();
+    Scratch& sc = ctx.state<Scratch>();
     float* S = grow(sc.s, BQ * BK);    // [bq, kb] logits, then fp32 P
     float* dP = grow(sc.dp, BQ * BK);  // [bq, kb] dO V^T, then fp32 dS * scale
     float* Dr = grow(sc.dd, BQ);       // rowsum(dout * out)
@@ -469,8 +466,8 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
             // S = Q_blk K_blk^T, dP = dO_blk V_blk^T: [bq, kb]
             GemmDesc g;
             g.m = bq, g.n = kb, g.k = d, g.tb = Trans::t, g.in = in;
-            gemm(g, Qp, Kblk, S);
-            gemm(g, dOp, Vblk, dP);
+            gemm(g, Qp, Kblk, S, ctx);
+            gemm(g, dOp, Vblk, dP, ctx);
             for (int64_t r = 0; r < bq; ++r) {
               const int64_t nv = visible_in_block(sh, i0 + r, j0, kb);
               const float* mask = dropout_row(dr, b, bb, hh, shape.q_offset + i0 + r, shape.k_offset + j0, nv, Mk);
@@ -482,12 +479,12 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
             // dV_blk [kb, d] += P^T [kb, bq] * dO_blk [bq, d];  dK_blk [kb, d] += dS^T [kb, bq] * Q_blk [bq, d]
             GemmDesc t;
             t.m = kb, t.n = d, t.k = bq, t.ta = Trans::t, t.in = in, t.accumulate = true;
-            gemm(t, P, dOp, dVp + j0 * d);
-            gemm(t, dS, Qp, dKp + j0 * d);
+            gemm(t, P, dOp, dVp + j0 * d, ctx);
+            gemm(t, dS, Qp, dKp + j0 * d, ctx);
             // dQ_blk [bq, d] (+)= dS [bq, kb] * K_blk [kb, d]; the first key block overwrites
             GemmDesc dqd;
             dqd.m = bq, dqd.n = d, dqd.k = kb, dqd.in = in, dqd.accumulate = j0 > 0;
-            gemm(dqd, dS, Kblk, dQp);
+            gemm(dqd, dS, Kblk, dQp, ctx);
           }
           for (int64_t r = 0; r < bq; ++r) {  // dq overwritten, or accumulated over key blocks
             float* dst = dQh + (i0 + r) * b * lddq;
@@ -512,18 +509,18 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
 }
 
 void attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                       Tensor& lse, const AttentionBlocks& blocks) {
+                       Tensor& lse, const AttentionBlocks& blocks, ComputeContext& ctx) {
   constexpr const char* op = "attention_forward";
   const QkvArgs a = check_qkv(sh, q, k, v, op);
   const int64_t ldo = detail::check_matrix(out, op, "out", DType::f32, sh.sq * sh.b, sh.n * sh.d);
   check_lse(sh, lse, op);
   attention_forward(sh, a.in, q.raw(), a.ldq, k.raw(), a.ldk, v.raw(), a.ldv, out.data<float>(), ldo,
-                    lse.data<float>(), blocks);
+                    lse.data<float>(), blocks, ctx);
 }
 
 void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk_accum,
-                        Tensor& dv_accum, const AttentionBlocks& blocks) {
+                        Tensor& dv_accum, const AttentionBlocks& blocks, ComputeContext& ctx) {
   constexpr const char* op = "attention_backward";
   const QkvArgs a = check_qkv(sh, q, k, v, op);
   const int64_t h = sh.n * sh.d, hkv = sh.kv_heads() * sh.d, qrows = sh.sq * sh.b, kvrows = sh.skv * sh.b;
@@ -535,7 +532,7 @@ void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tens
   check_lse(sh, lse, op);
   attention_backward(sh, a.in, dout.data<float>(), lddo, q.raw(), a.ldq, k.raw(), a.ldk, v.raw(), a.ldv,
                      out.data<float>(), ldo, lse.data<float>(), dq.data<float>(), lddq, dk_accum.data<float>(),
-                     lddk, dv_accum.data<float>(), lddv, blocks);
+                     lddk, dv_accum.data<float>(), lddv, blocks, ctx);
 }
 
 }  // namespace ampipe::kernels

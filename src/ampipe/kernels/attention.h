@@ -16,7 +16,8 @@
 //
 // Softmax scale 1/sqrt(d). Work is done in query blocks x key blocks with an online softmax: no sq x skv
 // matrix is held, and key blocks entirely above the diagonal are skipped (causal FLOPs only). Block
-// matmuls go through kernels::gemm (oneDNN); scratch is thread_local and reused between calls (it only grows).
+// matmuls go through kernels::gemm (oneDNN); scratch is kept in the compute context (context.h),
+// one per OpenMP thread, and reused between calls (it only grows).
 // Threads (kernels/parallel.h): one unit of work per (batch, K/V head), each on one thread with single-threaded
 // block GEMMs; units write disjoint outputs, so the result is the same bits at any thread count.
 //
@@ -30,6 +31,7 @@
 #include "ampipe/core/dtype.h"
 #include "ampipe/core/philox.h"
 #include "ampipe/core/tensor.h"
+#include "ampipe/kernels/context.h"
 
 namespace ampipe::kernels {
 
@@ -93,14 +95,15 @@ double causal_attention_flops(const AttentionShape& sh, bool backward);
 //   of the raw form).
 //   out [sq*b, h] fp32, overwritten. lse: fp32, contiguous, numel b*n*sq (any shape), overwritten.
 void attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                       Tensor& lse, const AttentionBlocks& blocks = {});
+                       Tensor& lse, const AttentionBlocks& blocks = {}, ComputeContext& ctx = ComputeContext::host());
 
 //   dout, out [sq*b, h] fp32; q, k, v, lse as in attention_forward.
 //   dq [sq*b, h] fp32, overwritten. dk_accum, dv_accum [skv*b, g*d] fp32, ACCUMULATED (+=), as in the raw form.
 // dq, dk_accum and dv_accum may be column ranges of one fused [s*b, 3h] fp32 gradient buffer.
 void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk_accum,
-                        Tensor& dv_accum, const AttentionBlocks& blocks = {});
+                        Tensor& dv_accum, const AttentionBlocks& blocks = {},
+                        ComputeContext& ctx = ComputeContext::host());
 
 // ---- Raw form (pointers and row strides; the Tensor form calls these) ---------------------------------------
 // q: [sq, b, n*d] with row stride ldq; k, v: [skv, b, g*d] (g = sh.kv_heads()) with row strides ldk, ldv; type `in`.
@@ -111,7 +114,7 @@ void attention_backward(const AttentionShape& sh, const Tensor& dout, const Tens
 //      backward of a merged result runs once per key block with the final out and lse (and accumulate_dq).
 void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_t ldq, const void* k,
                        int64_t ldk, const void* v, int64_t ldv, float* out, int64_t ldo, float* lse,
-                       const AttentionBlocks& blocks = {});
+                       const AttentionBlocks& blocks = {}, ComputeContext& ctx = ComputeContext::host());
 
 // dout: [sq, b, n*d] fp32 (row stride lddo), the gradient of out. q, k, v, out, lse: as in / from
 // attention_forward for the same shape.
@@ -121,6 +124,7 @@ void attention_forward(const AttentionShape& sh, DType in, const void* q, int64_
 void attention_backward(const AttentionShape& sh, DType in, const float* dout, int64_t lddo, const void* q,
                         int64_t ldq, const void* k, int64_t ldk, const void* v, int64_t ldv, const float* out,
                         int64_t ldo, const float* lse, float* dq, int64_t lddq, float* dk_accum, int64_t lddk,
-                        float* dv_accum, int64_t lddv, const AttentionBlocks& blocks = {});
+                        float* dv_accum, int64_t lddv, const AttentionBlocks& blocks = {},
+                        ComputeContext& ctx = ComputeContext::host());
 
 }  // namespace ampipe::kernels

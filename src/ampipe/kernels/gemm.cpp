@@ -14,7 +14,7 @@
 namespace ampipe::kernels {
 namespace {
 
-void run_emulated(const GemmDesc& d, struct Prim& p, const void* a, const void* b, void* c);
+void run_emulated(const GemmDesc& d, struct Prim& p, const void* a, const void* b, void* c, ComputeContext& ctx);
 
 dnnl::engine& engine() {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -126,11 +126,17 @@ Prim make(const GemmDesc& d) {
   return p;
 }
 
-Prim& lookup(const GemmDesc& d) {
+// What the GEMM keeps in a compute context, per calling thread (context.h).
+struct GemmState {
   // oneDNN splits the work over the threads it may use when the primitive is created: one cache per thread count,
   // or a primitive made for one thread would run on one thread after ampipe::set_num_threads(2).
-  thread_local std::unordered_map<int, std::unordered_map<GemmDesc, std::unique_ptr<Prim>, DescHash>> caches;
-  auto& cache = caches[omp_get_max_threads()];
+  std::unordered_map<int, std::unordered_map<GemmDesc, std::unique_ptr<Prim>, DescHash>> caches;
+  std::vector<float> wa, wb, wc;  // the bf16 emulation's fp32 copies
+  std::unique_ptr<dnnl::stream> stream;
+};
+
+Prim& lookup(const GemmDesc& d, ComputeContext& ctx) {
+  auto& cache = ctx.state<GemmState>().caches[omp_get_max_threads()];
   auto it = cache.find(d);
   if (it == cache.end()) it = cache.emplace(d, std::make_unique<Prim>(make(d))).first;
   return *it->second;
@@ -142,8 +148,9 @@ void widen(const bf16* src, int64_t rows, int64_t cols, int64_t ld, float* dst) 
     for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = bf16_to_f32(src[r * ld + j]);
 }
 
-void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void* c) {
-  thread_local std::vector<float> wa, wb, wc;
+void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void* c, ComputeContext& ctx) {
+  GemmState& st = ctx.state<GemmState>();
+  std::vector<float>&wa = st.wa, &wb = st.wb, &wc = st.wc;
   const GemmDesc& e = p.emulated_desc;
   const int64_t a_rows = d.ta == Trans::n ? d.m : d.k, a_cols = d.ta == Trans::n ? d.k : d.m;
   const int64_t b_rows = d.tb == Trans::n ? d.k : d.n, b_cols = d.tb == Trans::n ? d.n : d.k;
@@ -152,13 +159,13 @@ void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void
   widen(static_cast<const bf16*>(a), a_rows, a_cols, d.lda, wa.data());
   widen(static_cast<const bf16*>(b), b_rows, b_cols, d.ldb, wb.data());
   if (d.out == DType::f32) {
-    gemm(e, wa.data(), wb.data(), c);
+    gemm(e, wa.data(), wb.data(), c, ctx);
     return;
   }
   wc.resize(size_t(d.m * d.n));
   bf16* cb = static_cast<bf16*>(c);
   if (d.accumulate) widen(cb, d.m, d.n, d.ldc, wc.data());
-  gemm(e, wa.data(), wb.data(), wc.data());
+  gemm(e, wa.data(), wb.data(), wc.data(), ctx);
   for (int64_t i = 0; i < d.m; ++i)
     for (int64_t j = 0; j < d.n; ++j) cb[i * d.ldc + j] = f32_to_bf16(wc[size_t(i * d.n + j)]);
 }
@@ -170,7 +177,7 @@ std::atomic<bool> g_clock_on{false};
 std::atomic<int64_t> g_clock_ns{0};
 thread_local int g_depth = 0;  // gemm() calls itself (batches, the bf16 emulation): only the outer call is timed
 
-void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c);
+void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c, ComputeContext& ctx);
 }  // namespace
 
 void set_gemm_clock(bool on) {
@@ -179,12 +186,12 @@ void set_gemm_clock(bool on) {
 }
 double gemm_clock_seconds() { return double(g_clock_ns.load()) * 1e-9; }
 
-void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
-  if (!g_clock_on.load(std::memory_order_relaxed) || g_depth > 0) return gemm_untimed(desc, a, b, c);
+void gemm(const GemmDesc& desc, const void* a, const void* b, void* c, ComputeContext& ctx) {
+  if (!g_clock_on.load(std::memory_order_relaxed) || g_depth > 0) return gemm_untimed(desc, a, b, c, ctx);
   const auto t0 = std::chrono::steady_clock::now();
   ++g_depth;
   try {
-    gemm_untimed(desc, a, b, c);
+    gemm_untimed(desc, a, b, c, ctx);
   } catch (...) {
     --g_depth;
     throw;
@@ -194,17 +201,18 @@ void gemm(const GemmDesc& desc, const void* a, const void* b, void* c) {
 }
 
 namespace {
-void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c) {
+void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c, ComputeContext& ctx) {
   if (desc.m == 0 || desc.n == 0 || desc.batch == 0) return;
   const GemmDesc d = normalised(desc);
-  if (d.batch > 1 && (d.k == 0 || lookup(d).emulated)) {  // matrix by matrix (the emulation widens one at a time)
+  if (d.batch > 1 && (d.k == 0 || lookup(d, ctx).emulated)) {  // matrix by matrix (the emulation widens one at a time)
     GemmDesc one = d;
     one.batch = 1;
     one.stride_a = one.stride_b = one.stride_c = 0;
     const size_t ea = dtype_size(d.in), ec = dtype_size(d.out);
     for (int64_t i = 0; i < d.batch; ++i)
       gemm(one, static_cast<const char*>(a) + size_t(i * d.stride_a) * ea,
-           static_cast<const char*>(b) + size_t(i * d.stride_b) * ea, static_cast<char*>(c) + size_t(i * d.stride_c) * ec);
+           static_cast<const char*>(b) + size_t(i * d.stride_b) * ea,
+           static_cast<char*>(c) + size_t(i * d.stride_c) * ec, ctx);
     return;
   }
   if (d.k == 0) {  // empty reduction: C = 0 (or unchanged when accumulating)
@@ -214,17 +222,18 @@ void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c) {
                     size_t(d.n) * dtype_size(d.out));
     return;
   }
-  Prim& p = lookup(d);
+  Prim& p = lookup(d, ctx);
   if (p.emulated) {
-    run_emulated(d, p, a, b, c);
+    run_emulated(d, p, a, b, c, ctx);
     return;
   }
   p.a.set_data_handle(const_cast<void*>(a));
   p.b.set_data_handle(const_cast<void*>(b));
   p.c.set_data_handle(c);
-  thread_local dnnl::stream stream(engine());
-  p.prim.execute(stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
-  stream.wait();
+  std::unique_ptr<dnnl::stream>& stream = ctx.state<GemmState>().stream;
+  if (!stream) stream = std::make_unique<dnnl::stream>(engine());
+  p.prim.execute(*stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+  stream->wait();
 }
 }  // namespace
 
@@ -255,12 +264,13 @@ GemmDesc tensor_desc(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const
 }
 }  // namespace
 
-void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate, float alpha) {
-  gemm(tensor_desc(a, ta, b, tb, c, accumulate, alpha), a.raw(), b.raw(), c.raw());
+void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate, float alpha,
+          ComputeContext& ctx) {
+  gemm(tensor_desc(a, ta, b, tb, c, accumulate, alpha), a.raw(), b.raw(), c.raw(), ctx);
 }
 
 void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, int64_t batch, int64_t stride_a,
-                  int64_t stride_b, int64_t stride_c, bool accumulate) {
+                  int64_t stride_b, int64_t stride_c, bool accumulate, ComputeContext& ctx) {
   GemmDesc d = tensor_desc(a, ta, b, tb, c, accumulate, 1.0f);
   AMPIPE_CHECK(batch >= 1 && (batch == 1 || (stride_a > 0 && stride_b > 0 && stride_c > 0)),
                "gemm_batched: batch {} with strides {}, {}, {}", batch, stride_a, stride_b, stride_c);
@@ -270,9 +280,9 @@ void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& 
     d.stride_b = stride_b;
     d.stride_c = stride_c;
   }
-  gemm(d, a.raw(), b.raw(), c.raw());
+  gemm(d, a.raw(), b.raw(), c.raw(), ctx);
 }
 
-std::string gemm_impl_name(const GemmDesc& d) { return lookup(normalised(d)).impl; }
+std::string gemm_impl_name(const GemmDesc& d) { return lookup(normalised(d), ComputeContext::host()).impl; }
 
 }  // namespace ampipe::kernels

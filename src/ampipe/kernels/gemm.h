@@ -7,14 +7,15 @@
 // a bigger [s, b, n*d] activation can be passed without copying. Inputs are fp32 or bf16 (A and B the same
 // type); accumulation is always fp32 (AMX tdpbf16ps for bf16); C is fp32 or bf16.
 //
-// Primitives are created once per distinct descriptor and thread count, and cached per calling thread (attention
-// calls its block GEMMs from several threads), so run() only binds pointers.
+// Primitives are created once per distinct descriptor and thread count, and cached in the compute context per
+// calling thread (context.h; attention calls its block GEMMs from several threads), so a call only binds pointers.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "ampipe/core/tensor.h"
+#include "ampipe/kernels/context.h"
 
 namespace ampipe::kernels {
 
@@ -39,18 +40,19 @@ struct GemmDesc {
 };
 
 // Raw form: pointers to the first element of each matrix.
-void gemm(const GemmDesc& d, const void* a, const void* b, void* c);
+void gemm(const GemmDesc& d, const void* a, const void* b, void* c, ComputeContext& ctx = ComputeContext::host());
 
 // Tensor form: A, B, C are 2-D (use view() to flatten [s, b, h] to [s*b, h]) with unit column stride; each may
 // be a strided view (rows() of a bigger matrix, cols() of a fused buffer): leading dimensions come from the
 // tensors' row strides, dtypes from the tensors.
 void gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, bool accumulate = false,
-          float alpha = 1.0f);
+          float alpha = 1.0f, ComputeContext& ctx = ComputeContext::host());
 
 // A batch of `batch` GEMMs of the shapes of a, b, c (matrix 0 of each); matrix i of A starts stride_a elements after
 // matrix i-1's (likewise B, C), in the same storage: the caller's views must cover the whole batch.
 void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, int64_t batch, int64_t stride_a,
-                  int64_t stride_b, int64_t stride_c, bool accumulate = false);
+                  int64_t stride_b, int64_t stride_c, bool accumulate = false,
+                  ComputeContext& ctx = ComputeContext::host());
 
 // Name of the oneDNN implementation chosen for a descriptor (e.g. "brg:avx512_core_amx_bf16").
 std::string gemm_impl_name(const GemmDesc& d);

@@ -54,7 +54,7 @@ void AttentionBlock::qkv(int c) {
   LayerState& s = st_;
   const Tensor xn = s.full_rows(s.bf16() ? Buf::ln1_out_bf16 : Buf::ln1_out, c);  // every row of the chunk
   Tensor qkv = s.bf16() ? s.mem.get(Buf::qkv) : s.full_rows(Buf::qkv, c);
-  linear_forward(xn, s.w.qkv, qkv);  // [S_c, h] -> [S_c, qkvl]: [q | k | v] of the local heads
+  linear_forward(xn, s.w.qkv, qkv, *s.ctx);  // [S_c, h] -> [S_c, qkvl]: [q | k | v] of the local heads
   // --add-qkv-bias, in fp32 (before the q/k norms and RoPE, as Megatron's)
   if (s.p.qkv_b.defined()) add_bias(qkv, s.p.qkv_b);
   qk_norm(c, qkv);
@@ -164,7 +164,7 @@ void AttentionBlock::cp_attention(int c, int t, bool backward) {
                  v = kv.rows(k0, k1).cols(kvl, 2 * kvl);
     Tensor out = attn.rows(q0, q1), l = lse.rows(call.q_half, call.q_half + 1);
     if (!backward) {
-      kernels::attention_forward(call.shape, q, k, v, out, l);
+      kernels::attention_forward(call.shape, q, k, v, out, l, {}, *s.ctx);
       continue;
     }
     kernels::AttentionShape sh = call.shape;
@@ -173,7 +173,7 @@ void AttentionBlock::cp_attention(int c, int t, bool backward) {
     const Tensor dkv = s.mem.get(Buf::cp_dkv, t);
     Tensor dq = s.full_rows(Buf::dqkv, c).rows(q0, q1).cols(0, hl);
     Tensor dk = dkv.rows(k0, k1).cols(0, kvl), dv = dkv.rows(k0, k1).cols(kvl, 2 * kvl);
-    kernels::attention_backward(sh, s.full_rows(Buf::d_attn, c).rows(q0, q1), q, k, v, out, l, dq, dk, dv);
+    kernels::attention_backward(sh, s.full_rows(Buf::d_attn, c).rows(q0, q1), q, k, v, out, l, dq, dk, dv, {}, *s.ctx);
   }
 }
 
@@ -215,7 +215,7 @@ void AttentionBlock::attention(int c, int piece) {
   const Tensor kv = qkv.rows(0, int64_t(c + 1) * s.dims.Sc);  // the rows chunk c can see
   const Tensor q = s.full_rows(qkv, c).cols(0, hl);
   Tensor out = s.full_rows(Buf::attn, c), lse = s.mem.get(Buf::lse).rows(c, c + 1);
-  kernels::attention_forward(chunk_shape(s, c), q, kv.cols(hl, kv1), kv.cols(kv1, kv2), out, lse);
+  kernels::attention_forward(chunk_shape(s, c), q, kv.cols(hl, kv1), kv.cols(kv1, kv2), out, lse, {}, *s.ctx);
 }
 
 void AttentionBlock::out_proj(int c) {
@@ -229,7 +229,7 @@ void AttentionBlock::out_proj(int c) {
     in = s.full_rows(Buf::attn_bf16, c);
     in.copy_from(attn);
   }
-  linear_forward(in, s.w.proj, proj);
+  linear_forward(in, s.w.proj, proj, *s.ctx);
   if (s.dims.sp && s.bf16()) s.mem.get(s.mem.seams().proj_out.send).copy_from(proj);  // bf16 payload, as Megatron's
 }
 
@@ -289,7 +289,7 @@ void AttentionBlock::residual_ln2_backward(int c) {
 void AttentionBlock::out_proj_backward(int c) {
   LayerState& s = st_;
   Tensor d_attn = s.full_rows(Buf::d_attn, c);
-  linear_input_grad(s.full_rows(d_proj_all(), c), s.w.proj, d_attn);  // the weight gradient: weight_grads()
+  linear_input_grad(s.full_rows(d_proj_all(), c), s.w.proj, d_attn, *s.ctx);  // the weight gradient: weight_grads()
 }
 
 void AttentionBlock::attention_backward(int c, int piece) {
@@ -303,7 +303,7 @@ void AttentionBlock::attention_backward(int c, int piece) {
   Tensor dk = dqkv.rows(0, visible).cols(hl, kv1), dv = dqkv.rows(0, visible).cols(kv1, kv2);
   kernels::attention_backward(chunk_shape(s, c), s.full_rows(Buf::d_attn, c), s.full_rows(qkv, c).cols(0, hl),
                               kv.cols(hl, kv1), kv.cols(kv1, kv2), s.full_rows(Buf::attn, c),
-                              s.mem.get(Buf::lse).rows(c, c + 1), dq, dk, dv);
+                              s.mem.get(Buf::lse).rows(c, c + 1), dq, dk, dv, {}, *s.ctx);
 }
 
 void AttentionBlock::attention_recompute(int c) {
@@ -329,7 +329,7 @@ void AttentionBlock::qkv_backward(int c) {
     in = s.full_rows(Buf::dqkv_bf16, c);
     in.copy_from(dqkv);
   }
-  linear_input_grad(in, s.w.qkv, d_xn);  // the weight gradient: weight_grads()
+  linear_input_grad(in, s.w.qkv, d_xn, *s.ctx);  // the weight gradient: weight_grads()
   if (s.dims.sp && s.bf16()) s.mem.get(s.mem.seams().d_qkv_in.send, c).copy_from(d_xn);  // bf16 payload
 }
 
@@ -353,10 +353,10 @@ void AttentionBlock::weight_grads() {
   LayerState& s = st_;
   const bool bf16 = s.bf16();
   linear_weight_grad(s.mem.get(bf16 ? Buf::dqkv_bf16 : Buf::dqkv), s.mem.get(bf16 ? Buf::ln1_out_bf16 : Buf::ln1_out),
-                     s.g.qkv_w);
+                     s.g.qkv_w, *s.ctx);
   // --add-qkv-bias: db += the column sums of dqkv (fp32, every row of the layer)
   if (s.g.qkv_b.defined()) add_column_sums(s.mem.get(Buf::dqkv), s.g.qkv_b);
-  linear_weight_grad(d_proj_all(), s.mem.get(bf16 ? Buf::attn_bf16 : Buf::attn), s.g.proj_w);
+  linear_weight_grad(d_proj_all(), s.mem.get(bf16 ? Buf::attn_bf16 : Buf::attn), s.g.proj_w, *s.ctx);
 }
 
 }  // namespace ampipe::model

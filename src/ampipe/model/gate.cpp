@@ -391,7 +391,8 @@ void megatron_assign(int64_t C, GateCtx& ctx) {
 }
 }  // namespace
 
-void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
+void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx,
+                         kernels::ComputeContext& kc) {
   validate(cfg);
   AMPIPE_CHECK(x.dim() == 2 && x.size(0) >= 1, "gate input x {} must be [S, h] with S >= 1", shape_str(x.shape()));
   const int64_t S = x.size(0), h = x.size(1), E = cfg.num_experts, k = cfg.topk;
@@ -425,7 +426,7 @@ void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cf
   // logits = x_gate @ Wg^T: [S, h] x [h, E] -> [S, E], fp32; softmax in place below.
   if (!ctx.probs.defined() || ctx.probs.shape() != Shape{S, E} || !ctx.probs.is_contiguous())
     ctx.probs = Tensor::empty({S, E});
-  kernels::gemm(ctx.x_gate, kernels::Trans::n, Wg, kernels::Trans::t, ctx.probs);
+  kernels::gemm(ctx.x_gate, kernels::Trans::n, Wg, kernels::Trans::t, ctx.probs, false, 1.0f, kc);
 
   GateRouting& r = ctx.routing;
   r.S = S;
@@ -572,8 +573,9 @@ void gate_assign_forward(int64_t C, GateCtx& ctx) {
   }
 }
 
-void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx) {
-  gate_select_forward(x, Wg, cfg, tokens, ctx);
+void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx,
+                  kernels::ComputeContext& kc) {
+  gate_select_forward(x, Wg, cfg, tokens, ctx, kc);
   const int64_t S = x.size(0);
   const bool padded = cfg.router == Router::megatron && cfg.expert_capacity_factor >= 0 && cfg.pad_to_capacity;
   const int64_t C = padded ? megatron_expert_capacity(S, cfg.num_experts, cfg.topk, cfg.expert_capacity_factor)
@@ -639,7 +641,7 @@ void megatron_weight_backward(const GateCtx& ctx, int64_t t, const float* dw, co
 }  // namespace
 
 void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
-                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum) {
+                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum, kernels::ComputeContext& kc) {
   const GateRouting& r = ctx.routing;
   const int64_t S = r.S, E = r.E, k = r.k, h = ctx.x_gate.size(1);
   AMPIPE_CHECK(d_weight.dtype() == DType::f32 && d_weight.is_contiguous() && d_weight.numel() == S * k,
@@ -712,10 +714,10 @@ void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total
   });
 
   // dWg += dlogits^T @ x_gate: [E, S] x [S, h] -> [E, h]
-  kernels::gemm(dlogits, kernels::Trans::t, ctx.x_gate, kernels::Trans::n, dWg_accum, /*accumulate=*/true);
+  kernels::gemm(dlogits, kernels::Trans::t, ctx.x_gate, kernels::Trans::n, dWg_accum, /*accumulate=*/true, 1.0f, kc);
   // d x_gate = dlogits @ Wg: [S, E] x [E, h] -> [S, h]; with jitter dx += d x_gate * noise.
   if (!jitter_on(ctx.cfg)) {
-    kernels::gemm(dlogits, kernels::Trans::n, Wg, kernels::Trans::n, dx_accum, /*accumulate=*/true);
+    kernels::gemm(dlogits, kernels::Trans::n, Wg, kernels::Trans::n, dx_accum, /*accumulate=*/true, 1.0f, kc);
     return;
   }
   const core::PhiloxKey key = key_of(ctx.cfg, core::RngPurpose::gate_jitter);

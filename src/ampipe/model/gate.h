@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "ampipe/core/tensor.h"
+#include "ampipe/kernels/context.h"
 #include "ampipe/model/token_map.h"
 
 namespace ampipe::model {
@@ -204,7 +205,8 @@ int64_t megatron_expert_capacity(int64_t S, int64_t E, int k, double factor);
 // Phase 1. x: [S, h] fp32 or bf16 (any row stride); Wg: [E, h] fp32. Fills ctx.x_gate, probs, stats, the chosen
 // experts (ctx.routing.expert) and first/second counts. Throws ConfigError on a bad config (k, E,
 // capacity factor); shapes are AMPIPE_CHECKed.
-void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx);
+void gate_select_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx,
+                         kernels::ComputeContext& kc = kernels::ComputeContext::host());
 
 // The capacity this chunk needs so that nothing is dropped: the largest number of choices any expert receives
 // (top-2: first plus second choices). Local: in a multi-rank --moe-no-drop run the caller all-reduces MAX over
@@ -216,7 +218,9 @@ int64_t gate_required_capacity(const GateCtx& ctx);
 void gate_assign_forward(int64_t C, GateCtx& ctx);
 
 // Both phases; C from gate_capacity(S, ...) or, with cfg.no_drop, gate_required_capacity (local only).
-void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx);
+// kc: the compute context of the router's GEMM (kernels/context.h).
+void gate_forward(const Tensor& x, const Tensor& Wg, const GateConfig& cfg, const TokenMap& tokens, GateCtx& ctx,
+                  kernels::ComputeContext& kc = kernels::ComputeContext::host());
 
 // Megatron-Core's sinkhorn (moe_utils.sinkhorn, tolerance 1e-4) over S x E logits [S, E] (row stride E): with
 // cost = exp(logits), iterate d0 = (1/S) / (cost d1 + 1e-8), d1 = (1/E) / (cost^T d0 + 1e-8) from d1 = 1 until the mean
@@ -244,6 +248,7 @@ double z_loss_from_sums(const GateStats& total, double coeff);
 void update_expert_bias(std::span<float> bias, std::span<const float> counts, double rate);
 
 void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
-                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum);
+                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum,
+                   kernels::ComputeContext& kc = kernels::ComputeContext::host());
 
 }  // namespace ampipe::model

@@ -77,10 +77,11 @@ void LayerMemory::set_capacity(int c, int64_t C) {
 // ---------------------------------------------------------------------------------------------------- Layer
 
 Layer::Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, int cp_rank, LayerParams& params, LayerParams& grads,
-             ComputeWeights& weights, const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base)
+             ComputeWeights& weights, const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base,
+             kernels::ComputeContext& ctx)
     : st_{cfg,   LayerDims::make(cfg, M), params, grads, weights,
           LayerMemory(st_.dims, layout, arena, saved_base, shared_base),
-          ep_rank, tp_rank, cp_rank, 0, Tensor(), Tensor(), 0.0f},
+          ep_rank, tp_rank, cp_rank, 0, Tensor(), Tensor(), 0.0f, &ctx},
       attn_(st_),
       moe_(st_),
       mlp_(st_) {}

@@ -25,8 +25,9 @@ class Layer {
   // layout: BufferLayout::make(LayerDims::make(cfg, M)); the layer's saved region starts at saved_base of the
   // arena, the shared region at shared_base. The arena must be reserved to cover both.
   // weights: the GEMM weights in the compute dtype, kept by the owner of the parameters (refreshed here).
+  // ctx: the compute context every stage's kernels run in (kernels/context.h), the owner's (it outlives the layer).
   Layer(const LayerConfig& cfg, int M, int ep_rank, int tp_rank, int cp_rank, LayerParams& params, LayerParams& grads, ComputeWeights& weights,
-        const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base);
+        const BufferLayout& layout, Arena& arena, size_t saved_base, size_t shared_base, kernels::ComputeContext& ctx);
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ampipe/core/tensor.h"
+#include "ampipe/kernels/context.h"
 #include "ampipe/model/buffers.h"
 #include "ampipe/model/context_parallel.h"
 #include "ampipe/model/layer_config.h"
@@ -85,6 +86,7 @@ struct LayerState {
   Tensor x;                 // [Tl, h] the layer input (the caller keeps it alive until the backward ends)
   Tensor dy;                // [Tl, h] gradient of the output, during the backward
   float d_aux = 0;          // upstream gradient of the aux loss (its coefficient)
+  kernels::ComputeContext* ctx = nullptr;  // the compute lane's context (kernels/context.h), the stack's
   bool recomputing = false; // the forward re-runs to refill what the backward reads (full recomputation): the
                             // layer's output is kept from the first run, so the stages skip work only it needs
 

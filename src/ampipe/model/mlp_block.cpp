@@ -107,7 +107,7 @@ void MlpBlock::forward(int c) {
   if (s.bf16() && !s.dims.sp) s.full_rows(Buf::mlp_in, c).copy_from(s.full_rows(Buf::ln2_out, c));
   const Tensor in = s.full_rows(input_all(), c);
   Tensor h1 = s.full_rows(Buf::mlp_fc1, c);
-  linear_forward(in, s.w.mlp_fc1, h1);  // [S_c, h] -> [S_c, F1_m/t]
+  linear_forward(in, s.w.mlp_fc1, h1, *s.ctx);  // [S_c, h] -> [S_c, F1_m/t]
   if (s.p.mlp_fc1_b.defined()) add_bias(h1, s.p.mlp_fc1_b);  // --add-bias-linear (fc2's: MoeBlock::weighted_sum)
   // the kept activation, in the compute dtype: bf16 written straight from fp32 values
   Tensor a = s.full_rows(s.bf16() ? Buf::mlp_act_bf16 : Buf::mlp_act, c);
@@ -116,7 +116,7 @@ void MlpBlock::forward(int c) {
   else
     kernels::gelu_forward(h1, a);
   Tensor out = s.full_rows(Buf::mlp_out, c);
-  linear_forward(a, s.w.mlp_fc2, out);  // [S_c, F_m/t] -> [S_c, h]
+  linear_forward(a, s.w.mlp_fc2, out, *s.ctx);  // [S_c, F_m/t] -> [S_c, h]
 }
 
 void MlpBlock::backward(int c) {
@@ -128,7 +128,7 @@ void MlpBlock::backward(int c) {
     d_out = copy;
   }
   Tensor d_act = s.mem.get(Buf::d_mlp_act);
-  linear_input_grad(d_out, s.w.mlp_fc2, d_act);
+  linear_input_grad(d_out, s.w.mlp_fc2, d_act, *s.ctx);
   // bf16: straight into the bf16 copy, unless a bias gradient sums it in fp32 first (then a chunk's fp32 staging)
   const bool staged = s.bf16() && s.g.mlp_fc1_b.defined();
   Tensor d_h1 = !s.bf16() ? s.full_rows(Buf::d_mlp_fc1, c)
@@ -146,15 +146,15 @@ void MlpBlock::backward(int c) {
     d_h1_cd.copy_from(d_h1);
   }
   Tensor d_in = s.full_rows(Buf::d_mlp_in, c);  // tp: partial sums over the local F columns, reduced next
-  linear_input_grad(d_h1_cd, s.w.mlp_fc1, d_in);
+  linear_input_grad(d_h1_cd, s.w.mlp_fc1, d_in, *s.ctx);
 }
 
 void MlpBlock::weight_grads() {
   LayerState& s = st_;
   const bool bf16 = s.bf16();
   linear_weight_grad(bf16 ? s.mem.get(Buf::d_mlp_bf16) : output_grad_all(),
-                     s.mem.get(bf16 ? Buf::mlp_act_bf16 : Buf::mlp_act), s.g.mlp_fc2_w);
-  linear_weight_grad(s.mem.get(bf16 ? Buf::d_mlp_fc1_bf16 : Buf::d_mlp_fc1), input_all(), s.g.mlp_fc1_w);
+                     s.mem.get(bf16 ? Buf::mlp_act_bf16 : Buf::mlp_act), s.g.mlp_fc2_w, *s.ctx);
+  linear_weight_grad(s.mem.get(bf16 ? Buf::d_mlp_fc1_bf16 : Buf::d_mlp_fc1), input_all(), s.g.mlp_fc1_w, *s.ctx);
 }
 
 }  // namespace ampipe::model

@@ -87,7 +87,7 @@ void MoeBlock::gate(int c) {
   const Tensor x = s.rows(Buf::ln2_out, c);
   const TokenMap token0 = s.chunk_tokens(c);
   if (!s.dims.agree_capacity) {
-    gate_forward(x, s.p.gate_w, gate_config(), token0, g);
+    gate_forward(x, s.p.gate_w, gate_config(), token0, g, *s.ctx);
     accumulate_stats(g.stats);
     set_routing(c);
     return;
@@ -199,23 +199,23 @@ void MoeBlock::experts(int c, int p) {
   if (grouped) {  // fc1 of every expert of the piece in one call: [n, h] -> [n, F1] each
     Tensor h1 = fc1_rows(l0);
     grouped_linear_forward(s.mem.expert_rows(Buf::expert_in, l0, c).rows(r0, r0 + n), expert_stride(Buf::expert_in),
-                           s.w.fc1.rows(l0 * F1, (l0 + 1) * F1), F1 * h, h1, expert_stride(Buf::fc1_out), pc.experts);
+                           s.w.fc1.rows(l0 * F1, (l0 + 1) * F1), F1 * h, h1, expert_stride(Buf::fc1_out), pc.experts, *s.ctx);
   }
   for (int64_t l = l0; l < l1; ++l) {
     Tensor h1 = fc1_rows(l), o = out_rows(l);
     Tensor a = act_rows(l);  // the kept activation, in the compute dtype: bf16 written straight from fp32 values
-    if (!grouped) linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1);
+    if (!grouped) linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1, *s.ctx);
     if (s.p.fc1_b.defined()) add_bias(h1, s.p.fc1_b.rows(l, l + 1));  // --add-bias-linear (tp: this shard's rows)
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_forward(h1, a);
     else
       kernels::gelu_forward(h1, a);
-    if (!grouped) linear_forward(a, s.w.fc2.rows(l * h, (l + 1) * h), o);  // [n, F] -> [n, h]
+    if (!grouped) linear_forward(a, s.w.fc2.rows(l * h, (l + 1) * h), o, *s.ctx);  // [n, F] -> [n, h]
   }
   if (grouped) {
     Tensor o = out_rows(l0);
     grouped_linear_forward(act_rows(l0), expert_stride(kept_act), s.w.fc2.rows(l0 * h, (l0 + 1) * h), h * s.dims.Fl,
-                           o, out.size(1) * out.size(2), pc.experts);  // [L, R_c, h]: this chunk's capacity
+                           o, out.size(1) * out.size(2), pc.experts, *s.ctx);  // [L, R_c, h]: this chunk's capacity
   }
   // --add-bias-linear: fc2's bias once in the sum over tp's partial outputs (on tp rank 0, before the reduce)
   if (s.p.fc2_b.defined() && s.tp_rank == 0)
@@ -311,7 +311,7 @@ void MoeBlock::experts_backward(int c, int p) {
   Tensor gw1 = s.g.fc1_w.view({L * F1, h}), gw2 = s.g.fc2_w.view({L * h, s.dims.Fl});
   for (int64_t l = pc.expert0; l < pc.expert0 + pc.experts; ++l) {
     const Tensor d_out = s.mem.expert_rows(Buf::d_expert_out, l, c).rows(r0, r0 + n);
-    linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act);  // fc2
+    linear_input_grad(d_out, s.w.fc2.rows(l * h, (l + 1) * h), d_act, *s.ctx);  // fc2
     if (s.g.fc2_b.defined()) {  // --add-bias-linear: every tp rank the same (the slots' whole output gradient)
       Tensor db = s.g.fc2_b.rows(l, l + 1);
       add_column_sums(d_out, db);
@@ -319,7 +319,7 @@ void MoeBlock::experts_backward(int c, int p) {
     if (wgrad_now) {
       Tensor gw2_l = gw2.rows(l * h, (l + 1) * h);
       linear_weight_grad(d_out, s.mem.expert_rows(s.bf16() ? Buf::act_bf16 : Buf::act, l, c).rows(r0, r0 + n),
-                         gw2_l);
+                         gw2_l, *s.ctx);
     }
     // bf16: the gradient is written straight into its bf16 copy (kept for the weight gradient), unless fc1 has a bias,
     // whose gradient sums it in fp32: then the fp32 gradient is one expert's staging and the copy is made from it
@@ -342,10 +342,10 @@ void MoeBlock::experts_backward(int c, int p) {
       d_h1_bf16.copy_from(d_h1);
     }
     Tensor d_in_l = chunk_expert_rows(d_in, l).rows(r0, r0 + n);
-    linear_input_grad(d_h1_bf16, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l);  // fc1
+    linear_input_grad(d_h1_bf16, s.w.fc1.rows(l * F1, (l + 1) * F1), d_in_l, *s.ctx);  // fc1
     if (wgrad_now) {
       Tensor gw1_l = gw1.rows(l * F1, (l + 1) * F1);
-      linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), gw1_l);
+      linear_weight_grad(d_h1_bf16, s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), gw1_l, *s.ctx);
     }
   }
   Tensor send = s.mem.get(s.dims.tp > 1 ? s.mem.seams().d_expert_in.send : s.mem.seams().d_dispatch.send, c, p);
@@ -362,15 +362,15 @@ void MoeBlock::weight_grads() {
   if (s.cfg.moe_grouped_gemm && L > 1) {
     Tensor gw2_0 = gw2.rows(0, h), gw1_0 = gw1.rows(0, F1);
     grouped_linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, 0), expert_stride(Buf::d_expert_out),
-                               s.mem.expert_rows_all(act, 0), expert_stride(act), gw2_0, h * F, L);
+                               s.mem.expert_rows_all(act, 0), expert_stride(act), gw2_0, h * F, L, *s.ctx);
     grouped_linear_weight_grad(s.mem.expert_rows_all(d_fc1, 0), expert_stride(d_fc1),
-                               s.mem.expert_rows_all(Buf::expert_in, 0), expert_stride(Buf::expert_in), gw1_0, F1 * h, L);
+                               s.mem.expert_rows_all(Buf::expert_in, 0), expert_stride(Buf::expert_in), gw1_0, F1 * h, L, *s.ctx);
     return;
   }
   for (int64_t l = 0; l < L; ++l) {
     Tensor gw2_l = gw2.rows(l * h, (l + 1) * h), gw1_l = gw1.rows(l * F1, (l + 1) * F1);
-    linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l), s.mem.expert_rows_all(act, l), gw2_l);
-    linear_weight_grad(s.mem.expert_rows_all(d_fc1, l), s.mem.expert_rows_all(Buf::expert_in, l), gw1_l);
+    linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, l), s.mem.expert_rows_all(act, l), gw2_l, *s.ctx);
+    linear_weight_grad(s.mem.expert_rows_all(d_fc1, l), s.mem.expert_rows_all(Buf::expert_in, l), gw1_l, *s.ctx);
   }
 }
 
@@ -388,7 +388,8 @@ void MoeBlock::gate_backward(int c) {
   }
   dispatch_backward(recv, g.routing, d_ln2);
   Tensor d_logits = s.mem.get(Buf::d_logits);
-  model::gate_backward(s.mem.get(Buf::d_weight, c), s.d_aux, total_, g, s.p.gate_w, d_logits, d_ln2, s.g.gate_w);
+  model::gate_backward(s.mem.get(Buf::d_weight, c), s.d_aux, total_, g, s.p.gate_w, d_logits, d_ln2, s.g.gate_w,
+                       *s.ctx);
   if (s.g.expert_bias.defined()) {  // the expert bias's load statistics: counted once per trained token (here, in
     float* n = s.g.expert_bias.data<float>();  // the backward, so a recomputed forward does not count twice)
     const GateRouting& r = g.routing;            // the kept choices (Megatron's routing map after its drops;

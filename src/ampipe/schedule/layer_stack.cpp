@@ -59,7 +59,7 @@ void LayerStack::build(int M) {
       Entry& e = *layers_[i];
       const Plan& plan = step_.layer(int(i));
       e.layers.push_back(std::make_unique<model::Layer>(e.cfg, M, ep_rank_, tp_rank_, cp_rank_, e.params, e.grads,
-                                                        e.weights, plan.memory, *arena_, base, all_saved));
+                                                        e.weights, plan.memory, *arena_, base, all_saved, *ctx_));
       e.input.resize(size_t(slots_));
       e.token_base.resize(size_t(slots_));
       base += plan.memory.saved_bytes;

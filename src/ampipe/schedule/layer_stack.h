@@ -117,6 +117,9 @@ class LayerStack {
   // Bytes of the stack's planned memory (its share of the arena).
   size_t planned_bytes() const;
 
+  // The compute context its layers' kernels run in (and the model's head, on the same compute lane).
+  kernels::ComputeContext& context() const { return *ctx_; }
+
  private:
   struct Entry {
     model::LayerConfig cfg;
@@ -145,6 +148,8 @@ class LayerStack {
   float d_aux_ = 0;
   Tensor bias_counts_;  // [layers with an expert bias, E]: update_expert_bias's all-reduce, allocated once
   std::shared_ptr<model::Arena> arena_;
+  // the context its layers' kernels run in: one per stack, as a stack is one compute lane (kernels/context.h)
+  std::unique_ptr<kernels::ComputeContext> ctx_ = std::make_unique<kernels::ComputeContext>();
   Executor ex_;
 };
 

@@ -264,7 +264,7 @@ double GptModel::head_forward() {
   const Tensor y = y_.view({Tl_, h_});
   model::norm_forward(cfg_.layer, y, lnf_w_, lnf_b_, xn_, lnf_mean_, lnf_rstd_);
   const Tensor& w = wout_.defined() ? wout_ : wte_;
-  kernels::gemm(xn_, kernels::Trans::n, w, kernels::Trans::t, logits_);
+  kernels::gemm(xn_, kernels::Trans::n, w, kernels::Trans::t, logits_, false, 1.0f, stack_.context());
   kernels::cross_entropy_forward(logits_, targets_, ce_loss_, lse_);
   double sum = 0;
   const float* l = ce_loss_.data<float>();
@@ -282,8 +282,9 @@ void GptModel::head_backward(float loss_scale, float d_aux) {
   const Tensor& dlogits = logits_;
   const Tensor& w = wout_.defined() ? wout_ : wte_;
   Tensor& dw = dwout_.defined() ? dwout_ : dwte_;
-  kernels::gemm(dlogits, kernels::Trans::t, xn_, kernels::Trans::n, dw, /*accumulate=*/true);  // [V, h] +=
-  kernels::gemm(dlogits, kernels::Trans::n, w, kernels::Trans::n, dxn_);                       // [T, h]
+  kernels::gemm(dlogits, kernels::Trans::t, xn_, kernels::Trans::n, dw, /*accumulate=*/true, 1.0f,
+                stack_.context());  // [V, h] +=
+  kernels::gemm(dlogits, kernels::Trans::n, w, kernels::Trans::n, dxn_, false, 1.0f, stack_.context());  // [T, h]
   const Tensor y = y_.view({Tl_, h_});
   Tensor dy2 = dy_.view({Tl_, h_});
   model::norm_backward(cfg_.layer, dxn_, y, lnf_w_, lnf_mean_, lnf_rstd_, dy2, dlnf_w_, dlnf_b_, false);
