@@ -164,4 +164,21 @@ void combine_backward(const Tensor& d_out, const Tensor& y, const Routing& r, Te
   });
 }
 
+void copy_row_blocks(const Tensor& src, Tensor& dst, const std::vector<RowBlock>& blocks) {
+  AMPIPE_CHECK(src.dim() == 2 && dst.dim() == 2 && src.size(1) == dst.size(1), "copy_row_blocks {} into {}",
+               shape_str(src.shape()), shape_str(dst.shape()));
+  for (const RowBlock& b : blocks)
+    AMPIPE_CHECK(b.rows >= 0 && b.src_row >= 0 && b.dst_row >= 0 && b.src_row + b.rows <= src.size(0) &&
+                     b.dst_row + b.rows <= dst.size(0),
+                 "row block [{}, +{}) -> [{}, +{}) outside {} / {}", b.src_row, b.rows, b.dst_row, b.rows,
+                 shape_str(src.shape()), shape_str(dst.shape()));
+  parallel_for(int64_t(blocks.size()), 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      const RowBlock& b = blocks[size_t(i)];
+      Tensor d = dst.rows(b.dst_row, b.dst_row + b.rows);
+      d.copy_from(src.rows(b.src_row, b.src_row + b.rows));
+    }
+  });
+}
+
 }  // namespace ampipe::kernels

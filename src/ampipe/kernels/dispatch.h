@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ampipe/core/tensor.h"
 
@@ -37,5 +38,14 @@ void combine_forward(const Tensor& y, const Routing& r, Tensor& out);
 // dy: [E, C, h] fp32 contiguous, overwritten: w[t, i] * d_out[t] at each kept choice's slot, zero elsewhere.
 // d_weight: [S, k] fp32 contiguous, overwritten: <d_out[t], y[e_i, slot_i]> for kept choices, 0 for dropped ones.
 void combine_backward(const Tensor& d_out, const Tensor& y, const Routing& r, Tensor& dy, Tensor& d_weight);
+
+// The packing between buffer layouts (a chunk's [E, C, h] slots, the pieces of an all-to-all buffer, the experts'
+// rows): rows [src_row, src_row + rows) of src into rows [dst_row, dst_row + rows) of dst, for every block, dtypes
+// converted as Tensor::copy_from does. src and dst are 2-D with the same columns; blocks must not overlap in dst.
+// The blocks are spread over the threads (each copied whole by one), in one parallel loop.
+struct RowBlock {
+  int64_t src_row = 0, dst_row = 0, rows = 0;
+};
+void copy_row_blocks(const Tensor& src, Tensor& dst, const std::vector<RowBlock>& blocks);
 
 }  // namespace ampipe::kernels

@@ -134,45 +134,50 @@ ExpertPiece MoeBlock::piece(int c, int p) const {
 void MoeBlock::copy_slots_pieces(const Tensor& from, Tensor& to, int c, bool to_pieces) const {
   // [E, C, h] slots (expert e = j*L + l) <-> a chunk's piece-major buffer; dtypes converted
   const int64_t L = st_.dims.L, ep = st_.dims.ep, C = st_.mem.capacity(c), h = st_.dims.h;
-  const Tensor src = from.view({st_.dims.E * C, h}), dst = to.view({st_.dims.E * C, h});
+  const Tensor src = from.view({st_.dims.E * C, h});
+  Tensor dst = to.view({st_.dims.E * C, h});
+  std::vector<kernels::RowBlock> blocks;
   for (size_t p = 0; p < st_.dims.pieces.size(); ++p) {
     const ExpertPiece pc = piece(c, int(p));
     for (int64_t j = 0; j < ep; ++j)
       for (int64_t i = 0; i < pc.experts; ++i) {
         const int64_t slot = (j * L + pc.expert0 + i) * C + pc.slot0, at = pc.row0 + (j * pc.experts + i) * pc.slots;
-        const int64_t s0 = to_pieces ? slot : at, d0 = to_pieces ? at : slot;
-        Tensor d = dst.rows(d0, d0 + pc.slots);
-        d.copy_from(src.rows(s0, s0 + pc.slots));
+        blocks.push_back({to_pieces ? slot : at, to_pieces ? at : slot, pc.slots});
       }
   }
+  kernels::copy_row_blocks(src, dst, blocks);
 }
 
 void MoeBlock::piece_to_experts(const Tensor& region, Buf dst, int c, const ExpertPiece& pc) const {
   // a piece's block [srcs][experts][slots][h] (the all-to-all's ep source ranks, times tp when all-gathered) ->
-  // expert l's rows srcs*slot0 + j*slots + [0, slots) of chunk c
-  const int64_t srcs = st_.dims.srcs;
-  const Tensor src = region.view({region.numel() / st_.dims.h, st_.dims.h});
+  // expert l's rows srcs*slot0 + j*slots + [0, slots) of chunk c (LayerMemory::expert_rows: expert l's rows of
+  // chunk c start at row (l*M + c)*R of the expert-major buffer [L, M*R, h], R the planned srcs*C)
+  const int64_t srcs = st_.dims.srcs, h = st_.dims.h;
+  const Tensor src = region.view({region.numel() / h, h});
   AMPIPE_CHECK(src.size(0) == srcs * pc.experts * pc.slots, "piece block of {} rows, expected {}", src.size(0),
                srcs * pc.experts * pc.slots);
+  const Tensor all = st_.mem.get(dst);
+  Tensor rows = all.view({all.size(0) * all.size(1), all.size(2)});
+  std::vector<kernels::RowBlock> blocks;
   for (int64_t j = 0; j < srcs; ++j)
     for (int64_t i = 0; i < pc.experts; ++i) {
       const int64_t at = (j * pc.experts + i) * pc.slots, r0 = srcs * pc.slot0 + j * pc.slots;
-      Tensor d = st_.mem.expert_rows(dst, pc.expert0 + i, c).rows(r0, r0 + pc.slots);
-      d.copy_from(src.rows(at, at + pc.slots));
+      blocks.push_back({at, ((pc.expert0 + i) * st_.dims.M + c) * st_.dims.R() + r0, pc.slots});
     }
+  kernels::copy_row_blocks(src, rows, blocks);
 }
 
 void MoeBlock::experts_to_piece(const Tensor& rows, Tensor& region, const ExpertPiece& pc) const {
   // rows [L, R, h] (this chunk, R = srcs*C) -> the piece's block [srcs][experts][slots][h]; dtypes converted
   const int64_t srcs = st_.dims.srcs, R = rows.size(1);
   const Tensor all = rows.view({rows.size(0) * R, rows.size(2)});
-  const Tensor dst = region.view({region.numel() / st_.dims.h, st_.dims.h});
+  Tensor dst = region.view({region.numel() / st_.dims.h, st_.dims.h});
+  std::vector<kernels::RowBlock> blocks;
   for (int64_t j = 0; j < srcs; ++j)
-    for (int64_t i = 0; i < pc.experts; ++i) {
-      const int64_t at = (j * pc.experts + i) * pc.slots, r0 = (pc.expert0 + i) * R + srcs * pc.slot0 + j * pc.slots;
-      Tensor d = dst.rows(at, at + pc.slots);
-      d.copy_from(all.rows(r0, r0 + pc.slots));
-    }
+    for (int64_t i = 0; i < pc.experts; ++i)
+      blocks.push_back({(pc.expert0 + i) * R + srcs * pc.slot0 + j * pc.slots, (j * pc.experts + i) * pc.slots,
+                        pc.slots});
+  kernels::copy_row_blocks(all, dst, blocks);
 }
 
 // Elements between local expert l's and expert l+1's rows of an expert-major buffer [L, M*R, X] (planned capacity,
