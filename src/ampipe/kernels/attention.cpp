@@ -8,6 +8,7 @@
 #include "ampipe/kernels/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -273,6 +274,11 @@ struct Tiling {
   float scale;         // 1 / sqrt(d)
   int64_t kvh, group;  // K, V heads; query heads per K, V head
 };
+// q, k, v as bytes (their rows are packed by byte size: the dtype is the caller's `in`).
+std::array<const std::byte*, 3> operand_bytes(const void* q, const void* k, const void* v) {
+  return {static_cast<const std::byte*>(q), static_cast<const std::byte*>(k), static_cast<const std::byte*>(v)};
+}
+
 Tiling tiling(const AttentionShape& sh, DType in, const AttentionBlocks& blocks) {
   const int64_t kvh = sh.kv_heads();
   return {std::min(blocks.q, sh.sq), std::min(blocks.k, sh.skv), kv_end_for(sh, sh.sq), dtype_size(in),
@@ -307,9 +313,7 @@ void attention_forward(const AttentionShape& shape, DType in, const void* q, int
   const int64_t b = sh.b, n = sh.n, d = sh.d;
   const auto [BQ, BK, kv_max, esz, lowp, scale, kvh, group] = tiling(sh, in, blocks);
 
-  const auto* qc = static_cast<const std::byte*>(q);
-  const auto* kc = static_cast<const std::byte*>(k);
-  const auto* vc = static_cast<const std::byte*>(v);
+  const auto [qc, kc, vc] = operand_bytes(q, k, v);
 
   // One unit of work per (batch, K/V head): its K and V packed once, then its query heads in order. Units write
   // disjoint rows and columns of out and lse, so they run on any thread in any order with the same bits.
@@ -411,9 +415,7 @@ void attention_backward(const AttentionShape& shape, DType in, const float* dout
   // The forward's tiles; the `group` query heads of a K, V head sum their dK, dV in dKp, dVp.
   const auto [BQ, BK, kv_max, esz, lowp, scale, kvh, group] = tiling(sh, in, blocks);
 
-  const auto* qc = static_cast<const std::byte*>(q);
-  const auto* kc = static_cast<const std::byte*>(k);
-  const auto* vc = static_cast<const std::byte*>(v);
+  const auto [qc, kc, vc] = operand_bytes(q, k, v);
 
   // One unit of work per (batch, K/V head), as in the forward: its query heads in order, then its dK, dV added to
   // its own columns of dk_accum, dv_accum. Units touch disjoint outputs: the same bits on any thread.
