@@ -16,6 +16,7 @@
 #include "ampipe/comm/runtime.h"
 #include "ampipe/core/error.h"
 #include "ampipe/core/host_memory.h"
+#include "ampipe/model/stage_io.h"
 #include "ampipe/schedule/memory_estimate.h"
 #include "ampipe/schedule/model_step.h"
 #include "ampipe/schedule/plan.h"
@@ -181,6 +182,15 @@ nlohmann::json to_json(const model::LayerConfig& cfg, const PlanArgs& a, const P
                          {"send", model::buf_name(c.send)},
                          {"recv", model::buf_name(c.recv)},
                          {"bytes", c.bytes}};
+    } else {  // the compute stage's inputs and outputs (model/stage_io.h)
+      const model::StageIO io = model::stage_io(p.dims, t.stage.compute(), t.dir);
+      auto names = [](const std::vector<model::Buf>& v) {
+        json n = json::array();
+        for (model::Buf b : v) n.push_back(model::buf_name(b));
+        return n;
+      };
+      j["reads"] = names(io.reads);
+      j["writes"] = names(io.writes);
     }
     tasks.push_back(std::move(j));
   }
