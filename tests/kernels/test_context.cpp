@@ -24,7 +24,8 @@ struct Counter {
 Tensor random(Shape shape, uint64_t key, DType dt = DType::f32) {
   Tensor t = Tensor::empty(shape, DType::f32);
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = core::philox_uniform({key, 0, core::RngPurpose::init}, 0, uint64_t(i)) - 0.5f;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = core::philox_uniform({key, 0, core::RngPurpose::init}, 0, uint64_t(i)) - 0.5f;
   if (dt == DType::f32) return t;
   Tensor b = Tensor::empty(std::move(shape), dt);
   b.copy_from(t);

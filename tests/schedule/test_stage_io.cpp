@@ -55,7 +55,8 @@ std::vector<Layout> layouts() {
          c.mlp_ffn_hidden_size = 64, c.moe_shared_expert_gate = true, c.tensor_model_parallel_size = 2,
          c.sequence_parallel = true;
        }},
-      {"dense tp2", [](model::LayerConfig& c) { c.num_experts = 0, c.mlp_ffn_hidden_size = 128, c.tensor_model_parallel_size = 2; }},
+      {"dense tp2",
+       [](model::LayerConfig& c) { c.num_experts = 0, c.mlp_ffn_hidden_size = 128, c.tensor_model_parallel_size = 2; }},
       {"recompute attention, qk norm",
        [](model::LayerConfig& c) { c.recompute_attention = true, c.qk_layernorm = true; }},
   };

@@ -178,10 +178,11 @@ void TrainFlags::apply_config_file() {
                                     "only",
                                     config_file, key, flag));
     CLI::Option* opt = spec == nullptr ? nullptr : app->get_option_no_throw(flag);
-    if (opt == nullptr)
+    if (opt == nullptr) {
+      const std::string near = closest_flag(*app, flag);
       throw ConfigError(fmt::format("--config {}: unknown key \"{}\" (no flag {}{})", config_file, key, flag,
-                                    closest_flag(*app, flag).empty() ? std::string()
-                                                                     : "; did you mean " + closest_flag(*app, flag) + "?"));
+                                    near.empty() ? std::string() : "; did you mean " + near + "?"));
+    }
     // A list is a value only for a flag that takes several (or a comma list); an empty one gives no value at all,
     // and a list of lists none this engine reads.
     if (value.is_array()) {

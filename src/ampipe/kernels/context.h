@@ -30,8 +30,7 @@ class ComputeContext {
 
   // The calling OpenMP thread's T in this context (the compute thread's own outside a parallel region), made on
   // first use. Each kernel file keeps its state in a type of its own.
-  template <typename T>
-  T& state() {
+  template <typename T> T& state() {
     std::shared_ptr<void>& p = slot_state(kind_of<T>());
     if (!p) p = std::make_shared<T>();
     return *static_cast<T*>(p.get());
@@ -42,15 +41,14 @@ class ComputeContext {
     std::vector<std::shared_ptr<void>> by_kind;
   };
   static int new_kind();
-  template <typename T>
-  static int kind_of() {
+  template <typename T> static int kind_of() {
     static const int k = new_kind();
     return k;
   }
   std::shared_ptr<void>& slot_state(int kind);
 
   Device device_;
-  std::mutex mu_;  // guards slots_ (the threads of a team find their slots at once)
+  std::mutex mu_;                             // guards slots_ (the threads of a team find their slots at once)
   std::vector<std::unique_ptr<Slot>> slots_;  // [OpenMP thread number]
 };
 

@@ -14,7 +14,9 @@
 namespace ampipe::kernels {
 namespace {
 
-void run_emulated(const GemmDesc& d, struct Prim& p, const void* a, const void* b, void* c, ComputeContext& ctx);
+struct GemmState;
+void run_emulated(const GemmDesc& d, struct Prim& p, const void* a, const void* b, void* c, GemmState& st,
+                  ComputeContext& ctx);
 
 dnnl::engine& engine() {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -135,8 +137,8 @@ struct GemmState {
   std::unique_ptr<dnnl::stream> stream;
 };
 
-Prim& lookup(const GemmDesc& d, ComputeContext& ctx) {
-  auto& cache = ctx.state<GemmState>().caches[omp_get_max_threads()];
+Prim& lookup(const GemmDesc& d, GemmState& st) {
+  auto& cache = st.caches[omp_get_max_threads()];
   auto it = cache.find(d);
   if (it == cache.end()) it = cache.emplace(d, std::make_unique<Prim>(make(d))).first;
   return *it->second;
@@ -148,8 +150,8 @@ void widen(const bf16* src, int64_t rows, int64_t cols, int64_t ld, float* dst) 
     for (int64_t j = 0; j < cols; ++j) dst[r * cols + j] = bf16_to_f32(src[r * ld + j]);
 }
 
-void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void* c, ComputeContext& ctx) {
-  GemmState& st = ctx.state<GemmState>();
+void run_emulated(const GemmDesc& d, Prim& p, const void* a, const void* b, void* c, GemmState& st,
+                  ComputeContext& ctx) {
   std::vector<float>&wa = st.wa, &wb = st.wb, &wc = st.wc;
   const GemmDesc& e = p.emulated_desc;
   const int64_t a_rows = d.ta == Trans::n ? d.m : d.k, a_cols = d.ta == Trans::n ? d.k : d.m;
@@ -204,7 +206,8 @@ namespace {
 void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c, ComputeContext& ctx) {
   if (desc.m == 0 || desc.n == 0 || desc.batch == 0) return;
   const GemmDesc d = normalised(desc);
-  if (d.batch > 1 && (d.k == 0 || lookup(d, ctx).emulated)) {  // matrix by matrix (the emulation widens one at a time)
+  GemmState& st = ctx.state<GemmState>();  // one look-up per call (it takes the context's lock)
+  if (d.batch > 1 && (d.k == 0 || lookup(d, st).emulated)) {  // matrix by matrix (the emulation widens one at a time)
     GemmDesc one = d;
     one.batch = 1;
     one.stride_a = one.stride_b = one.stride_c = 0;
@@ -222,15 +225,15 @@ void gemm_untimed(const GemmDesc& desc, const void* a, const void* b, void* c, C
                     size_t(d.n) * dtype_size(d.out));
     return;
   }
-  Prim& p = lookup(d, ctx);
+  Prim& p = lookup(d, st);
   if (p.emulated) {
-    run_emulated(d, p, a, b, c, ctx);
+    run_emulated(d, p, a, b, c, st, ctx);
     return;
   }
   p.a.set_data_handle(const_cast<void*>(a));
   p.b.set_data_handle(const_cast<void*>(b));
   p.c.set_data_handle(c);
-  std::unique_ptr<dnnl::stream>& stream = ctx.state<GemmState>().stream;
+  std::unique_ptr<dnnl::stream>& stream = st.stream;
   if (!stream) stream = std::make_unique<dnnl::stream>(engine());
   p.prim.execute(*stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
   stream->wait();
@@ -283,6 +286,8 @@ void gemm_batched(const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& 
   gemm(d, a.raw(), b.raw(), c.raw(), ctx);
 }
 
-std::string gemm_impl_name(const GemmDesc& d) { return lookup(normalised(d), ComputeContext::host()).impl; }
+std::string gemm_impl_name(const GemmDesc& d) {
+  return lookup(normalised(d), ComputeContext::host().state<GemmState>()).impl;
+}
 
 }  // namespace ampipe::kernels

@@ -641,7 +641,8 @@ void megatron_weight_backward(const GateCtx& ctx, int64_t t, const float* dw, co
 }  // namespace
 
 void gate_backward(const Tensor& d_weight, float d_l_aux, const GateStats& total, const GateCtx& ctx,
-                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum, kernels::ComputeContext& kc) {
+                   const Tensor& Wg, Tensor& dlogits, Tensor& dx_accum, Tensor& dWg_accum,
+                   kernels::ComputeContext& kc) {
   const GateRouting& r = ctx.routing;
   const int64_t S = r.S, E = r.E, k = r.k, h = ctx.x_gate.size(1);
   AMPIPE_CHECK(d_weight.dtype() == DType::f32 && d_weight.is_contiguous() && d_weight.numel() == S * k,

@@ -204,12 +204,15 @@ void MoeBlock::experts(int c, int p) {
   if (grouped) {  // fc1 of every expert of the piece in one call: [n, h] -> [n, F1] each
     Tensor h1 = fc1_rows(l0);
     grouped_linear_forward(s.mem.expert_rows(Buf::expert_in, l0, c).rows(r0, r0 + n), expert_stride(Buf::expert_in),
-                           s.w.fc1.rows(l0 * F1, (l0 + 1) * F1), F1 * h, h1, expert_stride(Buf::fc1_out), pc.experts, *s.ctx);
+                           s.w.fc1.rows(l0 * F1, (l0 + 1) * F1), F1 * h, h1, expert_stride(Buf::fc1_out), pc.experts,
+                           *s.ctx);
   }
   for (int64_t l = l0; l < l1; ++l) {
     Tensor h1 = fc1_rows(l), o = out_rows(l);
     Tensor a = act_rows(l);  // the kept activation, in the compute dtype: bf16 written straight from fp32 values
-    if (!grouped) linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1, *s.ctx);
+    if (!grouped)
+      linear_forward(s.mem.expert_rows(Buf::expert_in, l, c).rows(r0, r0 + n), s.w.fc1.rows(l * F1, (l + 1) * F1), h1,
+                     *s.ctx);
     if (s.p.fc1_b.defined()) add_bias(h1, s.p.fc1_b.rows(l, l + 1));  // --add-bias-linear (tp: this shard's rows)
     if (s.cfg.expert == ExpertKind::swiglu)
       kernels::swiglu_forward(h1, a);
@@ -369,7 +372,8 @@ void MoeBlock::weight_grads() {
     grouped_linear_weight_grad(s.mem.expert_rows_all(Buf::d_expert_out, 0), expert_stride(Buf::d_expert_out),
                                s.mem.expert_rows_all(act, 0), expert_stride(act), gw2_0, h * F, L, *s.ctx);
     grouped_linear_weight_grad(s.mem.expert_rows_all(d_fc1, 0), expert_stride(d_fc1),
-                               s.mem.expert_rows_all(Buf::expert_in, 0), expert_stride(Buf::expert_in), gw1_0, F1 * h, L, *s.ctx);
+                               s.mem.expert_rows_all(Buf::expert_in, 0), expert_stride(Buf::expert_in), gw1_0, F1 * h, L,
+                               *s.ctx);
     return;
   }
   for (int64_t l = 0; l < L; ++l) {

@@ -30,7 +30,7 @@ struct Seams {
   Seam kv;           // context parallel: a K, V ring slot to the next cp rank
   // backward (the reverse of the forward's; an all-gather's adjoint reduces, and the reverse)
   Seam d_qkv_in, d_proj_out, d_mlp_in, d_mlp_out, d_dispatch, d_expert_in, d_expert_out, d_combine;
-  Seam dkv;          // context parallel: the dK, dV partial sums of a ring slot, one hop on
+  Seam dkv;  // context parallel: the dK, dV partial sums of a ring slot, one hop on
 
   static Seams make(const LayerDims& d);
 };

@@ -87,8 +87,8 @@ double comm_bytes(const model::LayerDims& d, CommStage s, Dir dir, int piece) {
   // one ring step (piece = step): the K and V of this rank's rows, or their gradient sums (compute dtype)
   if (s == CommStage::cp_ring) return double(d.T) * 2 * double(d.kvl) * e;
   // slots of one a2a block set: all L experts and C slots of a chunk, or one piece's
-  const double slots = piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots)
-                                  : double(d.E * d.C);
+  const double slots =
+      piece >= 0 ? double(d.ep * d.pieces[size_t(piece)].experts * d.pieces[size_t(piece)].slots) : double(d.E * d.C);
   const bool fwd = dir == Dir::fwd;
   switch (s) {
     case CommStage::dispatch:

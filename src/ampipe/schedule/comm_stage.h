@@ -17,11 +17,11 @@
 namespace ampipe::schedule {
 
 enum class CommStage : uint8_t {
-  capacity,       // --moe-no-drop with ep > 1: all-gather of each EP rank's required capacity
-  tp_capacity,    // a dropless router with sequence parallelism (every tp rank routes its own rows): the all-gather
-                  // over tp of the EP ranks' required capacities (so the largest is agreed over EP x TP)
-  dispatch,       // all-to-all of the capacity slots to the experts' owners (bwd: their gradient back)
-  combine,        // all-to-all of the expert outputs back to the tokens' owners (bwd: their gradient to the experts)
+  capacity,     // --moe-no-drop with ep > 1: all-gather of each EP rank's required capacity
+  tp_capacity,  // a dropless router with sequence parallelism (every tp rank routes its own rows): the all-gather
+                // over tp of the EP ranks' required capacities (so the largest is agreed over EP x TP)
+  dispatch,     // all-to-all of the capacity slots to the experts' owners (bwd: their gradient back)
+  combine,      // all-to-all of the expert outputs back to the tokens' owners (bwd: their gradient to the experts)
   // tensor parallelism (tp > 1): the collectives of Megatron's column- and row-parallel linears (forward and
   // backward are adjoints: all-gather <-> reduce-scatter, all-reduce <-> nothing)
   tp_qkv_in,      // fwd, sequence parallel: all-gather of the chunk's LN1 rows; bwd: reduce-scatter (sequence
@@ -36,9 +36,9 @@ enum class CommStage : uint8_t {
   tp_mlp_in,      // the dense MLP's input: as tp_qkv_in
   tp_mlp_out,     // the dense MLP's output: as tp_proj_out
   // context parallelism (cp > 1, model/context_parallel.h)
-  cp_ring,        // one ring step (piece t): fwd: K, V of slot t-1 to the next cp rank, slot t from the previous;
-                  // bwd: the dK, dV partial sums of slot t, one hop towards their owner
-  cp_aux_stats,   // all-reduce of the gate statistics over the cp ranks' rows
+  cp_ring,       // one ring step (piece t): fwd: K, V of slot t-1 to the next cp rank, slot t from the previous;
+                 // bwd: the dK, dV partial sums of slot t, one hop towards their owner
+  cp_aux_stats,  // all-reduce of the gate statistics over the cp ranks' rows
 };
 inline constexpr int kNumCommStages = int(CommStage::cp_aux_stats) + 1;
 
